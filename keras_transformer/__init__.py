@@ -1,0 +1,20 @@
+"""keras-transformer: the Transformer of "Attention Is All You Need" in Keras 3."""
+
+from keras_transformer.config import PRESETS, TransformerConfig
+from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
+from keras_transformer.incremental import IncrementalDecoder
+from keras_transformer.layers import (DecoderBlock, EncoderBlock, FeedForward, MultiHeadAttention,
+                                      PositionalEmbedding, ResidualConnection)
+from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
+from keras_transformer.model import build_transformer
+from keras_transformer.schedule import TransformerSchedule, make_optimizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TransformerConfig", "PRESETS", "build_transformer", "IncrementalDecoder",
+    "MultiHeadAttention", "PositionalEmbedding", "FeedForward", "ResidualConnection",
+    "EncoderBlock", "DecoderBlock", "TransformerSchedule", "make_optimizer",
+    "LabelSmoothedCrossEntropy", "MaskedAccuracy",
+    "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "NEG_INF",
+]

@@ -1,0 +1,128 @@
+"""`TransformerConfig`: every hyperparameter of the model in one frozen dataclass.
+
+The presets `base` and `big` are the paper's Table 3 (see PAPER.md); `small`
+and `tiny` are CPU-sized variants of the same architecture for development,
+tests and the default `python train.py` run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyperparameters of an encoder-decoder Transformer.
+
+    Args:
+        vocab_size: size of the shared source/target vocabulary (paper: ~37,000
+            BPE tokens for En-De).
+        num_layers: N, identical layers in each of the encoder and decoder.
+        d_model: width of every sub-layer output and of the embeddings.
+        d_ff: inner size of the position-wise feed-forward network.
+        num_heads: h; `d_k = d_v = d_model / num_heads`.
+        dropout: P_drop, on every sub-layer output before the residual add and
+            on the embedding + positional-encoding sums.
+        attention_dropout: dropout on the attention weights. The paper does
+            not use it (0.0); tensor2tensor later added it as an option.
+        label_smoothing: eps_ls of the training loss.
+        norm_first: False is the paper's post-norm `LayerNorm(x + F(x))`;
+            True is the survey's pre-norm `x + F(LayerNorm(x))` with a final
+            LayerNorm on each stack.
+        layer_norm_epsilon: LayerNorm epsilon (1e-6, as tensor2tensor).
+        max_length: longest source/target in tokens (EOS/BOS included) used for
+            training batches and for truncating sources at serving time.
+        decode_extra_length: the paper's "maximum output length = input length
+            + 50".
+        beam_size, length_penalty_alpha: the paper's beam 4 and alpha 0.6.
+        warmup_steps: warm-up of the learning-rate schedule (4000).
+        train_steps: the paper's number of training steps for this size.
+        checkpoints_to_average: the paper averages the last 5 (base) or 20
+            (big) checkpoints.
+
+    Example:
+        >>> config = TransformerConfig.from_preset("base", vocab_size=37000)
+        >>> config.d_model // config.num_heads
+        64
+    """
+
+    vocab_size: int = 37000
+    num_layers: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    num_heads: int = 8
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    label_smoothing: float = 0.1
+    norm_first: bool = False
+    layer_norm_epsilon: float = 1e-6
+    max_length: int = 256
+    decode_extra_length: int = 50
+    beam_size: int = 4
+    length_penalty_alpha: float = 0.6
+    warmup_steps: int = 4000
+    train_steps: int = 100_000
+    checkpoints_to_average: int = 5
+
+    def __post_init__(self):
+        positive = ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads",
+                    "max_length", "beam_size", "warmup_steps", "train_steps",
+                    "checkpoints_to_average")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} does not divide d_model={self.d_model}")
+        for name in ("dropout", "attention_dropout", "label_smoothing"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"TransformerConfig.{name} must be in [0, 1), got {value!r}")
+        if self.decode_extra_length < 0:
+            raise ValueError(f"decode_extra_length must be >= 0, got {self.decode_extra_length}")
+        if self.length_penalty_alpha < 0:
+            raise ValueError(f"length_penalty_alpha must be >= 0, got {self.length_penalty_alpha}")
+
+    @property
+    def head_size(self) -> int:
+        """d_k = d_v = d_model / h."""
+        return self.d_model // self.num_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "TransformerConfig":
+        """A preset by name (`base`, `big`, `small`, `tiny`) with fields overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown TransformerConfig field(s) {sorted(unknown)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TransformerConfig":
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown TransformerConfig field(s) {sorted(unknown)}")
+        return cls(**values)
+
+
+PRESETS: dict[str, TransformerConfig] = {
+    # Paper, Table 3.
+    "base": TransformerConfig(),
+    "big": TransformerConfig(d_model=1024, d_ff=4096, num_heads=16, dropout=0.3,
+                             train_steps=300_000, checkpoints_to_average=20),
+    # CPU-sized variants of the same architecture (not from the paper).
+    "small": TransformerConfig(vocab_size=8000, num_layers=3, d_model=256, d_ff=1024,
+                               num_heads=4, max_length=128, warmup_steps=1000,
+                               train_steps=20_000),
+    # `tiny` is what `python train.py` trains on 2 CPU cores in minutes. Its
+    # short warm-up suits a run of a few hundred steps; the paper's 4000 would
+    # keep the learning rate near zero for the whole run.
+    "tiny": TransformerConfig(vocab_size=1000, num_layers=2, d_model=128, d_ff=512,
+                              num_heads=4, max_length=64, warmup_steps=200,
+                              train_steps=1000),
+}

@@ -1,0 +1,10 @@
+"""Keras layers of the Transformer, written with `keras.ops` only."""
+
+from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.blocks import DecoderBlock, EncoderBlock
+from keras_transformer.layers.embedding import PositionalEmbedding, sinusoidal_encoding
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.residual import ResidualConnection
+
+__all__ = ["MultiHeadAttention", "PositionalEmbedding", "sinusoidal_encoding", "FeedForward",
+           "ResidualConnection", "EncoderBlock", "DecoderBlock"]

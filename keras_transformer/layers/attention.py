@@ -1,0 +1,161 @@
+"""Multi-head scaled dot-product attention with a key/value cache."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformer.constants import NEG_INF
+
+
+def write_cache(cache, update, index):
+    """Writes `update` into `cache` at positions `index ... index + T - 1`.
+
+    The cache is a preallocated buffer; instead of a dynamic slice update
+    (XLA/TFLite-specific ops) the new rows are placed with a one-hot placement
+    matrix, which is plain matmul/where and runs in TensorFlow, XLA, TF
+    Serving and LiteRT alike.
+
+    Args:
+        cache: `[batch, max_length, heads, head_size]`.
+        update: `[batch, T, heads, head_size]`.
+        index: int32 scalar, first position to write.
+
+    Returns:
+        The cache with positions `index .. index+T-1` replaced.
+    """
+    max_length = ops.shape(cache)[1]
+    length = ops.shape(update)[1]
+    positions = ops.arange(max_length, dtype="int32")  # [max_length]
+    targets = ops.cast(index, "int32") + ops.arange(length, dtype="int32")  # [T]
+    # placement[s, t] = 1 where cache row s receives update row t.
+    placement = ops.cast(ops.equal(positions[:, None], targets[None, :]), cache.dtype)  # [max_length, T]
+    placed = ops.einsum("st,bthd->bshd", placement, update)  # [batch, max_length, heads, head_size]
+    written = ops.sum(placement, axis=1)[None, :, None, None]  # [1, max_length, 1, 1]
+    return ops.where(written > 0, placed, cache)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention, `MultiHead(Q, K, V) = Concat(head_1..head_h) W^O`.
+
+    Each head computes `softmax(Q K^T / sqrt(d_k) + M) V` (paper eq. 1) on its
+    own learned projections, `d_k = d_v = d_model / h`. Illegal connections
+    (padding, the causal future) get `NEG_INF` before the softmax; an optional
+    additive bias `M` (the survey's structure-aware attention) is added to the
+    scaled logits.
+
+    Args:
+        num_heads: h.
+        d_model: model width; must be divisible by `num_heads`.
+        dropout: dropout rate on the attention weights (paper: none).
+        use_bias: whether the Q/K/V/O projections have biases.
+
+    Call arguments:
+        query: `[batch, T_q, d_model]`.
+        value: `[batch, T_k, d_model]`, keys and values come from it
+            (the decoder states in self-attention, the encoder output in
+            cross-attention). Ignored when a static `cache` is given.
+        attention_mask: boolean, broadcastable to `[batch, T_q, T_k]`;
+            True where attending is allowed.
+        attention_bias: float, broadcastable to `[batch, heads, T_q, T_k]`,
+            added to the scaled logits.
+        cache: `(key, value)`, each `[batch, S, heads, head_size]`.
+            With `cache_index=None` it is a static cache: precomputed keys and
+            values (cross-attention, computed once per source by
+            `compute_key_value`). With `cache_index` it is a self-attention
+            cache of `S = max_length` slots: this call's keys/values are
+            written at `cache_index ...`, and the queries attend causally to
+            slots `<= cache_index + t`.
+        cache_index: int32 scalar, the position of the first query.
+        training: enables dropout.
+
+    Returns:
+        `[batch, T_q, d_model]`, plus the updated `(key, value)` cache when a
+        cache is given.
+
+    Example:
+        >>> mha = MultiHeadAttention(num_heads=8, d_model=512)
+        >>> y = mha(x, x, attention_mask=mask)  # x: [2, 10, 512]
+    """
+
+    def __init__(self, num_heads, d_model, dropout=0.0, use_bias=True, **kwargs):
+        super().__init__(**kwargs)
+        if d_model % num_heads:
+            raise ValueError(f"num_heads={num_heads} does not divide d_model={d_model}")
+        self.num_heads = num_heads
+        self.d_model = d_model
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.head_size = d_model // num_heads
+
+    def build(self, query_shape, value_shape=None):
+        def dense(name):
+            return keras.layers.Dense(self.d_model, use_bias=self.use_bias,
+                                      kernel_initializer="glorot_uniform", name=name,
+                                      dtype=self.dtype_policy)
+
+        self.query_dense = dense("query")
+        self.key_dense = dense("key")
+        self.value_dense = dense("value")
+        self.output_dense = dense("output")
+        feature_shape = (None, None, self.d_model)
+        for layer in (self.query_dense, self.key_dense, self.value_dense, self.output_dense):
+            layer.build(feature_shape)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def split_heads(self, x):
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        return ops.reshape(x, (batch, length, self.num_heads, self.head_size))  # [batch, T, heads, head_size]
+
+    def compute_key_value(self, value):
+        """Projects `value` [batch, T, d_model] to the `(key, value)` cache, each [batch, T, heads, head_size]."""
+        return self.split_heads(self.key_dense(value)), self.split_heads(self.value_dense(value))
+
+    def call(self, query, value=None, attention_mask=None, attention_bias=None,
+             cache=None, cache_index=None, training=None):
+        q = self.split_heads(self.query_dense(query))  # [batch, T_q, heads, head_size]
+        if cache is None:
+            k, v = self.compute_key_value(value)  # [batch, T_k, heads, head_size]
+        elif cache_index is None:
+            k, v = cache
+        else:
+            new_k, new_v = self.compute_key_value(query if value is None else value)
+            k = write_cache(cache[0], new_k, cache_index)  # [batch, max_length, heads, head_size]
+            v = write_cache(cache[1], new_v, cache_index)
+            # Causal mask over the cache: query t (absolute position
+            # cache_index + t) sees slots <= cache_index + t.
+            slots = ops.arange(ops.shape(k)[1], dtype="int32")  # [max_length]
+            query_positions = ops.cast(cache_index, "int32") + ops.arange(ops.shape(q)[1], dtype="int32")
+            causal = slots[None, None, :] <= query_positions[None, :, None]  # [1, T_q, max_length]
+            attention_mask = causal if attention_mask is None else ops.logical_and(attention_mask, causal)
+
+        # Scores in float32 so that NEG_INF and the softmax are exact under
+        # mixed precision.
+        scores = ops.einsum("bqhd,bkhd->bhqk", q, k)  # [batch, heads, T_q, T_k]
+        scores = ops.cast(scores, "float32") / math.sqrt(self.head_size)
+        if attention_bias is not None:
+            scores = scores + ops.cast(attention_bias, "float32")
+        if attention_mask is not None:
+            mask = ops.cast(attention_mask, "bool")[:, None, :, :]  # [batch, 1, T_q, T_k]
+            scores = ops.where(mask, scores, NEG_INF)
+        weights = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
+        weights = self.dropout_layer(weights, training=training)
+        context = ops.einsum("bhqk,bkhd->bqhd", weights, v)  # [batch, T_q, heads, head_size]
+        batch, length = ops.shape(context)[0], ops.shape(context)[1]
+        context = ops.reshape(context, (batch, length, self.d_model))  # [batch, T_q, d_model]
+        output = self.output_dense(context)
+        if cache is None:
+            return output
+        return output, (k, v)
+
+    def compute_output_shape(self, query_shape, value_shape=None):
+        return query_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_heads=self.num_heads, d_model=self.d_model,
+                      dropout=self.dropout, use_bias=self.use_bias)
+        return config

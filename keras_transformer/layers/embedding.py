@@ -1,0 +1,93 @@
+"""Shared token embedding with the paper's sinusoidal positional encoding."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+
+def sinusoidal_encoding(positions, d_model, max_wavelength=10000.0):
+    """The paper's positional encoding (section 3.5).
+
+    `PE(pos, 2i) = sin(pos / 10000^(2i/d_model))` on even dimensions and
+    `PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))` on odd ones.
+
+    Args:
+        positions: int or float `[T]`.
+        d_model: width.
+
+    Returns:
+        float32 `[T, d_model]`.
+    """
+    positions = ops.cast(positions, "float32")[:, None]  # [T, 1]
+    dims = ops.arange(d_model)  # [d_model]
+    even_dims = ops.cast((dims // 2) * 2, "float32")  # 2i for both 2i and 2i+1
+    inverse_frequency = ops.exp(-math.log(max_wavelength) * even_dims / d_model)  # [d_model]
+    angles = positions * inverse_frequency[None, :]  # [T, d_model]
+    return ops.where(ops.equal(dims % 2, 0)[None, :], ops.sin(angles), ops.cos(angles))
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionalEmbedding(keras.layers.Layer):
+    """Token embedding x sqrt(d_model) plus sinusoidal positions; also the
+    pre-softmax projection that shares the same matrix (paper section 3.4).
+
+    One instance is called on the source ids, on the target ids and, with
+    `reverse=True`, on the decoder output: the source embedding, the target
+    embedding and the output projection share one `[vocab, d_model]` matrix.
+
+    Args:
+        vocab_size: number of tokens.
+        d_model: width.
+        max_wavelength: 10000 in the paper.
+
+    Call arguments:
+        inputs: int `[batch, T]` token ids, or with `reverse=True` float
+            `[batch, T, d_model]` decoder states.
+        start_position: int32 scalar, position of the first token (incremental
+            decoding feeds one token at a time at increasing positions).
+        reverse: project states to vocabulary logits with the transposed
+            embedding matrix instead.
+
+    Returns:
+        `[batch, T, d_model]` embeddings, or `[batch, T, vocab_size]` logits
+        with `reverse=True`.
+
+    Example:
+        >>> embed = PositionalEmbedding(37000, 512)
+        >>> x = embed(source_ids)             # [batch, S, 512]
+        >>> logits = embed(h, reverse=True)   # [batch, T, 37000]
+    """
+
+    def __init__(self, vocab_size, d_model, max_wavelength=10000.0, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.max_wavelength = max_wavelength
+
+    def build(self, input_shape=None):
+        # N(0, d_model^-0.5), as tensor2tensor: after the sqrt(d_model) scaling
+        # the embeddings have unit variance, and as the output projection the
+        # logits start small.
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=(self.vocab_size, self.d_model),
+            initializer=keras.initializers.RandomNormal(stddev=self.d_model ** -0.5))
+
+    def call(self, inputs, start_position=0, reverse=False):
+        if reverse:
+            embeddings = ops.cast(self.embeddings, self.compute_dtype)
+            return ops.matmul(inputs, ops.transpose(embeddings))  # [batch, T, vocab]
+        x = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)  # [batch, T, d_model]
+        x = ops.cast(x, self.compute_dtype) * math.sqrt(self.d_model)
+        length = ops.shape(inputs)[1]
+        positions = ops.cast(start_position, "int32") + ops.arange(length, dtype="int32")
+        encoding = sinusoidal_encoding(positions, self.d_model, self.max_wavelength)  # [T, d_model]
+        return x + ops.cast(encoding, self.compute_dtype)[None]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(vocab_size=self.vocab_size, d_model=self.d_model,
+                      max_wavelength=self.max_wavelength)
+        return config

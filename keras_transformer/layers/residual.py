@@ -1,0 +1,61 @@
+"""The residual sub-layer connection shared by encoder and decoder blocks."""
+
+from __future__ import annotations
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class ResidualConnection(keras.layers.Layer):
+    """Dropout, residual add and LayerNorm around one sub-layer.
+
+    Post-norm (paper, section 5.4): `LayerNorm(x + Dropout(Sublayer(x)))`.
+    Pre-norm (survey): `x + Dropout(Sublayer(LayerNorm(x)))`; the stack then
+    ends with a final LayerNorm.
+
+    A block uses it in two calls around its sub-layer:
+
+        h = residual.normalize_input(x)   # LayerNorm(x) in pre-norm, else x
+        y = sublayer(h)
+        x = residual(x, y)                # add (+ LayerNorm in post-norm)
+
+    Args:
+        dropout: P_drop on the sub-layer output.
+        norm_first: pre-norm if True, post-norm (paper) if False.
+        epsilon: LayerNorm epsilon.
+
+    Call arguments:
+        residual: the sub-layer input `x`, `[batch, T, d_model]`.
+        sublayer_output: `Sublayer(...)`, same shape.
+        training: enables dropout.
+
+    Returns:
+        `[batch, T, d_model]`.
+    """
+
+    def __init__(self, dropout=0.1, norm_first=False, epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.dropout = dropout
+        self.norm_first = norm_first
+        self.epsilon = epsilon
+
+    def build(self, residual_shape, sublayer_output_shape=None):
+        self.norm = keras.layers.LayerNormalization(epsilon=self.epsilon, name="norm",
+                                                    dtype=self.dtype_policy)
+        self.norm.build(residual_shape)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def normalize_input(self, x):
+        return self.norm(x) if self.norm_first else x
+
+    def call(self, residual, sublayer_output, training=None):
+        x = residual + self.dropout_layer(sublayer_output, training=training)
+        return x if self.norm_first else self.norm(x)
+
+    def compute_output_shape(self, residual_shape, sublayer_output_shape=None):
+        return residual_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(dropout=self.dropout, norm_first=self.norm_first, epsilon=self.epsilon)
+        return config
