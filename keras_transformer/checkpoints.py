@@ -1,0 +1,108 @@
+"""Checkpoints: save every N steps, resume from the newest complete one,
+average the last K into the final weights (paper section 6.1).
+
+TensorFlow's object-based checkpoints hold the model weights, the optimizer
+state (Adam moments and the iteration counter that drives the schedule) and
+the SHA-256 of the tokenizer the run was trained with. A checkpoint becomes
+visible only when `tf.train.CheckpointManager` rewrites its `checkpoint`
+state file, after the data and index files are complete, so a process
+killed mid-save leaves the previous checkpoint as the newest one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import tensorflow as tf
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used (missing, corrupt, other tokenizer)."""
+
+
+class CheckpointStore:
+    """The checkpoints of one run in `directory`.
+
+    Args:
+        directory: where `ckpt-<step>.*` files and the `checkpoint` state go.
+        model: the Keras model.
+        optimizer: its optimizer, built (`optimizer.build(model.trainable_variables)`)
+            so that restoring fills its slots.
+        tokenizer_sha256: hash of the run's tokenizer model file.
+        max_to_keep: how many recent checkpoints stay on disk.
+    """
+
+    def __init__(self, directory, model, optimizer, tokenizer_sha256, max_to_keep=5):
+        self.directory = os.fspath(directory)
+        self.model = model
+        self.optimizer = optimizer
+        self.tokenizer_sha256 = tokenizer_sha256
+        self._stored_sha256 = tf.Variable(tokenizer_sha256, dtype=tf.string, trainable=False)
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                              tokenizer_sha256=self._stored_sha256)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory,
+                                                  max_to_keep=max_to_keep)
+
+    @property
+    def paths(self) -> list[str]:
+        """Complete checkpoints kept on disk, oldest first."""
+        return list(self.manager.checkpoints)
+
+    def save(self, step: int) -> str:
+        self._stored_sha256.assign(self.tokenizer_sha256)
+        return self.manager.save(checkpoint_number=step)
+
+    def restore_latest(self) -> int:
+        """Restores the newest readable checkpoint; returns its step (0 if none).
+
+        A checkpoint that cannot be read (deleted or truncated files) is
+        skipped with a warning in favour of the one before it. A checkpoint
+        written with a different tokenizer raises `CheckpointError`.
+        """
+        for path in reversed(self.paths):
+            check_tokenizer(path, self.tokenizer_sha256)
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+            except Exception as error:  # noqa: BLE001 - TF raises OpError, IndexError, ValueError...
+                log.warning("checkpoint %s is unreadable (%s); trying the one before",
+                            path, str(error).splitlines()[0])
+                continue
+            return int(self.optimizer.iterations.numpy())
+        return 0
+
+
+def check_tokenizer(path: str, tokenizer_sha256: str) -> None:
+    """Raises `CheckpointError` unless checkpoint `path` was trained with this tokenizer."""
+    try:
+        stored = tf.train.load_checkpoint(path).get_tensor(
+            "tokenizer_sha256/.ATTRIBUTES/VARIABLE_VALUE")
+    except tf.errors.OpError:
+        return  # unreadable: the caller's restore reports it
+    stored = stored.decode() if isinstance(stored, bytes) else str(stored)
+    if stored != tokenizer_sha256:
+        raise CheckpointError(
+            f"checkpoint {path} was trained with a tokenizer of sha256 {stored[:12]}..., "
+            f"but the tokenizer given has sha256 {tokenizer_sha256[:12]}...; use the run's own "
+            f"tokenizer.model or start a new --model-dir")
+
+
+def average_checkpoints(model, paths) -> None:
+    """Sets `model`'s weights to the element-wise mean of the checkpoints in `paths`.
+
+    Only model weights are averaged (the paper's "averaging the last 5
+    checkpoints"); optimizer state is not read.
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    checkpoint = tf.train.Checkpoint(model=model)
+    total = None
+    for path in paths:
+        checkpoint.restore(path).expect_partial()
+        weights = [np.asarray(w, dtype=np.float64) for w in model.get_weights()]
+        total = weights if total is None else [t + w for t, w in zip(total, weights)]
+    model.set_weights([(t / len(paths)).astype(w.dtype)
+                       for t, w in zip(total, model.get_weights())])

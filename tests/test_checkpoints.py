@@ -1,0 +1,79 @@
+"""Checkpoint store: resume state, tokenizer guard, averaging."""
+
+import numpy as np
+import pytest
+
+from keras_transformer import TransformerConfig, build_transformer, make_optimizer
+from keras_transformer.checkpoints import CheckpointError, CheckpointStore, average_checkpoints
+
+CONFIG = TransformerConfig(vocab_size=30, num_layers=1, d_model=8, d_ff=16, num_heads=2)
+
+
+def fresh():
+    model = build_transformer(CONFIG)
+    optimizer = make_optimizer(CONFIG)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def test_average_of_two_known_checkpoints_is_elementwise_mean(tmp_path):
+    model, optimizer = fresh()
+    store = CheckpointStore(tmp_path, model, optimizer, "hash")
+    rng = np.random.default_rng(0)
+    first = [rng.normal(size=w.shape).astype("float32") for w in model.get_weights()]
+    second = [rng.normal(size=w.shape).astype("float32") for w in model.get_weights()]
+    model.set_weights(first)
+    store.save(1)
+    model.set_weights(second)
+    store.save(2)
+    other, _ = fresh()
+    average_checkpoints(other, store.paths)
+    for got, a, b in zip(other.get_weights(), first, second):
+        np.testing.assert_allclose(got, (a + b) / 2, atol=1e-6)
+
+
+def test_restore_latest_brings_back_weights_optimizer_and_step(tmp_path):
+    model, optimizer = fresh()
+    store = CheckpointStore(tmp_path, model, optimizer, "hash", max_to_keep=2)
+    for step in (10, 20, 30):
+        optimizer.iterations.assign(step)
+        model.set_weights([w + 1 for w in model.get_weights()])
+        store.save(step)
+    assert [p.rsplit("-", 1)[1] for p in store.paths] == ["20", "30"]  # keep last 2
+    optimizer.variables[2].assign(optimizer.variables[2] + 5.0)  # an Adam moment
+    optimizer.iterations.assign(40)
+    store.save(40)
+    want_weights = model.get_weights()
+    want_moment = optimizer.variables[2].numpy()
+
+    model2, optimizer2 = fresh()
+    assert CheckpointStore(tmp_path, model2, optimizer2, "hash").restore_latest() == 40
+    for got, want in zip(model2.get_weights(), want_weights):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(optimizer2.variables[2].numpy(), want_moment)
+
+
+def test_unreadable_newest_checkpoint_falls_back_to_previous(tmp_path):
+    model, optimizer = fresh()
+    store = CheckpointStore(tmp_path, model, optimizer, "hash")
+    optimizer.iterations.assign(5)
+    store.save(5)
+    optimizer.iterations.assign(9)
+    newest = store.save(9)
+    with open(newest + ".data-00000-of-00001", "wb") as f:
+        f.write(b"truncated")
+    model2, optimizer2 = fresh()
+    assert CheckpointStore(tmp_path, model2, optimizer2, "hash").restore_latest() == 5
+
+
+def test_other_tokenizer_is_refused(tmp_path):
+    model, optimizer = fresh()
+    CheckpointStore(tmp_path, model, optimizer, "a" * 64).save(1)
+    with pytest.raises(CheckpointError, match="trained with a tokenizer of sha256 aaaaaaaaaaaa"):
+        CheckpointStore(tmp_path, *fresh(), "b" * 64).restore_latest()
+
+
+def test_empty_directory_starts_at_zero(tmp_path):
+    assert CheckpointStore(tmp_path, *fresh(), "hash").restore_latest() == 0
+    with pytest.raises(CheckpointError, match="no checkpoints to average"):
+        average_checkpoints(fresh()[0], [])
