@@ -1,0 +1,408 @@
+"""Tests of keras_transformer.decoding (beam search behind a step function).
+
+The toy "model" is a fixed random table of logits (one per sentence)
+indexed by (prefix state, last token) plus a term from a decayed sum of the
+prefix embeddings.  Its cache holds the sentence id, the running hash of the
+prefix (int, rank 1) and the decayed sum (float, rank 3), and the hash also
+mixes in `step`, so a beam search that
+gathers the cache wrongly, feeds the wrong token or the wrong step gets
+different logits and fails the exact comparisons with the pure-python
+references below.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
+
+from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID
+from keras_transformer.decoding import (
+    beam_search,
+    expand_to_beams,
+    flatten_beams,
+    gather_beams,
+    greedy_search,
+    length_penalty,
+    tile_beams,
+    unflatten_beams,
+)
+
+NUM_STATES = 7
+EMB = (2, 3)
+
+
+class ToyModel:
+    """Random step function, in keras.ops (for the search) and numpy (reference)."""
+
+    def __init__(self, seed, vocab=8, batch=3, eos_bias=0.0, scale=1.5,
+                 masked=(PAD_ID, BOS_ID)):
+        rng = np.random.default_rng(seed)
+        self.vocab = vocab
+        # One random table per sentence: a batch = many independent problems.
+        self.table = scale * rng.normal(size=(batch, NUM_STATES, vocab, vocab))
+        self.table = self.table.astype("float32")
+        self.table[..., EOS_ID] += eos_bias
+        self.emb = rng.normal(size=(vocab,) + EMB).astype("float32")
+        self.proj = (0.5 * rng.normal(size=(EMB[0] * EMB[1], vocab))).astype("float32")
+        self.mask = np.zeros(vocab, bool)
+        self.mask[list(masked)] = True
+        self.h0 = rng.integers(0, NUM_STATES, size=batch).astype("int32")
+        self.acc0 = rng.normal(size=(batch,) + EMB).astype("float32")
+
+    def initial_cache(self, rows=None):
+        rows = slice(None) if rows is None else rows
+        sid = np.arange(len(self.h0), dtype="int32")
+        return {"sid": sid[rows], "h": self.h0[rows], "acc": self.acc0[rows]}
+
+    # -- keras.ops version, used by beam_search ----------------------------
+    def step_fn(self, ids, cache, step):
+        vocab = self.vocab
+        tok = ids[:, 0]  # [n]
+        h = ops.mod(cache["h"] * 7 + tok * 3 + step + 1, NUM_STATES)  # [n]
+        acc = 0.5 * cache["acc"] + ops.take(self.emb, tok, axis=0)  # [n, 2, 3]
+        table = ops.reshape(self.table, (-1, vocab))  # [batch * states * vocab, vocab]
+        row = (cache["sid"] * NUM_STATES + h) * vocab + tok  # [n]
+        logits = ops.take(table, row, axis=0)  # [n, vocab]
+        logits = logits + ops.matmul(ops.reshape(acc, (-1, EMB[0] * EMB[1])), self.proj)
+        logits = ops.where(self.mask[None, :], NEG_INF, logits)
+        return logits, {"sid": cache["sid"], "h": h, "acc": acc}
+
+    # -- numpy reference ---------------------------------------------------
+    def start(self, b):
+        return (b, int(self.h0[b]), self.acc0[b].astype(np.float64))
+
+    def np_step(self, state, tok, step):
+        """Returns (log_probs [vocab] float64, new state) after feeding `tok` at `step`."""
+        b, h, acc = state
+        h = (h * 7 + tok * 3 + step + 1) % NUM_STATES
+        acc = 0.5 * acc + self.emb[tok]
+        logits = self.table[b, h, tok].astype(np.float64) + acc.reshape(-1) @ self.proj
+        logits = np.where(self.mask, NEG_INF, logits)
+        m = logits.max()
+        log_probs = logits - m - np.log(np.exp(logits - m).sum())
+        return log_probs, (b, h, acc)
+
+    def valid_tokens(self, log_probs):
+        return [t for t in range(self.vocab) if log_probs[t] > NEG_INF / 2]
+
+
+def lp(n, alpha):
+    return ((5.0 + n) / 6.0) ** alpha
+
+
+def ref_score(model, b, seq, alpha):
+    """Length-penalised log-prob of the generated tokens `seq` for sentence b."""
+    state, tok, total = model.start(b), BOS_ID, 0.0
+    for step, nxt in enumerate(seq):
+        log_probs, state = model.np_step(state, tok, step)
+        total += log_probs[nxt]
+        tok = nxt
+    return total / lp(len(seq), alpha)
+
+
+def enumerate_all(model, b, max_len, alpha):
+    """Every possible output (EOS-terminated, or max_len tokens) with its score, best first."""
+    out = []
+
+    def dfs(state, tok, step, prefix, total):
+        log_probs, state = model.np_step(state, tok, step)
+        for t in model.valid_tokens(log_probs):
+            seq, tot = prefix + [t], total + log_probs[t]
+            if t == EOS_ID or len(seq) == max_len:
+                out.append((tot / lp(len(seq), alpha), tuple(seq)))
+            else:
+                dfs(state, t, step + 1, seq, tot)
+
+    dfs(model.start(b), BOS_ID, 0, [], 0.0)
+    return sorted(out, key=lambda x: -x[0])
+
+
+def ref_greedy(model, b, max_len, alpha):
+    state, tok, seq, total = model.start(b), BOS_ID, [], 0.0
+    for step in range(max_len):
+        log_probs, state = model.np_step(state, tok, step)
+        tok = int(np.argmax(log_probs))
+        seq.append(tok)
+        total += log_probs[tok]
+        if tok == EOS_ID:
+            break
+    return tuple(seq), total / lp(len(seq), alpha)
+
+
+def ref_beam(model, b, max_len, k, alpha):
+    """Plain python top-2k beam search WITHOUT early termination (runs to max_len)."""
+    alive = [(0.0, (), model.start(b))]
+    finished = []
+    num_cand = 2 * k if k > 1 else 1
+    for step in range(max_len):
+        cands = []
+        for logp, seq, state in alive:
+            tok = seq[-1] if seq else BOS_ID
+            log_probs, new_state = model.np_step(state, tok, step)
+            for t in model.valid_tokens(log_probs):
+                cands.append((logp + log_probs[t], seq + (t,), new_state))
+        cands = sorted(cands, key=lambda c: -c[0])[:num_cand]
+        at_limit = step + 1 >= max_len
+        finished += [(c[0] / lp(step + 1, alpha), c[1]) for c in cands
+                     if at_limit or c[1][-1] == EOS_ID]
+        finished = sorted(finished, key=lambda f: -f[0])[:k]
+        alive = [c for c in cands if not at_limit and c[1][-1] != EOS_ID][:k]
+        if not alive:
+            break
+    return finished
+
+
+def strip(row):
+    """Generated tokens of one output row (drops the PAD tail)."""
+    row = list(np.asarray(row))
+    while row and row[-1] == PAD_ID:
+        row.pop()
+    return tuple(int(t) for t in row)
+
+
+def run(model, max_lengths, **kwargs):
+    max_lengths = np.asarray(max_lengths, "int32")
+    seqs, scores = beam_search(model.step_fn, model.initial_cache(), len(max_lengths),
+                               max_lengths, **kwargs)
+    seqs, scores = np.asarray(seqs), np.asarray(scores)
+    assert not np.isnan(scores).any()
+    return seqs, scores
+
+
+# --------------------------------------------------------------------------
+def test_helpers():
+    x = np.arange(2 * 3, dtype="float32").reshape(2, 3)
+    tiled = np.asarray(tile_beams(x, 2))
+    np.testing.assert_array_equal(tiled, x[[0, 0, 1, 1]])
+    np.testing.assert_array_equal(np.asarray(expand_to_beams(x, 2))[:, 1], x)
+    un = np.asarray(unflatten_beams(tiled, 2))
+    assert un.shape == (2, 2, 3)
+    np.testing.assert_array_equal(np.asarray(flatten_beams(un)), tiled)
+    y = np.arange(2 * 3 * 2).reshape(2, 3, 2)
+    idx = np.array([[2, 0, 2, 1], [1, 1, 0, 2]], "int32")
+    expected = np.stack([y[b, idx[b]] for b in range(2)])
+    np.testing.assert_array_equal(np.asarray(gather_beams(y, idx)), expected)
+    np.testing.assert_allclose(np.asarray(length_penalty(np.array([1, 4]), 0.6)),
+                               [1.0, (9 / 6) ** 0.6], rtol=1e-6)
+    np.testing.assert_allclose(float(length_penalty(7, 0.0)), 1.0)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.0, -0.4])
+def test_exhaustive_nbest(alpha):
+    # vocab {UNK, EOS, 4, 5} (PAD/BOS masked): 1+3+9+27 = 40 outputs up to 3
+    # tokens, 1+3+9+27+81 = 121 up to 4.  A beam of 128 keeps everything.
+    model = ToyModel(seed=11, vocab=6, batch=2)
+    max_lengths = [4, 3]
+    seqs, scores = run(model, max_lengths, beam_size=128, num_results=121, alpha=alpha)
+    for b, max_len in enumerate(max_lengths):
+        truth = enumerate_all(model, b, max_len, alpha)
+        assert len(truth) == (121 if max_len == 4 else 40)
+        got = [strip(r) for r in seqs[b, : len(truth)]]
+        assert got == [t[1] for t in truth]
+        np.testing.assert_allclose(scores[b, : len(truth)], [t[0] for t in truth],
+                                   rtol=1e-5, atol=1e-5)
+        # Slots with no hypothesis: all PAD, score NEG_INF.
+        assert (seqs[b, len(truth):] == PAD_ID).all()
+        assert (scores[b, len(truth):] == np.float32(NEG_INF)).all()
+
+
+def test_exhaustive_best_with_small_beam_output():
+    model = ToyModel(seed=5, vocab=6, batch=2, eos_bias=-1.0)
+    seqs, scores = run(model, [4, 4], beam_size=64, num_results=3)
+    for b in range(2):
+        truth = enumerate_all(model, b, 4, 0.6)[:3]
+        assert [strip(r) for r in seqs[b]] == [t[1] for t in truth]
+        np.testing.assert_allclose(scores[b], [t[0] for t in truth], rtol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.0, -1.0])
+def test_beam4_matches_reference_beam_without_early_stop(alpha):
+    # Same algorithm in plain python with no early termination: the early
+    # stopping bound is exact, so sequences and scores must be identical.
+    # 16 sentences, each with its own random table.
+    model = ToyModel(seed=100, vocab=9, batch=16, eos_bias=-0.5)
+    max_lengths = np.tile([3, 9, 6, 12], 4)
+    seqs, scores = run(model, max_lengths, beam_size=4, num_results=4, alpha=alpha)
+    for b, max_len in enumerate(max_lengths):
+        ref = ref_beam(model, b, max_len, 4, alpha)
+        assert [strip(r) for r in seqs[b, : len(ref)]] == [r[1] for r in ref]
+        np.testing.assert_allclose(scores[b, : len(ref)], [r[0] for r in ref], rtol=1e-5)
+
+
+@pytest.mark.parametrize("alpha, max_steps", [(0.0, 5), (0.6, 20)])
+def test_early_termination_stops_the_loop(alpha, max_steps):
+    # EOS very likely: every sentence is done long before the length limit of
+    # 40 (the eager loop calls step_fn once per step).  With alpha > 0 the
+    # bound logprob / lp(40) is looser, so it takes a few more steps.
+    model = ToyModel(seed=3, vocab=8, batch=3, eos_bias=6.0)
+    steps = []
+
+    def counting_step(ids, cache, step):
+        steps.append(int(step))
+        return model.step_fn(ids, cache, step)
+
+    seqs, scores = beam_search(counting_step, model.initial_cache(), 3,
+                               np.array([40, 40, 40], "int32"), beam_size=4,
+                               num_results=4, alpha=alpha)
+    assert 1 <= len(steps) <= max_steps, steps
+    assert steps == list(range(len(steps)))
+    for b in range(3):
+        ref = ref_beam(model, b, 40, 4, alpha)
+        assert [strip(r) for r in np.asarray(seqs)[b]] == [r[1] for r in ref]
+        np.testing.assert_allclose(np.asarray(scores)[b], [r[0] for r in ref], rtol=1e-5)
+
+
+def test_beam1_is_greedy():
+    model = ToyModel(seed=200, vocab=10, batch=16, eos_bias=-0.5)
+    max_lengths = np.tile([1, 5, 11, 8], 4)
+    seqs, scores = run(model, max_lengths, beam_size=1, alpha=0.6)
+    g_seqs, g_scores = greedy_search(model.step_fn, model.initial_cache(), 16,
+                                     np.asarray(max_lengths, "int32"))
+    np.testing.assert_array_equal(np.asarray(g_seqs), seqs[:, 0])
+    np.testing.assert_allclose(np.asarray(g_scores), scores[:, 0])
+    for b, max_len in enumerate(max_lengths):
+        ref_seq, ref_sc = ref_greedy(model, b, max_len, 0.6)
+        assert strip(seqs[b, 0]) == ref_seq
+        np.testing.assert_allclose(scores[b, 0], ref_sc, rtol=1e-5)
+
+
+def test_beam4_not_worse_than_greedy():
+    # 48 sentences, each with its own random table, in one batch.  (Not a
+    # theorem for beam search in general, but it holds for these tables and a
+    # broken search falls below greedy quickly.)
+    model = ToyModel(seed=300, vocab=10, batch=48, eos_bias=-1.0)
+    max_lengths = np.tile([6, 8, 10, 7], 12)
+    _, beam_scores = run(model, max_lengths, beam_size=4, alpha=0.6)
+    greedy_scores = np.array([ref_greedy(model, b, m, 0.6)[1]
+                              for b, m in enumerate(max_lengths)])
+    assert (beam_scores[:, 0] >= greedy_scores - 1e-5).all()
+    assert (beam_scores[:, 0] > greedy_scores + 1e-5).sum() > 5  # beam finds better ones
+
+
+def test_batch_equals_each_sentence_alone():
+    model = ToyModel(seed=7, vocab=9, batch=5, eos_bias=-0.8)
+    max_lengths = np.array([1, 3, 12, 7, 5], "int32")
+    seqs, scores = run(model, max_lengths, beam_size=4, num_results=3)
+    assert seqs.shape == (5, 3, 12)
+    for b in range(5):
+        alone_s, alone_sc = beam_search(model.step_fn, model.initial_cache([b]), 1,
+                                        max_lengths[b:b + 1], beam_size=4, num_results=3)
+        alone_s = np.asarray(alone_s)
+        assert alone_s.shape == (1, 3, max_lengths[b])  # buffer = its own max length
+        np.testing.assert_array_equal(alone_s[0], seqs[b, :, : max_lengths[b]])
+        assert (seqs[b, :, max_lengths[b]:] == PAD_ID).all()
+        # Equal up to float rounding (the toy matmul is not batch-size invariant).
+        np.testing.assert_allclose(np.asarray(alone_sc)[0], scores[b], rtol=1e-6)
+
+
+def test_never_eos_stops_exactly_at_max_lengths():
+    model = ToyModel(seed=9, vocab=8, batch=4, masked=(PAD_ID, BOS_ID, EOS_ID))
+    max_lengths = [2, 9, 5, 30]  # 30 > buffer: clipped to max_decode_length
+    seqs, scores = run(model, max_lengths, beam_size=4, num_results=4, max_decode_length=12)
+    assert seqs.shape == (4, 4, 12)
+    for b, max_len in enumerate([2, 9, 5, 12]):
+        for r in range(4):
+            assert len(strip(seqs[b, r])) == max_len
+            assert (seqs[b, r, :max_len] != PAD_ID).all()
+            assert (seqs[b, r, :max_len] != EOS_ID).all()
+        assert len({strip(s) for s in seqs[b]}) == 4  # distinct hypotheses
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.0])
+def test_scores_equal_recomputed_scores(alpha):
+    model = ToyModel(seed=21, vocab=12, batch=3, eos_bias=-0.3)
+    max_lengths = [10, 4, 7]
+    seqs, scores = run(model, max_lengths, beam_size=4, num_results=4, alpha=alpha)
+    for b in range(3):
+        assert (np.diff(scores[b]) <= 1e-6).all()  # best first
+        for r in range(4):
+            seq = strip(seqs[b, r])
+            assert len(seq) <= max_lengths[b]
+            assert EOS_ID not in seq[:-1]  # EOS only as the last token
+            np.testing.assert_allclose(scores[b, r], ref_score(model, b, seq, alpha),
+                                       rtol=1e-5)
+
+
+def test_single_possible_token_no_nan():
+    # Only EOS is possible: one finished hypothesis, the other slots are empty.
+    model = ToyModel(seed=1, vocab=6, batch=2,
+                     masked=[t for t in range(6) if t != EOS_ID])
+    seqs, scores = run(model, [5, 5], beam_size=4, num_results=4)
+    np.testing.assert_array_equal(seqs[:, 0, 0], [EOS_ID, EOS_ID])
+    np.testing.assert_allclose(scores[:, 0], 0.0, atol=1e-6)
+    assert (seqs[:, 0, 1:] == PAD_ID).all() and (seqs[:, 1:] == PAD_ID).all()
+    assert (scores[:, 1:] == np.float32(NEG_INF)).all()
+    assert np.isfinite(scores).all()
+
+
+def test_tf_function_graph_and_xla():
+    model = ToyModel(seed=31, vocab=10, batch=3, eos_bias=-0.5)
+    max_lengths = np.array([6, 3, 9], "int32")
+    eager = run(model, max_lengths, beam_size=4, num_results=2, alpha=0.6)
+
+    def decode(h, acc, max_lengths, alpha):
+        cache = {"sid": tf.range(tf.shape(h)[0]), "h": h, "acc": acc}
+        return beam_search(model.step_fn, cache, tf.shape(h)[0], max_lengths,
+                           beam_size=4, num_results=2, alpha=alpha, max_decode_length=9)
+
+    # Dynamic batch and alpha as a tensor input (a SavedModel signature).
+    graph_fn = tf.function(decode, jit_compile=False, input_signature=[
+        tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, *EMB], tf.float32),
+        tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float32)])
+    args = (model.h0, model.acc0, max_lengths, np.float32(0.6))
+    graph = [np.asarray(t) for t in graph_fn(*args)]
+    np.testing.assert_array_equal(graph[0], eager[0])
+    np.testing.assert_allclose(graph[1], eager[1], rtol=1e-6)
+
+    xla_fn = tf.function(lambda h, acc, m, a: beam_search(
+        model.step_fn, {"sid": tf.range(3), "h": h, "acc": acc}, 3, m, beam_size=4, num_results=2, alpha=a,
+        max_decode_length=9), jit_compile=True)
+    xla = [np.asarray(t) for t in xla_fn(*args)]
+    np.testing.assert_array_equal(xla[0], eager[0])
+    np.testing.assert_allclose(xla[1], eager[1], rtol=1e-5)
+
+
+def test_argument_validation():
+    model = ToyModel(seed=0, batch=1)
+    with pytest.raises(ValueError):
+        beam_search(model.step_fn, model.initial_cache(), 1, np.array([3], "int32"),
+                    beam_size=2, num_results=3)
+    with pytest.raises(ValueError):
+        tf.function(lambda m: beam_search(model.step_fn, model.initial_cache(), 1, m))(
+            tf.constant([3]))
+
+
+def test_converts_to_litert_builtins():
+    # TFLITE_BUILTINS only: the conversion fails if any op needs Flex.
+    interpreter_lib = pytest.importorskip("ai_edge_litert.interpreter")
+    model = ToyModel(seed=31, vocab=10, batch=3, eos_bias=-0.5)
+    max_lengths = np.array([6, 3, 9], "int32")
+    eager = run(model, max_lengths, beam_size=4, num_results=2, alpha=0.6,
+                max_decode_length=9)
+
+    @tf.function(input_signature=[
+        tf.TensorSpec([3], tf.int32), tf.TensorSpec([3, *EMB], tf.float32),
+        tf.TensorSpec([3], tf.int32), tf.TensorSpec([], tf.float32)])
+    def decode(h, acc, lengths, alpha):
+        cache = {"sid": tf.range(3), "h": h, "acc": acc}
+        return beam_search(model.step_fn, cache, 3, lengths, beam_size=4, num_results=2,
+                           alpha=alpha, max_decode_length=9)
+
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [decode.get_concrete_function()], decode)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    interpreter = interpreter_lib.Interpreter(model_content=converter.convert())
+    interpreter.allocate_tensors()
+    values = {"h": model.h0, "acc": model.acc0, "lengths": max_lengths,
+              "alpha": np.float32(0.6)}
+    for detail in interpreter.get_input_details():
+        interpreter.set_tensor(detail["index"], np.asarray(values[detail["name"]], detail["dtype"]))
+    interpreter.invoke()
+    outputs = [interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()]
+    seqs = next(o for o in outputs if o.ndim == 3)
+    scores = next(o for o in outputs if o.ndim == 2)
+    np.testing.assert_array_equal(seqs, eager[0])
+    np.testing.assert_allclose(scores, eager[1], rtol=1e-5)
