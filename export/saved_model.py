@@ -1,0 +1,188 @@
+"""SavedModel export for TF Serving: raw strings in, translations out.
+
+    python -m export.saved_model --model-dir runs/default --output runs/default/export
+
+writes `OUTPUT/<version>/` (the next integer version) holding one graph with
+the SentencePiece tokenizer (its model is a constant inside the graph: no
+asset file to lose), the averaged weights and the beam search:
+
+* `serving_default`: `text` string `[None]` -> `translation` string
+  `[None]`, `score` float32 `[None]` (beam 4, alpha 0.6, +50, as the paper);
+* `translate_options`: `text` string `[None]`, `beam_size` int32 scalar
+  (1..8), `alpha` float32 scalar, `extra_length` int32 scalar (0..50),
+  `num_results` int32 scalar (1..beam_size) -> `translations` string
+  `[None, None]`, `scores` float32 `[None, None]`, best first. Out-of-range
+  options are clipped to those ranges rather than failing the request.
+
+The version directory is written under a hidden temporary name in `OUTPUT`
+and renamed into place only when complete (TF Serving ignores non-numeric
+names), so a crash never leaves a half-written version where a server would
+load it. `assets.extra/tf_serving_warmup_requests` holds warm-up requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import sys
+
+import tensorflow as tf
+
+from export.translator import Translator
+from keras_transformer.config import TransformerConfig
+from keras_transformer.constants import NEG_INF
+
+# Beam sizes the options signature can run; each has its own branch in the
+# graph (beam size fixes the shapes of the search buffers).
+MAX_BEAM_SIZE = 8
+WARMUP_SENTENCES = ("Hello.", "This is a warm-up request for the translation model.", "")
+SERVING_DEFAULT = "serving_default"
+OPTIONS_SIGNATURE = "translate_options"
+
+
+class TranslationModule(tf.Module):
+    """The exported `tf.Module`: tokenizer + averaged model + beam search.
+
+    Args:
+        model: the trained (averaged) `keras.Model` from `build_transformer`.
+        config: its `TransformerConfig`.
+        tokenizer_model: SentencePiece model bytes (`Tokenizer.model_bytes`).
+    """
+
+    def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes):
+        super().__init__(name="translation_module")
+        self.model = model  # tracks the weights
+        self._translator = Translator(model, config, tokenizer_model)
+        self._config = config
+        self.serve = tf.function(self._serve, input_signature=[
+            tf.TensorSpec([None], tf.string, name="text")])
+        self.serve_with_options = tf.function(self._serve_with_options, input_signature=[
+            tf.TensorSpec([None], tf.string, name="text"),
+            tf.TensorSpec([], tf.int32, name="beam_size"),
+            tf.TensorSpec([], tf.float32, name="alpha"),
+            tf.TensorSpec([], tf.int32, name="extra_length"),
+            tf.TensorSpec([], tf.int32, name="num_results"),
+        ])
+
+    def _serve(self, text):
+        config = self._config
+        strings, scores = self._translator.translate_graph(
+            text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1)
+        return {"translation": strings[:, 0], "score": scores[:, 0]}
+
+    def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results):
+        beam_size = tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE)
+        num_results = tf.clip_by_value(num_results, 1, beam_size)
+
+        def branch(beam):
+            def run():
+                strings, scores = self._translator.translate_graph(text, beam, alpha, extra_length, beam)
+                pad = [[0, 0], [0, MAX_BEAM_SIZE - beam]]
+                return (tf.pad(strings, pad, constant_values=""),  # [batch, MAX_BEAM_SIZE]
+                        tf.pad(scores, pad, constant_values=NEG_INF))
+            return run
+
+        strings, scores = tf.switch_case(beam_size - 1, [branch(b) for b in range(1, MAX_BEAM_SIZE + 1)])
+        return {"translations": strings[:, :num_results], "scores": scores[:, :num_results]}
+
+    def signatures(self):
+        return {SERVING_DEFAULT: self.serve.get_concrete_function(),
+                OPTIONS_SIGNATURE: self.serve_with_options.get_concrete_function()}
+
+
+def next_version(output: pathlib.Path) -> int:
+    versions = [int(p.name) for p in output.iterdir() if p.is_dir() and p.name.isdigit()] if output.exists() else []
+    return max(versions, default=0) + 1
+
+
+def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator") -> pathlib.Path:
+    """Writes `assets.extra/tf_serving_warmup_requests` (PredictionLog TFRecords)."""
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    path = directory / "assets.extra" / "tf_serving_warmup_requests"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        request = predict_pb2.PredictRequest(
+            model_spec=model_pb2.ModelSpec(name=model_name, signature_name=SERVING_DEFAULT))
+        request.inputs["text"].CopyFrom(tf.make_tensor_proto(list(WARMUP_SENTENCES), dtype=tf.string))
+        log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+        writer.write(log.SerializeToString())
+    return path
+
+
+def export_model(model, config: TransformerConfig, tokenizer, output, version: int | None = None) -> pathlib.Path:
+    """Exports `model` to `output/<version>` atomically; returns that path.
+
+    Args:
+        model: trained `keras.Model`.
+        config: its `TransformerConfig`.
+        tokenizer: a `keras_transformer.data.Tokenizer` (or raw model bytes).
+        output: the model base path TF Serving watches.
+        version: integer version; default one more than the largest present.
+    """
+    output = pathlib.Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    version = next_version(output) if version is None else int(version)
+    final = output / str(version)
+    if final.exists():
+        raise FileExistsError(f"{final} already exists; TF Serving versions are immutable, pick another --version")
+    tokenizer_model = tokenizer if isinstance(tokenizer, bytes) else tokenizer.model_bytes
+    module = TranslationModule(model, config, tokenizer_model)
+    staging = output / f".tmp-{version}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        tf.saved_model.save(module, str(staging), signatures=module.signatures())
+        write_warmup_requests(staging)
+        os.rename(staging, final)  # atomic on one file system
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+def load_trained(model_dir):
+    """Model, config and tokenizer of a `train.py` model directory (averaged weights)."""
+    from keras_transformer import build_transformer
+    from keras_transformer.data import Tokenizer, tokenizer_path
+    from train import FINAL_WEIGHTS, RunError, load_config
+
+    model_dir = pathlib.Path(model_dir)
+    config = load_config(model_dir)
+    tokenizer = Tokenizer.load(tokenizer_path(model_dir))
+    import json
+
+    recorded = json.loads((model_dir / "run.json").read_text()).get("tokenizer_sha256")
+    if recorded != tokenizer.sha256:
+        raise RunError(f"{tokenizer_path(model_dir)} has sha256 {tokenizer.sha256[:12]}..., but the model in "
+                       f"{model_dir} was trained with {str(recorded)[:12]}...; export with the run's own tokenizer")
+    weights = model_dir / FINAL_WEIGHTS
+    if not weights.exists():
+        raise RunError(f"{weights} not found: train.py writes it (the averaged checkpoints) when training ends")
+    model = build_transformer(config)
+    model.load_weights(weights)
+    return model, config, tokenizer
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", required=True, help="a model directory written by train.py")
+    parser.add_argument("--output", required=True, help="export base directory; the version goes below it")
+    parser.add_argument("--version", type=int, default=None, help="version number (default: next free)")
+    args = parser.parse_args(argv)
+    from keras_transformer.data import TokenizerError
+    from train import RunError
+
+    try:
+        model, config, tokenizer = load_trained(args.model_dir)
+        path = export_model(model, config, tokenizer, args.output, args.version)
+    except (RunError, TokenizerError, FileExistsError) as error:
+        print(f"export.saved_model: error: {error}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

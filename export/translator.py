@@ -1,0 +1,145 @@
+"""Strings in, translations out, as one TensorFlow graph.
+
+`Translator` chains the pieces a served model needs, all as TensorFlow ops:
+
+    text --(input hygiene)--> FastSentencepieceTokenize --> source ids
+         --> encoder --> cached beam search over the decoder --> ids
+         --> FastSentencepieceDetokenize --> translation, score
+
+`train.py` computes its BLEU through the same `Translator` that the
+SavedModel exports, so evaluation and serving cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from keras_transformer.config import TransformerConfig
+from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.decoding import beam_search
+from keras_transformer.incremental import IncrementalDecoder
+
+# Characters kept from one input before tokenization. A SentencePiece piece
+# is at most 16 characters, so `16 * max_length` characters always yield at
+# least `max_length` tokens when the text is that long: the cut never
+# shortens what the model would see, and a megabyte-long request costs no
+# more than a long sentence.
+CHARS_PER_TOKEN_BOUND = 16
+
+
+class Translator:
+    """Tokenizer + model + beam search, callable in eager mode or in a graph.
+
+    Args:
+        model: a `keras.Model` from `build_transformer(config)`.
+        config: its `TransformerConfig` (max_length, beam, alpha, +50 rule).
+        tokenizer_model: the SentencePiece model bytes (`Tokenizer.model_bytes`).
+
+    Example:
+        >>> translator = Translator(model, config, tokenizer.model_bytes)
+        >>> translator.translate(["Today the man sees the dog."])
+        ['Heute sieht der Mann den Hund.']
+    """
+
+    def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes):
+        self.model = model
+        self.config = config
+        self.decoder = IncrementalDecoder(model, config)
+        self.sentencepiece = tf_text.FastSentencepieceTokenizer(tokenizer_model)
+        # Buffer size of the search: the longest source plus the paper's +50.
+        self.max_decode_length = config.max_length + config.decode_extra_length
+        self._functions = {}
+
+    # -- pieces ------------------------------------------------------------
+    def clean_text(self, text):
+        """Input hygiene: invalid UTF-8 becomes U+FFFD, overlong text is cut.
+
+        Args:
+            text: string `[batch]`.
+
+        Returns:
+            string `[batch]`, valid UTF-8, at most `16 * max_length` characters.
+        """
+        text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
+                                            replacement_char=0xFFFD)
+        return tf.strings.substr(text, 0, CHARS_PER_TOKEN_BOUND * self.config.max_length,
+                                 unit="UTF8_CHAR")
+
+    def encode_text(self, text):
+        """Tokenizes and appends EOS, truncating to `max_length` tokens.
+
+        Returns:
+            source ids int32 `[batch, S]` padded with PAD_ID (S <= max_length),
+            and the number of text tokens per input int32 `[batch]` (0 for
+            empty or whitespace-only text).
+        """
+        tokens = self.sentencepiece.tokenize(text)  # ragged [batch, (n)]
+        tokens = tf.cast(tokens[:, : self.config.max_length - 1], tf.int32)
+        lengths = tf.cast(tokens.row_lengths(), tf.int32)  # [batch]
+        dense = tokens.to_tensor(default_value=PAD_ID)  # [batch, n_max]
+        dense = tf.pad(dense, [[0, 0], [0, 1]], constant_values=PAD_ID)  # [batch, n_max + 1]
+        positions = tf.range(tf.shape(dense)[1], dtype=tf.int32)  # [n_max + 1]
+        # EOS right after each input's last token.
+        return tf.where(positions[None, :] == lengths[:, None], EOS_ID, dense), lengths
+
+    def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results):
+        """Beam search over the decoder, `max_lengths = source_lengths + extra_length`.
+
+        Returns:
+            ids int32 `[batch, num_results, max_decode_length]` (EOS, then
+            PAD) and scores float32 `[batch, num_results]`.
+        """
+        extra_length = tf.clip_by_value(tf.cast(extra_length, tf.int32), 0,
+                                        self.config.decode_extra_length)
+        step_fn = self.decoder.make_step_fn(source_ids, beam_size)
+        batch = tf.shape(source_ids)[0]
+        cache = self.decoder.initial_self_attention_cache(batch, self.max_decode_length)
+        return beam_search(step_fn, cache, batch, source_lengths + extra_length,
+                           beam_size=beam_size, alpha=alpha,
+                           max_decode_length=self.max_decode_length, num_results=num_results)
+
+    def decode_ids(self, ids):
+        """ids int32 `[n, L]` -> strings `[n]`, dropping PAD/BOS/EOS."""
+        keep = (ids != PAD_ID) & (ids != BOS_ID) & (ids != EOS_ID)
+        return self.sentencepiece.detokenize(tf.ragged.boolean_mask(ids, keep))
+
+    def translate_graph(self, text, beam_size, alpha, extra_length, num_results):
+        """The whole translation as graph ops.
+
+        Args:
+            text: string `[batch]`, any bytes.
+            beam_size, num_results: static python ints.
+            alpha: float scalar; extra_length: int scalar (clipped to
+                `[0, decode_extra_length]`, the size the buffers were made for).
+
+        Returns:
+            translations string `[batch, num_results]`, scores float32
+            `[batch, num_results]`. Empty or whitespace-only inputs give ""
+            with score 0.
+        """
+        source_ids, lengths = self.encode_text(self.clean_text(text))
+        ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results)
+        flat = tf.reshape(ids, [-1, self.max_decode_length])  # [batch * n, L]
+        strings = tf.reshape(self.decode_ids(flat), [-1, num_results])  # [batch, n]
+        empty = (lengths == 0)[:, None]  # [batch, 1]
+        strings = tf.where(empty, tf.constant(""), strings)
+        scores = tf.where(empty, tf.constant(0.0), scores)
+        return strings, scores
+
+    # -- eager convenience -----------------------------------------------
+    def translate(self, texts, beam_size=None, alpha=None, num_results=1):
+        """Translates a list (or string tensor) of sentences; returns a list of str
+        (or, with `num_results > 1`, a list of lists)."""
+        beam_size = beam_size or self.config.beam_size
+        alpha = self.config.length_penalty_alpha if alpha is None else alpha
+        key = (beam_size, num_results)
+        if key not in self._functions:
+            self._functions[key] = tf.function(
+                lambda t, a: self.translate_graph(t, beam_size, a, self.config.decode_extra_length,
+                                                  num_results),
+                input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32)])
+        strings, _ = self._functions[key](tf.constant(texts, tf.string) if not tf.is_tensor(texts) else texts,
+                                          tf.constant(alpha, tf.float32))
+        decoded = [[s.decode("utf-8") for s in row] for row in strings.numpy()]
+        return [row[0] for row in decoded] if num_results == 1 else decoded

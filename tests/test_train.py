@@ -1,0 +1,173 @@
+"""train.py end to end: distribution, kill -9 resume, guards on the model directory."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+WORDS_EN = "the a man woman dog cat sees buys red big small house book today".split()
+WORDS_DE = "der die Mann Frau Hund Katze sieht kauft rot groß klein Haus Buch heute".split()
+
+
+def write_corpus(directory, pairs=240, valid=12, seed=0):
+    """A toy word-for-word corpus in the text-directory layout."""
+    import random
+
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def lines(n):
+        src, tgt = [], []
+        for _ in range(n):
+            idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(3, 7))]
+            src.append(" ".join(WORDS_EN[i] for i in idx))
+            tgt.append(" ".join(WORDS_DE[i] for i in idx))
+        return src, tgt
+
+    for split, n in (("train", pairs), ("valid", valid)):
+        src, tgt = lines(n)
+        (directory / f"{split}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (directory / f"{split}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    return directory
+
+
+def train_command(data, model_dir, *extra):
+    return [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--model-dir", str(model_dir),
+            "--vocab-size", "60", "--batch-tokens", "256", "--bleu-every-sentences", "0",
+            "--no-export", *extra]
+
+
+def run_train(*args, timeout=600):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+MIRRORED = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 8)
+    import keras
+    from keras_transformer import (LabelSmoothedCrossEntropy, TransformerConfig, build_transformer,
+                                   make_optimizer)
+
+    config = TransformerConfig(vocab_size=40, num_layers=1, d_model=16, d_ff=32, num_heads=2,
+                               dropout=0.0, warmup_steps=10)
+    rng = np.random.default_rng(0)
+    # 16 sentences without padding: every replica holds 2 sentences of equal
+    # token count, so the mean of per-replica means is the global mean.
+    source = rng.integers(4, 40, size=(16, 6)).astype("int32")
+    target_in = np.concatenate([np.full((16, 1), 2, "int32"), source[:, :5]], axis=1)
+    target_out = source.copy()
+    dataset = tf.data.Dataset.from_tensors(((source, target_in), target_out)).repeat(4)
+
+    def train(strategy):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = build_transformer(config)
+            model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy())
+        losses = []
+        for _ in range(4):
+            losses.append(float(model.train_on_batch((source, target_in), target_out)))
+        return losses, model
+
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    mirrored = tf.distribute.MirroredStrategy(cpus)
+    many, model_many = train(mirrored)
+    one, model_one = train(tf.distribute.get_strategy())
+    print(json.dumps({"replicas": mirrored.num_replicas_in_sync, "many": many, "one": one}))
+""")
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_on_8_cpu_devices_matches_single_device():
+    result = run_train(sys.executable, "-c", MIRRORED)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["replicas"] == 8
+    assert figures["many"][0] > figures["many"][-1]  # it trains
+    # Step 1's loss checks the forward pass; steps 2-4 check that the
+    # replicas' gradients were combined into the single-device update (a sum
+    # instead of a mean, or a missing all-reduce, moves them by far more).
+    for many, one in zip(figures["many"], figures["one"]):
+        assert many == pytest.approx(one, rel=1e-5)
+    # Weights are not compared element-wise: rows of tokens absent from the
+    # batch get gradients of ~1e-12 from summation-order noise, which Adam
+    # (epsilon 1e-9) turns into full-size steps on one device but not the other.
+
+
+def read_history(model_dir):
+    import csv
+
+    return list(csv.DictReader((model_dir / "history.csv").open()))
+
+
+@pytest.mark.slow
+def test_sigkill_after_first_checkpoint_then_resume(tmp_path):
+    data = write_corpus(tmp_path / "data")
+    model_dir = tmp_path / "run"
+    command = train_command(data, model_dir, "--steps", "60", "--checkpoint-every", "10")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    state = model_dir / "checkpoints" / "checkpoint"
+    deadline = time.time() + 300
+    while not state.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None, "training ended before it could be killed:\n" + process.stdout.read()
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_history = read_history(model_dir)
+    killed_at = int(killed_history[-1]["step"])
+    assert 10 <= killed_at < 60
+
+    resumed = run_train(*command)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    log = resumed.stdout + resumed.stderr
+    assert f"resuming at step {killed_at}" in log
+    results = json.loads((model_dir / "results.json").read_text())
+    assert results["steps"] == 60
+    steps = [int(row["step"]) for row in read_history(model_dir)]
+    assert steps == list(range(10, 70, 10))  # continues, no step repeated or lost
+    losses = [float(row["loss"]) for row in read_history(model_dir)]
+    # The loss continues from where it was, it does not restart from scratch.
+    assert losses[len(killed_history)] < losses[0]
+    assert (model_dir / "curves.png").stat().st_size > 1000
+    assert (model_dir / "final.weights.h5").exists()
+    assert "valid BLEU (beam 4, averaged model)" in log
+
+
+@pytest.mark.slow
+def test_resume_refuses_other_tokenizer_or_config(tmp_path):
+    data = write_corpus(tmp_path / "data")
+    model_dir = tmp_path / "run"
+    first = run_train(*train_command(data, model_dir, "--steps", "2", "--checkpoint-every", "2"))
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    other = run_train(*train_command(data, model_dir, "--steps", "4", "--max-length", "32"))
+    assert other.returncode == 2
+    assert other.stderr.strip().splitlines()[-1].startswith("train.py: error: ")
+    assert "different model config (max_length)" in other.stderr
+
+    (model_dir / "tokenizer.model").write_bytes(b"not a sentencepiece model")
+    corrupt = run_train(*train_command(data, model_dir, "--steps", "4"))
+    assert corrupt.returncode == 2
+    last = corrupt.stderr.strip().splitlines()[-1]
+    assert "tokenizer.model" in last and "Traceback" not in corrupt.stderr
+
+
+def test_help_explains_every_flag():
+    result = run_train(sys.executable, str(ROOT / "train.py"), "--help")
+    assert result.returncode == 0
+    for flag in ("--config", "--data", "--model-dir", "--steps", "--batch-tokens", "--jit-compile",
+                 "--mixed-precision", "--seed", "--checkpoint-every", "--average"):
+        assert flag in result.stdout
