@@ -53,8 +53,14 @@ class TranslationModule(tf.Module):
 
     def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes):
         super().__init__(name="translation_module")
-        self.model = model  # tracks the weights
-        self._translator = Translator(model, config, tokenizer_model)
+        # Track the tf.Variables behind the Keras variables, not the Keras
+        # model: a Keras 3 model held by a tf.Module saves its wrapper
+        # variables, which the TF1 session loader (TF Serving,
+        # saved_model_cli) never restores into the handles the functions
+        # read (keras-team/keras#20095). This is what keras.export.ExportArchive
+        # does as well.
+        self.model_variables = [v.value for v in model.variables]
+        self._translator = Translator(model, config, tokenizer_model)  # not trackable: not saved
         self._config = config
         self.serve = tf.function(self._serve, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])

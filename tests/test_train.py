@@ -10,34 +10,9 @@ import textwrap
 import time
 
 import pytest
+from helpers import write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-WORDS_EN = "the a man woman dog cat sees buys red big small house book today".split()
-WORDS_DE = "der die Mann Frau Hund Katze sieht kauft rot groß klein Haus Buch heute".split()
-
-
-def write_corpus(directory, pairs=240, valid=12, seed=0):
-    """A toy word-for-word corpus in the text-directory layout."""
-    import random
-
-    rng = random.Random(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-
-    def lines(n):
-        src, tgt = [], []
-        for _ in range(n):
-            idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(3, 7))]
-            src.append(" ".join(WORDS_EN[i] for i in idx))
-            tgt.append(" ".join(WORDS_DE[i] for i in idx))
-        return src, tgt
-
-    for split, n in (("train", pairs), ("valid", valid)):
-        src, tgt = lines(n)
-        (directory / f"{split}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
-        (directory / f"{split}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-    return directory
-
 
 def train_command(data, model_dir, *extra):
     return [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--model-dir", str(model_dir),

@@ -1,0 +1,65 @@
+"""Translate lines from stdin with an exported SavedModel, one output line each.
+
+    echo "Today the man sees the dog." | python -m export.translate --saved-model runs/default/export/1
+
+Only TensorFlow and tensorflow-text are needed to run the export (the
+project's own code is not imported by the model); `--beam-size`,
+`--alpha`, `--n-best` use the `translate_options` signature.
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
+    parser.add_argument("--beam-size", type=int, default=None, help="1..8 (default: the export's, 4)")
+    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent (0.6)")
+    parser.add_argument("--n-best", type=int, default=1, help="print the n best, tab-separated with scores")
+    parser.add_argument("--batch-size", type=int, default=64, help="lines per request")
+    args = parser.parse_args(argv)
+
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
+
+    if not os.path.isfile(os.path.join(args.saved_model, "saved_model.pb")):
+        print(f"export.translate: error: {args.saved_model} holds no saved_model.pb "
+              f"(pass a version directory such as EXPORT/1)", file=sys.stderr)
+        return 2
+    loaded = tf.saved_model.load(args.saved_model)
+    default = loaded.signatures["serving_default"]
+    options = loaded.signatures["translate_options"]
+
+    def flush(batch):
+        if not batch:
+            return
+        text = tf.constant(batch)
+        if args.beam_size is None and args.n_best == 1 and args.alpha == 0.6:
+            for line in default(text=text)["translation"].numpy():
+                print(line.decode("utf-8"))
+            return
+        out = options(text=text, beam_size=tf.constant(args.beam_size or 4), alpha=tf.constant(args.alpha),
+                      extra_length=tf.constant(50), num_results=tf.constant(args.n_best))
+        for row, scores in zip(out["translations"].numpy(), out["scores"].numpy()):
+            if args.n_best == 1:
+                print(row[0].decode("utf-8"))
+            else:
+                print("\t".join(f"{t.decode('utf-8')}\t{s:.4f}" for t, s in zip(row, scores)))
+
+    batch = []
+    for line in sys.stdin.buffer:
+        batch.append(line.rstrip(b"\r\n"))
+        if len(batch) == args.batch_size:
+            flush(batch)
+            batch = []
+    flush(batch)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

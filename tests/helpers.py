@@ -1,0 +1,53 @@
+"""Small corpora and models made inside the tests."""
+
+WORDS_EN = "the a man woman dog cat sees buys red big small house book today".split()
+WORDS_DE = "der die Mann Frau Hund Katze sieht kauft rot groß klein Haus Buch heute".split()
+
+
+def write_corpus(directory, pairs=240, valid=12, seed=0):
+    """A toy word-for-word corpus in the text-directory layout."""
+    import random
+
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def lines(n):
+        src, tgt = [], []
+        for _ in range(n):
+            idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(3, 7))]
+            src.append(" ".join(WORDS_EN[i] for i in idx))
+            tgt.append(" ".join(WORDS_DE[i] for i in idx))
+        return src, tgt
+
+    for split, n in (("train", pairs), ("valid", valid)):
+        src, tgt = lines(n)
+        (directory / f"{split}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (directory / f"{split}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    return directory
+
+
+def train_toy_translator(directory, steps=250, seed=0):
+    """Trains a one-layer model on `write_corpus` data for a few seconds.
+
+    Returns `(model, config, tokenizer, corpus)`; the model translates the toy
+    language well enough that its outputs end with EOS.
+    """
+    import keras
+
+    from keras_transformer import (LabelSmoothedCrossEntropy, TransformerConfig, build_transformer,
+                                   make_optimizer)
+    from keras_transformer.data import Tokenizer, load_corpus, make_batches, train_tokenizer
+
+    keras.utils.set_random_seed(seed)
+    data = write_corpus(directory / "data", pairs=600, valid=20, seed=seed)
+    corpus = load_corpus(str(data), "en", "de")
+    tokenizer = Tokenizer.load(train_tokenizer(corpus.texts("train"), directory / "tokenizer", 60))
+    config = TransformerConfig(vocab_size=tokenizer.vocab_size, num_layers=1, d_model=32, d_ff=64,
+                               num_heads=2, dropout=0.0, max_length=24, decode_extra_length=10,
+                               warmup_steps=40)
+    batches = make_batches(corpus.splits["train"], tokenizer, batch_tokens=384, max_length=24,
+                           shuffle=True, seed=seed, repeat=True)
+    model = build_transformer(config)
+    model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy(0.1))
+    model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0)
+    return model, config, tokenizer, corpus

@@ -1,0 +1,207 @@
+"""SavedModel export: same translations everywhere it can be loaded, input hygiene, atomic versions."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import train_toy_translator
+
+from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
+from export.translator import CHARS_PER_TOKEN_BOUND, Translator
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+GOLDEN = ["the man sees the dog", "a red house today", "the big cat buys a small book",
+          "today the woman sees a small red cat", "book"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("export")
+    model, config, tokenizer, corpus = train_toy_translator(directory)
+    path = export_model(model, config, tokenizer, directory / "export")
+    translator = Translator(model, config, tokenizer.model_bytes)
+    return {"path": path, "translator": translator, "config": config, "model": model,
+            "tokenizer": tokenizer}
+
+
+def in_process(translator, texts, beam_size=4):
+    strings, scores = tf.function(
+        lambda t: translator.translate_graph(t, beam_size, 0.6, translator.config.decode_extra_length, 1)
+    )(tf.constant(texts))
+    return [s.decode("utf-8") for s in strings.numpy()[:, 0]], scores.numpy()[:, 0]
+
+
+def run_python(code, *args, stdin=None):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True, input=stdin, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+FRESH = """
+    import json, sys
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+    loaded = tf.saved_model.load(sys.argv[1])
+    out = loaded.signatures["serving_default"](text=tf.constant(json.loads(sys.argv[2])))
+    options = loaded.signatures["translate_options"](
+        text=tf.constant(json.loads(sys.argv[2])), beam_size=tf.constant(1), alpha=tf.constant(0.6),
+        extra_length=tf.constant(50), num_results=tf.constant(1))
+    project = [m for m in sys.modules if m.split(".")[0] in ("keras_transformer", "export", "train")]
+    assert not project, project
+    print(json.dumps({"translation": [t.decode() for t in out["translation"].numpy()],
+                      "score": out["score"].numpy().tolist(),
+                      "greedy": [t.decode() for t in options["translations"].numpy()[:, 0]]}))
+"""
+
+
+def test_fresh_process_with_only_tensorflow_translates_as_in_process(exported):
+    got = json.loads(run_python(FRESH, str(exported["path"]), json.dumps(GOLDEN)))
+    want, want_scores = in_process(exported["translator"], GOLDEN)
+    assert got["translation"] == want
+    assert all(t and not t.startswith("\u2581") for t in want)  # real translations
+    np.testing.assert_allclose(got["score"], want_scores, atol=1e-5)
+    assert got["greedy"] == in_process(exported["translator"], GOLDEN, beam_size=1)[0]
+
+
+TF1 = """
+    import json, sys
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+    with tf.compat.v1.Session(graph=tf.Graph()) as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], sys.argv[1])
+        signature = meta.signature_def["serving_default"]
+        feed = {signature.inputs["text"].name: json.loads(sys.argv[2])}
+        fetch = {k: v.name for k, v in signature.outputs.items()}
+        out = session.run(fetch, feed)
+    print(json.dumps({"translation": [t.decode() for t in out["translation"]],
+                      "score": out["score"].tolist()}))
+"""
+
+
+def test_tf1_session_loader_and_saved_model_cli(exported):
+    want, want_scores = in_process(exported["translator"], GOLDEN)
+    got = json.loads(run_python(TF1, str(exported["path"]), json.dumps(GOLDEN)))
+    assert got["translation"] == want
+    np.testing.assert_allclose(got["score"], want_scores, atol=1e-5)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "export.saved_model_cli", "run", "--dir", str(exported["path"]),
+         "--tag_set", "serve", "--signature_def", "serving_default",
+         "--input_exprs", f"text={GOLDEN[:2]!r}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    translations = result.stdout.split("Result for output key translation:")[1]
+    for sentence in want[:2]:
+        assert repr(sentence.encode())[1:] in translations
+
+
+def test_translate_command_reads_stdin(exported):
+    out = subprocess.run([sys.executable, "-m", "export.translate", "--saved-model", str(exported["path"])],
+                         cwd=ROOT, input="\n".join(GOLDEN) + "\n", capture_output=True, text=True,
+                         timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == in_process(exported["translator"], GOLDEN)[0]
+
+
+@pytest.fixture(scope="module")
+def loaded(exported):
+    return tf.saved_model.load(str(exported["path"]))
+
+
+def test_bad_inputs_give_one_string_each(exported, loaded):
+    serve = loaded.signatures["serving_default"]
+    config = exported["config"]
+    huge = "the man sees the dog " * 50_000  # 1,050,000 characters
+    inputs = [b"\xff\xfe", b"", b"   \t ", huge.encode(), "caf\u00e9 \u2603".encode(), b"the dog\xc3"]
+    out = serve(text=tf.constant(inputs))
+    translations = [t.decode("utf-8") for t in out["translation"].numpy()]  # valid UTF-8
+    assert len(translations) == len(inputs)
+    assert translations[1] == translations[2] == ""
+    assert out["score"].numpy()[1] == out["score"].numpy()[2] == 0.0
+    # A huge input is cut to the characters that can matter, then truncated
+    # to max_length tokens: it translates like its prefix.
+    prefix = huge[: CHARS_PER_TOKEN_BOUND * config.max_length]
+    assert translations[3] == serve(text=tf.constant([prefix]))["translation"].numpy()[0].decode()
+    assert np.isfinite(out["score"].numpy()).all()
+
+    rng = np.random.default_rng(0)
+    words = "the a man woman dog cat sees buys red big small house book today".split()
+    batch = [" ".join(rng.choice(words, size=rng.integers(0, 40))) for _ in range(256)]
+    out = serve(text=tf.constant(batch))
+    assert out["translation"].shape == (256,)
+    empty = [i for i, text in enumerate(batch) if not text.strip()]
+    assert all(out["translation"].numpy()[i] == b"" for i in empty)
+
+
+def test_batch_translates_like_each_sentence_alone(loaded):
+    serve = loaded.signatures["serving_default"]
+    batch = serve(text=tf.constant(GOLDEN))
+    for i, sentence in enumerate(GOLDEN):
+        alone = serve(text=tf.constant([sentence]))
+        assert alone["translation"].numpy()[0] == batch["translation"].numpy()[i]
+        assert alone["score"].numpy()[0] == pytest.approx(batch["score"].numpy()[i], abs=1e-5)
+
+
+def test_options_signature_n_best_and_clipping(exported, loaded):
+    options = loaded.signatures["translate_options"]
+
+    def run(beam, n, alpha=0.6):
+        return options(text=tf.constant(GOLDEN[:2]), beam_size=tf.constant(beam), alpha=tf.constant(alpha),
+                       extra_length=tf.constant(10), num_results=tf.constant(n))
+
+    out = run(4, 3)
+    assert out["translations"].shape == (2, 3)
+    scores = out["scores"].numpy()
+    assert (np.diff(scores, axis=1) <= 0).all()  # best first
+    default = loaded.signatures["serving_default"](text=tf.constant(GOLDEN[:2]))
+    np.testing.assert_array_equal(out["translations"].numpy()[:, 0], default["translation"].numpy())
+    # Out-of-range options are clipped, not errors.
+    assert run(99, 99)["translations"].shape == (2, MAX_BEAM_SIZE)
+    assert run(0, 0)["translations"].shape == (2, 1)
+    np.testing.assert_array_equal(run(0, 0)["translations"].numpy()[:, 0],
+                                  run(1, 1)["translations"].numpy()[:, 0])
+
+
+def test_warmup_requests_run_through_the_signature(exported, loaded):
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = exported["path"] / "assets.extra" / "tf_serving_warmup_requests"
+    records = list(tf.data.TFRecordDataset(str(path)).as_numpy_iterator())
+    assert len(records) == 1
+    log = prediction_log_pb2.PredictionLog.FromString(records[0])
+    request = log.predict_log.request
+    assert request.model_spec.signature_name == "serving_default"
+    text = tf.make_ndarray(request.inputs["text"])
+    out = loaded.signatures["serving_default"](text=tf.constant(text))
+    assert out["translation"].shape == (len(text),)
+
+
+def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch):
+    output = tmp_path / "serving"
+    model, config, tokenizer = exported["model"], exported["config"], exported["tokenizer"]
+    first = export_model(model, config, tokenizer, output)
+    assert first.name == "1"
+
+    real_save = tf.saved_model.save
+
+    def crash_midway(obj, path, **kwargs):
+        real_save(obj, path, **kwargs)  # the files are written...
+        raise KeyboardInterrupt("killed")  # ...but the process dies before the rename
+
+    monkeypatch.setattr(tf.saved_model, "save", crash_midway)
+    with pytest.raises(KeyboardInterrupt):
+        export_model(model, config, tokenizer, output)
+    monkeypatch.undo()
+    assert sorted(p.name for p in output.iterdir()) == ["1"]  # no half-written version, no temp dir
+    assert next_version(output) == 2
+    with pytest.raises(FileExistsError, match="versions are immutable"):
+        export_model(model, config, tokenizer, output, version=1)
