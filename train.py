@@ -35,16 +35,8 @@ import tensorflow as tf  # noqa: E402
 
 log = logging.getLogger("train")
 
-RUN_FILE = "run.json"
-HISTORY_FILE = "history.csv"
-CURVE_FILE = "curves.png"
-CHECKPOINT_DIR = "checkpoints"
-FINAL_WEIGHTS = "final.weights.h5"
-
-
-class RunError(RuntimeError):
-    """A user-facing problem with the run's flags or model directory."""
-
+from keras_transformer.run_dir import (CHECKPOINT_DIR, CURVE_FILE, FINAL_WEIGHTS,  # noqa: E402
+                                       HISTORY_FILE, RunError, check_run_file)
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -130,40 +122,6 @@ def prepare_tokenizer(model_dir, corpus, vocab_size, seed):
         log.info("training a %d-piece SentencePiece vocabulary on %s", vocab_size, corpus.name)
         train_tokenizer(corpus.texts("train"), path.with_suffix(""), vocab_size, seed=seed)
     return Tokenizer.load(path)
-
-
-def check_run_file(model_dir, config, tokenizer, data_args):
-    """Writes `run.json` for a new run; for an existing one, refuses a changed
-    model config, tokenizer or data (resuming with them would silently mix runs)."""
-    path = pathlib.Path(model_dir) / RUN_FILE
-    record = {"config": config.to_dict(), "tokenizer_sha256": tokenizer.sha256, "data": data_args}
-    if path.exists():
-        old = json.loads(path.read_text())
-        if old.get("tokenizer_sha256") != tokenizer.sha256:
-            raise RunError(f"{path}: the run was trained with tokenizer sha256 "
-                           f"{old.get('tokenizer_sha256', '?')[:12]}..., but {tokenizer.name} has "
-                           f"{tokenizer.sha256[:12]}...; restore the run's tokenizer.model or use a new --model-dir")
-        if old.get("config") != record["config"]:
-            changed = sorted(k for k in record["config"] if old["config"].get(k) != record["config"][k])
-            raise RunError(f"{path}: the existing run has a different model config ({', '.join(changed)}); "
-                           f"use the same --config/--vocab-size/--max-length or a new --model-dir")
-        if old.get("data") != data_args:
-            raise RunError(f"{path}: the existing run was trained on {old.get('data')}, not {data_args}; "
-                           f"use a new --model-dir")
-        return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, path)
-
-
-def load_config(model_dir):
-    """The `TransformerConfig` recorded in `model_dir/run.json`."""
-    from keras_transformer import TransformerConfig
-
-    path = pathlib.Path(model_dir) / RUN_FILE
-    if not path.exists():
-        raise RunError(f"{path} not found: {model_dir} is not a model directory written by train.py")
-    return TransformerConfig.from_dict(json.loads(path.read_text())["config"])
 
 
 def compute_bleu(translator, pairs_ds, limit=None, beam_size=4, batch_size=64):

@@ -8,6 +8,9 @@ asset file to lose), the averaged weights and the beam search:
 
 * `serving_default`: `text` string `[None]` -> `translation` string
   `[None]`, `score` float32 `[None]` (beam 4, alpha 0.6, +50, as the paper);
+* `translate_litert`: as `serving_default`, built from ops LiteRT has
+  (`python -m export.tflite` converts it): no input hygiene, at most 64
+  sentences per call;
 * `translate_options`: `text` string `[None]`, `beam_size` int32 scalar
   (1..8), `alpha` float32 scalar, `extra_length` int32 scalar (0..50),
   `num_results` int32 scalar (1..beam_size) -> `translations` string
@@ -37,9 +40,13 @@ from keras_transformer.constants import NEG_INF
 # Beam sizes the options signature can run; each has its own branch in the
 # graph (beam size fixes the shapes of the search buffers).
 MAX_BEAM_SIZE = 8
+# Most sentences per call of the LiteRT variant (see Translator.decode_ids);
+# the LiteRT runner sends larger inputs in chunks.
+LITERT_MAX_BATCH = 64
 WARMUP_SENTENCES = ("Hello.", "This is a warm-up request for the translation model.", "")
 SERVING_DEFAULT = "serving_default"
 OPTIONS_SIGNATURE = "translate_options"
+LITERT_SIGNATURE = "translate_litert"
 
 
 class TranslationModule(tf.Module):
@@ -71,11 +78,20 @@ class TranslationModule(tf.Module):
             tf.TensorSpec([], tf.int32, name="extra_length"),
             tf.TensorSpec([], tf.int32, name="num_results"),
         ])
+        self.serve_litert = tf.function(self._serve_litert, input_signature=[
+            tf.TensorSpec([None], tf.string, name="text")])
 
     def _serve(self, text):
         config = self._config
         strings, scores = self._translator.translate_graph(
             text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1)
+        return {"translation": strings[:, 0], "score": scores[:, 0]}
+
+    def _serve_litert(self, text):
+        config = self._config
+        strings, scores = self._translator.translate_graph(
+            text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1,
+            litert_batch=LITERT_MAX_BATCH)
         return {"translation": strings[:, 0], "score": scores[:, 0]}
 
     def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results):
@@ -95,7 +111,8 @@ class TranslationModule(tf.Module):
 
     def signatures(self):
         return {SERVING_DEFAULT: self.serve.get_concrete_function(),
-                OPTIONS_SIGNATURE: self.serve_with_options.get_concrete_function()}
+                OPTIONS_SIGNATURE: self.serve_with_options.get_concrete_function(),
+                LITERT_SIGNATURE: self.serve_litert.get_concrete_function()}
 
 
 def next_version(output: pathlib.Path) -> int:
@@ -152,14 +169,12 @@ def load_trained(model_dir):
     """Model, config and tokenizer of a `train.py` model directory (averaged weights)."""
     from keras_transformer import build_transformer
     from keras_transformer.data import Tokenizer, tokenizer_path
-    from train import FINAL_WEIGHTS, RunError, load_config
+    from keras_transformer.run_dir import FINAL_WEIGHTS, RunError, load_config, recorded_tokenizer_sha256
 
     model_dir = pathlib.Path(model_dir)
     config = load_config(model_dir)
     tokenizer = Tokenizer.load(tokenizer_path(model_dir))
-    import json
-
-    recorded = json.loads((model_dir / "run.json").read_text()).get("tokenizer_sha256")
+    recorded = recorded_tokenizer_sha256(model_dir)
     if recorded != tokenizer.sha256:
         raise RunError(f"{tokenizer_path(model_dir)} has sha256 {tokenizer.sha256[:12]}..., but the model in "
                        f"{model_dir} was trained with {str(recorded)[:12]}...; export with the run's own tokenizer")
@@ -178,7 +193,7 @@ def main(argv=None) -> int:
     parser.add_argument("--version", type=int, default=None, help="version number (default: next free)")
     args = parser.parse_args(argv)
     from keras_transformer.data import TokenizerError
-    from train import RunError
+    from keras_transformer.run_dir import RunError
 
     try:
         model, config, tokenizer = load_trained(args.model_dir)

@@ -16,7 +16,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.config import TransformerConfig
-from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.decoding import beam_search
 from keras_transformer.incremental import IncrementalDecoder
 
@@ -75,13 +75,17 @@ class Translator:
             empty or whitespace-only text).
         """
         tokens = self.sentencepiece.tokenize(text)  # ragged [batch, (n)]
-        tokens = tf.cast(tokens[:, : self.config.max_length - 1], tf.int32)
-        lengths = tf.cast(tokens.row_lengths(), tf.int32)  # [batch]
-        dense = tokens.to_tensor(default_value=PAD_ID)  # [batch, n_max]
-        dense = tf.pad(dense, [[0, 0], [0, 1]], constant_values=PAD_ID)  # [batch, n_max + 1]
-        positions = tf.range(tf.shape(dense)[1], dtype=tf.int32)  # [n_max + 1]
+        limit = self.config.max_length - 1  # room for EOS
+        lengths = tf.minimum(tf.cast(tokens.row_lengths(), tf.int32), limit)  # [batch]
+        width = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
+        # Crop with to_tensor's shape, not ragged slicing (`tokens[:, :k]`
+        # lowers to RaggedRange, which LiteRT lacks).
+        dense = tf.cast(tokens.to_tensor(default_value=PAD_ID, shape=tf.stack([tf.shape(lengths)[0], width])),
+                        tf.int32)  # [batch, width]
+        dense = tf.pad(dense, [[0, 0], [0, 1]], constant_values=PAD_ID)  # [batch, width + 1]
+        positions = tf.range(width + 1, dtype=tf.int32)  # [width + 1]
         # EOS right after each input's last token.
-        return tf.where(positions[None, :] == lengths[:, None], EOS_ID, dense), lengths
+        return tf.where(tf.expand_dims(positions, 0) == tf.expand_dims(lengths, 1), EOS_ID, dense), lengths
 
     def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results):
         """Beam search over the decoder, `max_lengths = source_lengths + extra_length`.
@@ -99,12 +103,29 @@ class Translator:
                            beam_size=beam_size, alpha=alpha,
                            max_decode_length=self.max_decode_length, num_results=num_results)
 
-    def decode_ids(self, ids):
-        """ids int32 `[n, L]` -> strings `[n]`, dropping PAD/BOS/EOS."""
-        keep = (ids != PAD_ID) & (ids != BOS_ID) & (ids != EOS_ID)
-        return self.sentencepiece.detokenize(tf.ragged.boolean_mask(ids, keep))
+    def decode_ids(self, ids, static_batch=None):
+        """ids int32 `[n, L]` (text tokens, then EOS and PAD) -> strings `[n]`.
 
-    def translate_graph(self, text, beam_size, alpha, extra_length, num_results):
+        EOS, PAD and BOS are control pieces, which SentencePiece decodes to
+        nothing, so the dense ids go to the detokenizer as they are.
+
+        Args:
+            static_batch: if set, the rows are padded to this many before
+                detokenizing and the result is cut back to `n` (n must be
+                <= static_batch). LiteRT's FastSentencepieceDetokenize kernel
+                (tensorflow-text 2.20 and 2.21) never resizes its output, so
+                with a dynamic batch its output claims the placeholder shape
+                [1] while holding n strings, and reading it overflows memory;
+                with a static batch the shape is right.
+        """
+        if static_batch is None:
+            return self.sentencepiece.detokenize(ids)
+        count = tf.shape(ids)[0]
+        padded = tf.pad(ids, [[0, static_batch - count], [0, 0]], constant_values=PAD_ID)
+        padded = tf.reshape(padded, [static_batch, self.max_decode_length])  # [static_batch, L]
+        return self.sentencepiece.detokenize(padded)[:count]
+
+    def translate_graph(self, text, beam_size, alpha, extra_length, num_results, litert_batch=None):
         """The whole translation as graph ops.
 
         Args:
@@ -112,19 +133,30 @@ class Translator:
             beam_size, num_results: static python ints.
             alpha: float scalar; extra_length: int scalar (clipped to
                 `[0, decode_extra_length]`, the size the buffers were made for).
+            litert_batch: None for the SavedModel graph. For the LiteRT
+                variant, the largest batch (static): input hygiene is skipped
+                (TFLite has no string ops: invalid UTF-8 then reaches the
+                tokenizer, which maps it to unknown tokens, and long inputs
+                are tokenized whole before the cut) and the detokenizer runs
+                on a static batch (see `decode_ids`).
 
         Returns:
             translations string `[batch, num_results]`, scores float32
             `[batch, num_results]`. Empty or whitespace-only inputs give ""
             with score 0.
         """
-        source_ids, lengths = self.encode_text(self.clean_text(text))
+        if litert_batch is None:
+            text = self.clean_text(text)
+        source_ids, lengths = self.encode_text(text)
         ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results)
+        # Empty inputs: all-PAD ids decode to "" (no `where` on strings, which
+        # LiteRT lacks).
+        empty = tf.expand_dims(lengths == 0, 1)  # [batch, 1]
+        ids = tf.where(tf.expand_dims(empty, 2), PAD_ID, ids)  # [batch, n, L]
+        scores = tf.where(empty, 0.0, scores)
         flat = tf.reshape(ids, [-1, self.max_decode_length])  # [batch * n, L]
-        strings = tf.reshape(self.decode_ids(flat), [-1, num_results])  # [batch, n]
-        empty = (lengths == 0)[:, None]  # [batch, 1]
-        strings = tf.where(empty, tf.constant(""), strings)
-        scores = tf.where(empty, tf.constant(0.0), scores)
+        static = None if litert_batch is None else litert_batch * num_results
+        strings = tf.reshape(self.decode_ids(flat, static), [-1, num_results])  # [batch, n]
         return strings, scores
 
     # -- eager convenience -----------------------------------------------

@@ -16,7 +16,9 @@ def write_cache(cache, update, index):
     The cache is a preallocated buffer; instead of a dynamic slice update
     (XLA/TFLite-specific ops) the new rows are placed with a one-hot placement
     matrix, which is plain matmul/where and runs in TensorFlow, XLA, TF
-    Serving and LiteRT alike.
+    Serving and LiteRT alike. (Here and in the other layers, new axes come
+    from `expand_dims`: `x[:, None]` on a dynamic dimension lowers to a
+    StridedSlice that LiteRT has no kernel for.)
 
     Args:
         cache: `[batch, max_length, heads, head_size]`.
@@ -31,9 +33,10 @@ def write_cache(cache, update, index):
     positions = ops.arange(max_length, dtype="int32")  # [max_length]
     targets = ops.cast(index, "int32") + ops.arange(length, dtype="int32")  # [T]
     # placement[s, t] = 1 where cache row s receives update row t.
-    placement = ops.cast(ops.equal(positions[:, None], targets[None, :]), cache.dtype)  # [max_length, T]
+    placement = ops.cast(ops.equal(ops.expand_dims(positions, 1), ops.expand_dims(targets, 0)),
+                         cache.dtype)  # [max_length, T]
     placed = ops.einsum("st,bthd->bshd", placement, update)  # [batch, max_length, heads, head_size]
-    written = ops.sum(placement, axis=1)[None, :, None, None]  # [1, max_length, 1, 1]
+    written = ops.reshape(ops.sum(placement, axis=1), (1, -1, 1, 1))  # [1, max_length, 1, 1]
     return ops.where(written > 0, placed, cache)
 
 
@@ -129,7 +132,8 @@ class MultiHeadAttention(keras.layers.Layer):
             # cache_index + t) sees slots <= cache_index + t.
             slots = ops.arange(ops.shape(k)[1], dtype="int32")  # [max_length]
             query_positions = ops.cast(cache_index, "int32") + ops.arange(ops.shape(q)[1], dtype="int32")
-            causal = slots[None, None, :] <= query_positions[None, :, None]  # [1, T_q, max_length]
+            causal = ops.expand_dims(ops.expand_dims(slots, 0) <= ops.expand_dims(query_positions, 1),
+                                     0)  # [1, T_q, max_length]
             attention_mask = causal if attention_mask is None else ops.logical_and(attention_mask, causal)
 
         # Scores in float32 so that NEG_INF and the softmax are exact under
@@ -139,7 +143,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if attention_bias is not None:
             scores = scores + ops.cast(attention_bias, "float32")
         if attention_mask is not None:
-            mask = ops.cast(attention_mask, "bool")[:, None, :, :]  # [batch, 1, T_q, T_k]
+            mask = ops.expand_dims(ops.cast(attention_mask, "bool"), 1)  # [batch, 1, T_q, T_k]
             scores = ops.where(mask, scores, NEG_INF)
         weights = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
         weights = self.dropout_layer(weights, training=training)

@@ -90,7 +90,7 @@ class EncoderBlock(_BlockBase):
         self.feed_forward_residual = self._residual("feed_forward_residual", inputs_shape)
 
     def call(self, inputs, padding_mask=None, attention_bias=None, training=None):
-        mask = None if padding_mask is None else padding_mask[:, None, :]  # [batch, 1, S]
+        mask = None if padding_mask is None else ops.expand_dims(padding_mask, 1)  # [batch, 1, S]
         x, _ = self._apply(
             self.self_attention_residual,
             lambda h: self.self_attention(h, h, attention_mask=mask, attention_bias=attention_bias,
@@ -140,7 +140,7 @@ class DecoderBlock(_BlockBase):
         if self_attention_cache is None:
             length = ops.shape(inputs)[1]
             positions = ops.arange(length)
-            causal = (positions[None, :] <= positions[:, None])[None]  # [1, T, T]
+            causal = ops.expand_dims(ops.expand_dims(positions, 0) <= ops.expand_dims(positions, 1), 0)  # [1, T, T]
 
             def self_attend(h):
                 return self.self_attention(h, h, attention_mask=causal,
@@ -152,7 +152,7 @@ class DecoderBlock(_BlockBase):
                                            training=training)
         x, new_cache = self._apply(self.self_attention_residual, self_attend, inputs, training)
 
-        cross_mask = None if encoder_padding_mask is None else encoder_padding_mask[:, None, :]
+        cross_mask = None if encoder_padding_mask is None else ops.expand_dims(encoder_padding_mask, 1)
         x, _ = self._apply(
             self.cross_attention_residual,
             lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask,

@@ -21,12 +21,12 @@ def sinusoidal_encoding(positions, d_model, max_wavelength=10000.0):
     Returns:
         float32 `[T, d_model]`.
     """
-    positions = ops.cast(positions, "float32")[:, None]  # [T, 1]
+    positions = ops.expand_dims(ops.cast(positions, "float32"), 1)  # [T, 1]
     dims = ops.arange(d_model)  # [d_model]
     even_dims = ops.cast((dims // 2) * 2, "float32")  # 2i for both 2i and 2i+1
     inverse_frequency = ops.exp(-math.log(max_wavelength) * even_dims / d_model)  # [d_model]
-    angles = positions * inverse_frequency[None, :]  # [T, d_model]
-    return ops.where(ops.equal(dims % 2, 0)[None, :], ops.sin(angles), ops.cos(angles))
+    angles = positions * ops.expand_dims(inverse_frequency, 0)  # [T, d_model]
+    return ops.where(ops.expand_dims(ops.equal(dims % 2, 0), 0), ops.sin(angles), ops.cos(angles))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -84,7 +84,7 @@ class PositionalEmbedding(keras.layers.Layer):
         length = ops.shape(inputs)[1]
         positions = ops.cast(start_position, "int32") + ops.arange(length, dtype="int32")
         encoding = sinusoidal_encoding(positions, self.d_model, self.max_wavelength)  # [T, d_model]
-        return x + ops.cast(encoding, self.compute_dtype)[None]
+        return x + ops.expand_dims(ops.cast(encoding, self.compute_dtype), 0)
 
     def get_config(self):
         config = super().get_config()

@@ -1,0 +1,131 @@
+"""Which ops an export needs, and whether its servers have them.
+
+TF Serving 2.20 links core TensorFlow 2.20 and tensorflow-text 2.20's op
+library; LiteRT runs TFLite builtins plus the kernels of
+`tensorflow_text.tflite_registrar.SELECT_TFTEXT_OPS`. An op outside those
+sets makes a model that exports fine and fails when a server loads or runs
+it. The reference op lists of TF 2.20 and tensorflow-text 2.20 are in
+`export/reference/` (how they were made is recorded in each file).
+
+    python -m export.op_audit EXPORT/1            # lists every op, exits 1 on a problem
+    python -m export.op_audit --tflite model.tflite
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import sys
+
+REFERENCE = pathlib.Path(__file__).with_name("reference")
+
+
+def _load(name):
+    return json.loads((REFERENCE / name).read_text())
+
+
+def saved_model_ops(path) -> tuple[dict, set]:
+    """Every op in a SavedModel's graphs and all their library functions.
+
+    Reads `saved_model.pb` as a proto; nothing is loaded or run. Returns
+    `{op: {"count": n, "attrs": set}}` and the names of the library functions
+    (nested while/cond bodies live there, and calls of them appear as ops).
+    """
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((pathlib.Path(path) / "saved_model.pb").read_bytes())
+    ops = collections.defaultdict(lambda: {"count": 0, "attrs": set()})
+    functions = set()
+
+    def add(nodes):
+        for node in nodes:
+            ops[node.op]["count"] += 1
+            ops[node.op]["attrs"].update(a for a in node.attr if not a.startswith("_"))
+
+    for meta_graph in proto.meta_graphs:
+        add(meta_graph.graph_def.node)
+        for function in meta_graph.graph_def.library.function:
+            functions.add(function.signature.name)
+            add(function.node_def)
+    return dict(ops), functions
+
+
+def audit_saved_model(path) -> list[dict]:
+    """One row per op: `kind` is core / tensorflow_text / function / unknown;
+    `problem` says why TF Serving 2.20 could not run it (absent otherwise)."""
+    core = _load("tensorflow_2.20_ops.json")["ops"]
+    text_ops = set(_load("tensorflow_text_2.20_ops.json")["ops"])
+    ops, functions = saved_model_ops(path)
+    rows = []
+    for op in sorted(ops):
+        row = {"op": op, "count": ops[op]["count"]}
+        if op in core:
+            row["kind"] = "core"
+            unknown_attrs = sorted(ops[op]["attrs"] - set(core[op]))
+            if unknown_attrs:
+                row["problem"] = f"attrs {unknown_attrs} are not in TensorFlow 2.20's definition"
+        elif op in text_ops:
+            row["kind"] = "tensorflow_text"
+        elif op in functions:
+            row["kind"] = "function"
+        else:
+            row["kind"] = "unknown"
+            row["problem"] = "neither a TensorFlow 2.20 op nor in tensorflow-text 2.20's op library"
+        rows.append(row)
+    return rows
+
+
+def audit_tflite(model) -> dict:
+    """Ops of a .tflite flatbuffer (bytes or path): builtins, TF Text custom ops, and the rest.
+
+    Returns `{"builtin": {name: count}, "tensorflow_text": {...}, "unsupported": {...}}`;
+    `unsupported` holds Flex ops and custom ops without a LiteRT kernel.
+    """
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    if not isinstance(model, (bytes, bytearray)):
+        model = pathlib.Path(model).read_bytes()
+    text_kernels = set(_load("tensorflow_text_2.20_ops.json")["tflite_custom_ops"])
+    parsed = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(model, 0))
+    builtin_names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    report = {"builtin": collections.Counter(), "tensorflow_text": collections.Counter(),
+              "unsupported": collections.Counter()}
+    for subgraph in parsed.subgraphs:
+        for operator in subgraph.operators:
+            code = parsed.operatorCodes[operator.opcodeIndex]
+            builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+            if builtin != schema.BuiltinOperator.CUSTOM:
+                report["builtin"][builtin_names[builtin]] += 1
+            elif code.customCode.decode() in text_kernels:
+                report["tensorflow_text"][code.customCode.decode()] += 1
+            else:
+                report["unsupported"][code.customCode.decode()] += 1
+    return {kind: dict(sorted(counts.items())) for kind, counts in report.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("saved_model", nargs="?", help="an export version directory")
+    parser.add_argument("--tflite", help="a .tflite file")
+    args = parser.parse_args(argv)
+    failed = False
+    if args.saved_model:
+        rows = audit_saved_model(args.saved_model)
+        print(f"{args.saved_model}: {len(rows)} distinct ops")
+        for row in rows:
+            print(f"  {row['kind']:15s} {row['op']:45s} x{row['count']}"
+                  + (f"   PROBLEM: {row['problem']}" if "problem" in row else ""))
+        failed |= any("problem" in row for row in rows)
+    if args.tflite:
+        report = audit_tflite(args.tflite)
+        for kind, counts in report.items():
+            print(f"{args.tflite} {kind}: {counts}")
+        failed |= bool(report["unsupported"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""LiteRT (TFLite) conversion of an exported SavedModel.
+
+    python -m export.tflite --saved-model EXPORT/1 --output model.tflite
+
+Converts the SavedModel's `translate_litert` signature (tokenizer, model,
+beam search, detokenizer) with TFLite builtins plus the TF Text custom ops
+only: no SELECT_TF_OPS / Flex. Run it with
+
+    from ai_edge_litert.interpreter import InterpreterWithCustomOps
+    import tensorflow_text
+    interpreter = InterpreterWithCustomOps(
+        custom_op_registerers=tensorflow_text.tflite_registrar.SELECT_TFTEXT_OPS,
+        model_path="model.tflite")
+    runner = interpreter.get_signature_runner("translate_litert")
+    runner(text=np.array([b"A sentence."], dtype=object))["translation"]
+
+or with `translate_lines` below. The converter writes every op without a
+builtin as a custom op and fails only at run time, so `convert` audits the
+result and refuses a model with an op outside the builtins and TF Text's
+LiteRT kernels. Differences from the SavedModel: invalid UTF-8 is not
+replaced by U+FFFD first (the tokenizer maps it to unknown tokens), and at
+most `LITERT_MAX_BATCH` sentences go into one call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from export.op_audit import audit_tflite  # noqa: E402
+from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE  # noqa: E402
+
+
+class ConversionError(RuntimeError):
+    """The converted model would not run in LiteRT with TF Text's kernels."""
+
+
+def convert(saved_model_dir, output) -> pathlib.Path:
+    """Converts `saved_model_dir`'s LiteRT signature to `output` (written atomically)."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the TF Text ops the SavedModel uses)
+
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[LITERT_SIGNATURE])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    converter.allow_custom_ops = True  # the TF Text ops; anything else is caught by the audit
+    flatbuffer = converter.convert()
+    report = audit_tflite(flatbuffer)
+    if report["unsupported"]:
+        raise ConversionError(f"the converted model needs ops LiteRT cannot run: {report['unsupported']}")
+    output = pathlib.Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(output.name + ".tmp")
+    tmp.write_bytes(flatbuffer)
+    os.replace(tmp, output)
+    return output
+
+
+def load_interpreter(model_path):
+    """An `ai_edge_litert` interpreter with TF Text's kernels registered."""
+    import tensorflow_text
+    from ai_edge_litert.interpreter import InterpreterWithCustomOps
+
+    return InterpreterWithCustomOps(custom_op_registerers=tensorflow_text.tflite_registrar.SELECT_TFTEXT_OPS,
+                                    model_path=str(model_path))
+
+
+def translate_lines(interpreter, lines):
+    """Translates a list of str with a LiteRT interpreter; returns (translations, scores)."""
+    import numpy as np
+
+    runner = interpreter.get_signature_runner(LITERT_SIGNATURE)
+    translations, scores = [], []
+    for start in range(0, len(lines), LITERT_MAX_BATCH):  # an empty batch is not a valid call
+        chunk = [line.encode("utf-8") if isinstance(line, str) else line
+                 for line in lines[start:start + LITERT_MAX_BATCH]]
+        out = runner(text=np.array(chunk, dtype=object))
+        translations.extend(t.decode("utf-8", errors="replace") for t in out["translation"])
+        scores.extend(float(s) for s in out["score"])
+    return translations, scores
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
+    parser.add_argument("--output", required=True, help="the .tflite file to write")
+    parser.add_argument("--translate", action="store_true",
+                        help="after converting, translate stdin lines with the LiteRT model")
+    args = parser.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.saved_model, "saved_model.pb")):
+        print(f"export.tflite: error: {args.saved_model} holds no saved_model.pb", file=sys.stderr)
+        return 2
+    try:
+        path = convert(args.saved_model, args.output)
+    except ConversionError as error:
+        print(f"export.tflite: error: {error}", file=sys.stderr)
+        return 2
+    print(path, file=sys.stderr)
+    if args.translate:
+        translations, _ = translate_lines(load_interpreter(path), [line.rstrip("\n") for line in sys.stdin])
+        print("\n".join(translations))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
