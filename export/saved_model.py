@@ -168,7 +168,7 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
 def load_trained(model_dir):
     """Model, config and tokenizer of a `train.py` model directory (averaged weights)."""
     from keras_transformer import build_transformer
-    from keras_transformer.data import Tokenizer, tokenizer_path
+    from keras_transformer.data import Tokenizer, check_vocab_size, tokenizer_path
     from keras_transformer.run_dir import FINAL_WEIGHTS, RunError, load_config, recorded_tokenizer_sha256
 
     model_dir = pathlib.Path(model_dir)
@@ -178,6 +178,7 @@ def load_trained(model_dir):
     if recorded != tokenizer.sha256:
         raise RunError(f"{tokenizer_path(model_dir)} has sha256 {tokenizer.sha256[:12]}..., but the model in "
                        f"{model_dir} was trained with {str(recorded)[:12]}...; export with the run's own tokenizer")
+    check_vocab_size(tokenizer, config.vocab_size)
     weights = model_dir / FINAL_WEIGHTS
     if not weights.exists():
         raise RunError(f"{weights} not found: train.py writes it (the averaged checkpoints) when training ends")

@@ -276,3 +276,25 @@ def test_litert_survives_bad_inputs(tflite_model):
     got = run_litert(tflite_model, bad)
     assert len(got["translation"]) == len(bad)
     assert got["translation"][1] == got["translation"][2] == ""
+
+
+def test_export_command_refuses_a_foreign_tokenizer(exported, tmp_path):
+    """`python -m export.saved_model` on a model directory whose tokenizer was replaced."""
+    import shutil
+
+    from keras_transformer.data import train_tokenizer
+    from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
+
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    shutil.copy(exported["tokenizer"].path, model_dir / "tokenizer.model")
+    check_run_file(model_dir, exported["config"], exported["tokenizer"], {"data": "toy"})
+    exported["model"].save_weights(model_dir / FINAL_WEIGHTS)
+    command = [sys.executable, "-m", "export.saved_model", "--model-dir", str(model_dir),
+               "--output", str(tmp_path / "out")]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    train_tokenizer(["other text entirely", "ganz anderer Text"] * 50, model_dir / "tokenizer", 30)
+    refused = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2
+    assert "export.saved_model: error:" in refused.stderr and "tokenizer.model has sha256" in refused.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
