@@ -298,3 +298,32 @@ def test_export_command_refuses_a_foreign_tokenizer(exported, tmp_path):
     assert refused.returncode == 2
     assert "export.saved_model: error:" in refused.stderr and "tokenizer.model has sha256" in refused.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_output_without_eos_stops_at_source_length_plus_extra(exported):
+    """With EOS made impossible, every hypothesis runs to source tokens + extra_length."""
+    from keras_transformer.constants import EOS_ID, NEG_INF, PAD_ID
+
+    translator = exported["translator"]
+    make_step_fn = translator.decoder.make_step_fn
+
+    def without_eos(source_ids, beam_size):
+        step_fn = make_step_fn(source_ids, beam_size)
+
+        def masked(ids, cache, step):
+            logits, cache = step_fn(ids, cache, step)
+            vocab = tf.shape(logits)[-1]
+            return tf.where(tf.range(vocab) == EOS_ID, NEG_INF, logits), cache
+        return masked
+
+    translator.decoder.make_step_fn = without_eos
+    try:
+        texts = tf.constant(["the man", "the big cat buys a small book today", "book"])
+        source_ids, lengths = translator.encode_text(texts)
+        for extra in (0, 3, 10):
+            ids, _ = translator.search(source_ids, lengths, 4, 0.6, extra, 2)
+            generated = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1).numpy()  # [batch, n]
+            np.testing.assert_array_equal(generated, np.repeat((lengths.numpy() + extra)[:, None], 2, 1))
+            assert not (ids.numpy() == EOS_ID).any()
+    finally:
+        translator.decoder.make_step_fn = make_step_fn
