@@ -10,8 +10,6 @@ different logits and fails the exact comparisons with the pure-python
 references below.
 """
 
-import itertools
-import math
 
 import numpy as np
 import pytest

@@ -2,7 +2,6 @@
 
 import math
 
-import keras
 import numpy as np
 import pytest
 
