@@ -78,15 +78,17 @@ class IncrementalDecoder:
         return logits, new_caches
 
     def make_step_fn(self, source_ids, beam_size):
-        """Encodes `source_ids` and returns `(step_fn, initial_cache)` for beam search.
+        """Encodes `source_ids` and returns the step function for beam search.
 
         The encoder output's cross-attention keys/values and the source mask
         are repeated `beam_size` times (batch-major, row `b * beam + k`) and
         closed over: they never change during the search, so they are not
         part of the cache that beam search reorders every step.
 
-        `step_fn(ids [batch*beam, 1], cache, step) -> (logits [batch*beam, vocab], cache)`.
-        `initial_cache` has leading dimension `batch` (beam search tiles it).
+        `step_fn(ids [batch*beam, 1], cache, step) -> (logits [batch*beam, vocab], cache)`,
+        where `cache` is the self-attention caches; start from
+        `initial_self_attention_cache(batch, max_length)`, which has leading
+        dimension `batch` (beam search tiles it to `batch * beam`).
         """
         encoder_output, source_mask = self.encode(source_ids)
         cross_caches = [(ops.repeat(k, beam_size, axis=0), ops.repeat(v, beam_size, axis=0))
