@@ -169,15 +169,12 @@ def load_trained(model_dir):
     """Model, config and tokenizer of a `train.py` model directory (averaged weights)."""
     from keras_transformer import build_transformer
     from keras_transformer.data import Tokenizer, check_vocab_size, tokenizer_path
-    from keras_transformer.run_dir import FINAL_WEIGHTS, RunError, load_config, recorded_tokenizer_sha256
+    from keras_transformer.run_dir import FINAL_WEIGHTS, RunError, check_tokenizer, load_config
 
     model_dir = pathlib.Path(model_dir)
     config = load_config(model_dir)
     tokenizer = Tokenizer.load(tokenizer_path(model_dir))
-    recorded = recorded_tokenizer_sha256(model_dir)
-    if recorded != tokenizer.sha256:
-        raise RunError(f"{tokenizer_path(model_dir)} has sha256 {tokenizer.sha256[:12]}..., but the model in "
-                       f"{model_dir} was trained with {str(recorded)[:12]}...; export with the run's own tokenizer")
+    check_tokenizer(model_dir, tokenizer)
     check_vocab_size(tokenizer, config.vocab_size)
     weights = model_dir / FINAL_WEIGHTS
     if not weights.exists():

@@ -38,10 +38,7 @@ def check_run_file(model_dir, config, tokenizer, data_args):
     record = {"config": config.to_dict(), "tokenizer_sha256": tokenizer.sha256, "data": data_args}
     if path.exists():
         old = json.loads(path.read_text())
-        if old.get("tokenizer_sha256") != tokenizer.sha256:
-            raise RunError(f"{path}: the run was trained with tokenizer sha256 "
-                           f"{old.get('tokenizer_sha256', '?')[:12]}..., but {tokenizer.name} has "
-                           f"{tokenizer.sha256[:12]}...; restore the run's tokenizer.model or use a new --model-dir")
+        check_tokenizer(model_dir, tokenizer)
         if old.get("config") != record["config"]:
             changed = sorted(k for k in record["config"] if old["config"].get(k) != record["config"][k])
             raise RunError(f"{path}: the existing run has a different model config ({', '.join(changed)}); "
@@ -63,6 +60,12 @@ def load_config(model_dir):
     return TransformerConfig.from_dict(json.loads(path.read_text())["config"])
 
 
-def recorded_tokenizer_sha256(model_dir) -> str | None:
+def check_tokenizer(model_dir, tokenizer) -> None:
+    """Raises `RunError` unless `tokenizer` is the one `run.json` records (resume and export)."""
     path = pathlib.Path(model_dir) / RUN_FILE
-    return json.loads(path.read_text()).get("tokenizer_sha256") if path.exists() else None
+    recorded = json.loads(path.read_text()).get("tokenizer_sha256") if path.exists() else None
+    if recorded != tokenizer.sha256:
+        source = tokenizer.path or "the tokenizer given"
+        raise RunError(f"{source} has sha256 {tokenizer.sha256[:12]}..., but the run in {model_dir} "
+                       f"was trained with a tokenizer of sha256 {str(recorded)[:12]}... ({path}); "
+                       f"restore the run's tokenizer.model or use a new --model-dir")

@@ -146,3 +146,21 @@ def test_help_explains_every_flag():
     for flag in ("--config", "--data", "--model-dir", "--steps", "--batch-tokens", "--jit-compile",
                  "--mixed-precision", "--seed", "--checkpoint-every", "--average"):
         assert flag in result.stdout
+
+
+def test_run_file_refuses_a_replaced_tokenizer(tmp_path):
+    """Resuming a run whose tokenizer.model was swapped for another valid one."""
+    from keras_transformer import TransformerConfig
+    from keras_transformer.data import Tokenizer, train_tokenizer
+    from keras_transformer.run_dir import RunError, check_run_file
+
+    texts = ["the man sees the dog", "der Mann sieht den Hund", "a red house", "ein rotes Haus"] * 30
+    first = Tokenizer.load(train_tokenizer(texts, tmp_path / "a" / "tokenizer", 40))
+    second = Tokenizer.load(train_tokenizer(texts[::-1] + ["other words here"] * 20, tmp_path / "b" / "tokenizer", 40))
+    assert first.sha256 != second.sha256
+    config = TransformerConfig.from_preset("tiny", vocab_size=first.vocab_size)
+    check_run_file(tmp_path, config, first, {"data": "toy"})
+    check_run_file(tmp_path, config, first, {"data": "toy"})  # the same run resumes
+    with pytest.raises(RunError, match=rf"has sha256 {second.sha256[:12]}\.\.\., but the run in .* was trained "
+                                       rf"with a tokenizer of sha256 {first.sha256[:12]}"):
+        check_run_file(tmp_path, config, second, {"data": "toy"})
