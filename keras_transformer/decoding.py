@@ -34,12 +34,20 @@ example, T5X), stops a sentence as soon as no alive hypothesis can beat the
 worst of its ``beam_size`` finished ones, and stops the loop when every
 sentence is done or the buffer is full.
 
+One loop step (each a small helper below): the step function scores the
+next token of every alive beam; `_grow_candidates` keeps the best
+``2 * beam_size`` (beam, token) extensions; `_update_alive` keeps the best
+``beam_size`` that continue (and reorders the cache); `_update_finished`
+merges the ones that end into the finished set; `_update_done` applies the
+early-termination bound.  The loop state is a dict (`_initial_state`).
+
 Numerics: no ``-inf`` is ever used; impossible entries carry ``NEG_INF``
 (finite) *and* an explicit validity flag, so no NaN can appear.  A token
 whose log-probability is below ``NEG_INF / 2`` (e.g. its logit was masked
 with ``NEG_INF``) is treated as impossible.
 """
 
+import typing
 import warnings
 
 import keras
@@ -181,6 +189,307 @@ def _infer_max_decode_length(max_lengths):
 
 
 # --------------------------------------------------------------------------
+# Beam search: the state carried by the while loop and one step's helpers
+# --------------------------------------------------------------------------
+class _SearchSpec(typing.NamedTuple):
+    """What stays fixed during one search (never a loop variable).
+
+    Static python values that fix shapes, and loop-invariant tensors built
+    once before the loop (the loop body captures them instead of rebuilding
+    them every step).
+    """
+
+    beam_size: int  # k, static
+    num_candidates: int  # C: 2k, or 1 when k == 1 (exactly greedy), static
+    eos_id: int
+    alpha: object  # python float or float scalar tensor
+    max_lengths: object  # int32 [batch], clipped to [1, L]
+    max_penalty: object  # float32 [batch], length_penalty(max_lengths, alpha)
+    positions: object  # int32 [L], arange(L): where to write the token of `step`
+    neg_inf: object  # float32 scalar tensor NEG_INF
+
+
+def _make_spec(max_lengths, beam_size, alpha, max_decode_length, eos_id):
+    """Builds the `_SearchSpec` of a search (before the loop).
+
+    Args:
+        max_lengths: int ``[batch]`` (any int dtype), clipped here to
+            ``[1, max_decode_length]``.
+        beam_size, alpha, max_decode_length, eos_id: as in `beam_search`
+            (already validated).
+
+    Returns:
+        a `_SearchSpec`.
+    """
+    neg_inf = ops.convert_to_tensor(NEG_INF, "float32")
+    max_lengths = ops.cast(ops.reshape(max_lengths, (-1,)), "int32")  # [batch]
+    max_lengths = ops.clip(max_lengths, 1, max_decode_length)  # [batch]
+    return _SearchSpec(
+        beam_size=beam_size,
+        # With one beam only the single best candidate is kept, so the search
+        # is exactly greedy; with k > 1 the standard 2k candidates (enough to
+        # refill k alive beams even if k of them end with EOS).
+        num_candidates=2 * beam_size if beam_size > 1 else 1,
+        eos_id=eos_id,
+        alpha=alpha,
+        max_lengths=max_lengths,
+        # Upper bound on the length penalty of any hypothesis of a sentence.
+        max_penalty=length_penalty(max_lengths, alpha),  # [batch]
+        positions=ops.arange(max_decode_length, dtype="int32"),  # [L]
+        neg_inf=neg_inf,
+    )
+
+
+def _initial_state(initial_cache, batch_size, max_decode_length, bos_id, spec):
+    """The search state before step 0 (the ``while_loop`` variables).
+
+    The state is a dict (a structure that ``keras.ops.while_loop`` and
+    ``keras.tree`` carry as it is on every backend)::
+
+        step             int32 scalar, the position fed to the step function
+        alive_seqs       int32 [batch, k, L]  tokens generated so far, PAD after
+        alive_last       int32 [batch, k]     token at position `step` (BOS at 0)
+        alive_logp       float32 [batch, k]   sum of token log-probs (NEG_INF if invalid)
+        alive_valid      bool [batch, k]      whether the alive slot holds a hypothesis
+        finished_seqs    int32 [batch, k, L]  best finished hypotheses, best first
+        finished_scores  float32 [batch, k]   their length-penalised scores
+        finished_valid   bool [batch, k]      whether the finished slot is used
+        done             bool [batch]         sentence finished: state frozen
+        cache            step-function cache, leaves [batch * k, ...]
+
+    Only beam 0 of every sentence is alive at the start (the other ``k - 1``
+    would be duplicates); nothing is finished.
+
+    Args:
+        initial_cache: nested structure of tensors ``[batch, ...]``.
+        batch_size: python int or int32 scalar tensor.
+        max_decode_length: python int, L.
+        bos_id: the id fed at step 0.
+        spec: the `_SearchSpec`.
+
+    Returns:
+        the state dict.
+    """
+    k, length = spec.beam_size, max_decode_length
+    first_beam = ops.arange(k, dtype="int32") == 0  # [k]
+    alive_valid = ops.logical_and(
+        ops.ones((batch_size, k), dtype="bool"), first_beam[None, :]
+    )  # [batch, k]
+    return {
+        "step": ops.convert_to_tensor(0, "int32"),
+        "alive_seqs": ops.full((batch_size, k, length), PAD_ID, dtype="int32"),
+        "alive_last": ops.full((batch_size, k), bos_id, dtype="int32"),
+        "alive_logp": ops.where(alive_valid, 0.0, spec.neg_inf),  # [batch, k]
+        "alive_valid": alive_valid,
+        "finished_seqs": ops.full((batch_size, k, length), PAD_ID, dtype="int32"),
+        "finished_scores": ops.full((batch_size, k), NEG_INF, dtype="float32"),
+        "finished_valid": ops.zeros((batch_size, k), dtype="bool"),
+        "done": ops.zeros((batch_size,), dtype="bool"),
+        "cache": keras.tree.map_structure(lambda x: tile_beams(x, k), initial_cache),
+    }
+
+
+def _gather_per_beam(x, beam_indices):
+    """`gather_beams` for one value per beam: ``[batch, beam] -> [batch, new_beam]``."""
+    return gather_beams(x[:, :, None], beam_indices)[:, :, 0]  # [batch, new_beam]
+
+
+def _grow_candidates(state, log_probs, spec):
+    """Extends every alive beam by every token and keeps the best candidates.
+
+    The top ``C`` of the ``k * V`` (beam, token) pairs by summed log-prob;
+    the chosen token is written into the copied sequence at position
+    ``step`` (a one-hot ``where`` blend, no scatter).
+
+    Args:
+        state: the search state.
+        log_probs: float32 ``[batch * k, V]``, log-probabilities of the
+            token after ``alive_last`` for every alive beam (batch-major).
+        spec: the `_SearchSpec`.
+
+    Returns:
+        dict of candidates, best first:
+        seqs int32 ``[batch, C, L]`` (the new token at ``step``),
+        logp float32 ``[batch, C]`` (sum of token log-probs),
+        tok int32 ``[batch, C]`` (the new token),
+        beam int32 ``[batch, C]`` (the alive beam it extends),
+        length int32 scalar (generated tokens, EOS included: ``step + 1``),
+        at_limit bool ``[batch, 1]`` (``length`` reached the sentence's limit),
+        finishing bool ``[batch, C]`` (valid and EOS or at the limit),
+        continuing bool ``[batch, C]`` (valid and neither).
+    """
+    k = spec.beam_size
+    step = state["step"]
+    vocab = ops.shape(log_probs)[-1]
+    log_probs = ops.reshape(log_probs, (-1, k, vocab))  # [batch, k, V]
+    valid = ops.logical_and(
+        state["alive_valid"][:, :, None], log_probs > NEG_INF / 2
+    )  # [batch, k, V]
+    logp = ops.where(
+        valid, state["alive_logp"][:, :, None] + log_probs, spec.neg_inf
+    )  # [batch, k, V]
+    flat_logp = ops.reshape(logp, (-1, k * vocab))  # [batch, k * V]
+    flat_valid = ops.reshape(valid, (-1, k * vocab))  # [batch, k * V]
+    top_logp, top_idx = ops.top_k(flat_logp, spec.num_candidates)  # [batch, C] x2
+    top_idx = ops.cast(top_idx, "int32")
+    top_valid = _gather_per_beam(flat_valid, top_idx)  # [batch, C]
+    top_beam = ops.floor_divide(top_idx, vocab)  # [batch, C]
+    top_tok = top_idx - top_beam * vocab  # [batch, C]
+    top_seqs = gather_beams(state["alive_seqs"], top_beam)  # [batch, C, L]
+    write = (spec.positions == step)[None, None, :]  # [1, 1, L]
+    top_seqs = ops.where(write, top_tok[:, :, None], top_seqs)  # [batch, C, L]
+
+    length = step + 1
+    at_limit = (length >= spec.max_lengths)[:, None]  # [batch, 1]
+    is_eos = top_tok == spec.eos_id  # [batch, C]
+    finishing = ops.logical_and(top_valid, ops.logical_or(is_eos, at_limit))  # [batch, C]
+    continuing = ops.logical_and(
+        top_valid, ops.logical_not(ops.logical_or(is_eos, at_limit))
+    )  # [batch, C]
+    return {
+        "seqs": top_seqs,
+        "logp": top_logp,
+        "tok": top_tok,
+        "beam": top_beam,
+        "length": length,
+        "at_limit": at_limit,
+        "finishing": finishing,
+        "continuing": continuing,
+    }
+
+
+def _update_alive(candidates, cache, spec):
+    """The new alive set: the best ``k`` continuing candidates.
+
+    Args:
+        candidates: the dict from `_grow_candidates`.
+        cache: the cache returned by the step function, leaves
+            ``[batch * k, ...]`` in the order of the previous alive beams.
+        spec: the `_SearchSpec`.
+
+    Returns:
+        dict with the state's ``alive_seqs``, ``alive_last``, ``alive_logp``,
+        ``alive_valid`` and ``cache`` (rows reordered to follow the beams
+        they extend, with ``take``).
+    """
+    k = spec.beam_size
+    key = ops.where(candidates["continuing"], candidates["logp"], spec.neg_inf)  # [batch, C]
+    _, idx = ops.top_k(key, k)  # [batch, k]
+    idx = ops.cast(idx, "int32")
+    valid = _gather_per_beam(candidates["continuing"], idx)  # [batch, k]
+    logp = _gather_per_beam(key, idx)  # [batch, k]
+    logp = ops.where(valid, logp, spec.neg_inf)  # [batch, k]
+    last = _gather_per_beam(candidates["tok"], idx)  # [batch, k]
+    seqs = gather_beams(candidates["seqs"], idx)  # [batch, k, L]
+    source_beam = _gather_per_beam(candidates["beam"], idx)  # [batch, k]
+    cache = keras.tree.map_structure(
+        lambda x: _gather_flat_beams(x, source_beam, k), cache
+    )  # leaves [batch * k, ...]
+    return {
+        "alive_seqs": seqs,
+        "alive_last": last,
+        "alive_logp": logp,
+        "alive_valid": valid,
+        "cache": cache,
+    }
+
+
+def _update_finished(state, candidates, spec):
+    """The new finished set: the best ``k`` of (old finished + finishing candidates).
+
+    Old entries come first in the merge: ``top_k`` is stable, so on a tie
+    the older hypothesis is kept.  Sentences already done are frozen
+    (batching must not change them).
+
+    Args:
+        state: the search state (its finished set and ``done``).
+        candidates: the dict from `_grow_candidates`.
+        spec: the `_SearchSpec`.
+
+    Returns:
+        dict with the state's ``finished_seqs``, ``finished_scores`` and
+        ``finished_valid``.
+    """
+    done = state["done"]  # [batch]
+    old_scores = state["finished_scores"]  # [batch, k]
+    old_valid = state["finished_valid"]  # [batch, k]
+    old_seqs = state["finished_seqs"]  # [batch, k, L]
+    new_scores = ops.where(
+        candidates["finishing"],
+        candidates["logp"] / length_penalty(candidates["length"], spec.alpha),
+        spec.neg_inf,
+    )  # [batch, C]
+    all_scores = ops.concatenate(
+        [ops.where(old_valid, old_scores, spec.neg_inf), new_scores], axis=1
+    )  # [batch, k + C]
+    all_valid = ops.concatenate([old_valid, candidates["finishing"]], axis=1)  # [batch, k + C]
+    all_seqs = ops.concatenate([old_seqs, candidates["seqs"]], axis=1)  # [batch, k + C, L]
+    _, idx = ops.top_k(all_scores, spec.beam_size)  # [batch, k]
+    idx = ops.cast(idx, "int32")
+    scores = _gather_per_beam(all_scores, idx)  # [batch, k]
+    valid = _gather_per_beam(all_valid, idx)  # [batch, k]
+    seqs = gather_beams(all_seqs, idx)  # [batch, k, L]
+    return {
+        "finished_seqs": ops.where(done[:, None, None], old_seqs, seqs),
+        "finished_scores": ops.where(done[:, None], old_scores, scores),
+        "finished_valid": ops.where(done[:, None], old_valid, valid),
+    }
+
+
+def _update_done(done, candidates, alive, finished, spec):
+    """Which sentences are done after this step (early termination).
+
+    A sentence is done when it reached its length limit, has no alive
+    hypothesis, or no alive hypothesis can beat the worst of its ``k``
+    finished ones: any extension has log-prob <= the best alive one and a
+    length in ``[length + 1, max_length]``; the length penalty is monotonic
+    in the length, so the best possible score is at one of the two ends (the
+    ``max_length`` end when alpha >= 0), which bounds it for any alpha.
+
+    Args:
+        done: bool ``[batch]``, the state's ``done`` before this step.
+        candidates: the dict from `_grow_candidates`.
+        alive: the dict from `_update_alive`.
+        finished: the dict from `_update_finished`.
+        spec: the `_SearchSpec`.
+
+    Returns:
+        bool ``[batch]``.
+    """
+    alive_valid, alive_logp = alive["alive_valid"], alive["alive_logp"]  # [batch, k] x2
+    fin_valid, fin_scores = finished["finished_valid"], finished["finished_scores"]  # [batch, k] x2
+    any_alive = ops.any(alive_valid, axis=1)  # [batch]
+    best_alive = ops.max(alive_logp, axis=1)  # [batch]
+    bound = ops.maximum(
+        best_alive / length_penalty(candidates["length"] + 1, spec.alpha),
+        best_alive / spec.max_penalty,
+    )  # [batch]
+    all_finished = ops.logical_not(ops.any(ops.logical_not(fin_valid), axis=1))  # [batch]
+    worst_finished = ops.min(ops.where(fin_valid, fin_scores, spec.neg_inf), axis=1)  # [batch]
+    cannot_improve = ops.logical_and(all_finished, worst_finished >= bound)  # [batch]
+    return ops.logical_or(
+        ops.logical_or(done, candidates["at_limit"][:, 0]),
+        ops.logical_or(ops.logical_not(any_alive), cannot_improve),
+    )  # [batch]
+
+
+def _best_results(state, num_results, spec):
+    """The ``num_results`` best finished hypotheses; unused slots are PAD / NEG_INF.
+
+    Returns:
+        ``(sequences, scores)``: int32 ``[batch, n, L]`` and float32 ``[batch, n]``.
+    """
+    valid = state["finished_valid"][:, :num_results]  # [batch, n]
+    sequences = ops.where(
+        valid[:, :, None], state["finished_seqs"][:, :num_results], PAD_ID
+    )  # [batch, n, L]
+    scores = ops.where(
+        valid, state["finished_scores"][:, :num_results], spec.neg_inf
+    )  # [batch, n]
+    return ops.cast(sequences, "int32"), ops.cast(scores, "float32")
+
+
+# --------------------------------------------------------------------------
 # Beam search
 # --------------------------------------------------------------------------
 def beam_search(
@@ -255,147 +564,26 @@ def beam_search(
     if max_decode_length < 1:
         raise ValueError(f"max_decode_length must be >= 1, got {max_decode_length}")
 
-    k = beam_size
-    length = max_decode_length
-    # With one beam only the single best candidate is kept, so the search is
-    # exactly greedy; with k > 1 the standard 2k candidates (enough to refill
-    # k alive beams even if k of them end with EOS).
-    num_candidates = 2 * k if k > 1 else 1
-    neg_inf = ops.convert_to_tensor(NEG_INF, "float32")
+    spec = _make_spec(max_lengths, beam_size, alpha, max_decode_length, eos_id)
+    state = _initial_state(initial_cache, batch_size, max_decode_length, bos_id, spec)
 
-    max_lengths = ops.cast(ops.reshape(max_lengths, (-1,)), "int32")  # [batch]
-    eff_max_lengths = ops.clip(max_lengths, 1, length)  # [batch]
-    # Upper bound on the length penalty of any hypothesis of a sentence.
-    lp_max = length_penalty(eff_max_lengths, alpha)  # [batch]
-
-    # ---- initial state --------------------------------------------------
-    alive_seqs = ops.full((batch_size, k, length), PAD_ID, dtype="int32")  # [batch, k, L]
-    alive_last = ops.full((batch_size, k), bos_id, dtype="int32")  # [batch, k]
-    # Only beam 0 is alive at the start (the other k-1 would be duplicates).
-    first_beam = ops.arange(k, dtype="int32") == 0  # [k]
-    alive_valid = ops.logical_and(
-        ops.ones((batch_size, k), dtype="bool"), first_beam[None, :]
-    )  # [batch, k]
-    alive_logp = ops.where(alive_valid, 0.0, neg_inf)  # [batch, k]
-    fin_seqs = ops.full((batch_size, k, length), PAD_ID, dtype="int32")  # [batch, k, L]
-    fin_scores = ops.full((batch_size, k), NEG_INF, dtype="float32")  # [batch, k]
-    fin_valid = ops.zeros((batch_size, k), dtype="bool")  # [batch, k]
-    done = ops.zeros((batch_size,), dtype="bool")  # [batch]
-    cache = keras.tree.map_structure(lambda x: tile_beams(x, k), initial_cache)
-    step = ops.convert_to_tensor(0, "int32")
-    positions = ops.arange(length, dtype="int32")  # [L]
-
-    def cond(step, alive_seqs, alive_last, alive_logp, alive_valid,
-             fin_seqs, fin_scores, fin_valid, done, cache):
+    def cond(state):
         return ops.logical_and(
-            step < length, ops.any(ops.logical_not(done))
+            state["step"] < max_decode_length, ops.any(ops.logical_not(state["done"]))
         )
 
-    def body(step, alive_seqs, alive_last, alive_logp, alive_valid,
-             fin_seqs, fin_scores, fin_valid, done, cache):
-        ids = ops.reshape(alive_last, (-1, 1))  # [batch * k, 1]
-        logits, new_cache = step_fn(ids, cache, step)
+    def body(state):
+        ids = ops.reshape(state["alive_last"], (-1, 1))  # [batch * k, 1]
+        logits, cache = step_fn(ids, state["cache"], state["step"])
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # [batch * k, V]
-        vocab = ops.shape(log_probs)[-1]
-        log_probs = ops.reshape(log_probs, (-1, k, vocab))  # [batch, k, V]
+        candidates = _grow_candidates(state, log_probs, spec)
+        alive = _update_alive(candidates, cache, spec)
+        finished = _update_finished(state, candidates, spec)
+        done = _update_done(state["done"], candidates, alive, finished, spec)
+        return {"step": state["step"] + 1, **alive, **finished, "done": done}
 
-        # ---- candidates: every (alive beam, token) pair -------------------
-        cand_valid = ops.logical_and(
-            alive_valid[:, :, None], log_probs > NEG_INF / 2
-        )  # [batch, k, V]
-        cand_logp = ops.where(
-            cand_valid, alive_logp[:, :, None] + log_probs, neg_inf
-        )  # [batch, k, V]
-        flat_logp = ops.reshape(cand_logp, (-1, k * vocab))  # [batch, k * V]
-        flat_valid = ops.reshape(cand_valid, (-1, k * vocab))  # [batch, k * V]
-        top_logp, top_idx = ops.top_k(flat_logp, num_candidates)  # [batch, C] x2
-        top_idx = ops.cast(top_idx, "int32")
-        top_valid = gather_beams(flat_valid[:, :, None], top_idx)[:, :, 0]  # [batch, C]
-        top_beam = ops.floor_divide(top_idx, vocab)  # [batch, C]
-        top_tok = top_idx - top_beam * vocab  # [batch, C]
-        top_seqs = gather_beams(alive_seqs, top_beam)  # [batch, C, L]
-        # Write the new token at position `step` (one-hot blend, no scatter).
-        write = (positions == step)[None, None, :]  # [1, 1, L]
-        top_seqs = ops.where(write, top_tok[:, :, None], top_seqs)  # [batch, C, L]
-
-        gen_len = step + 1  # generated tokens of every candidate, EOS included
-        at_limit = (gen_len >= eff_max_lengths)[:, None]  # [batch, 1]
-        is_eos = top_tok == eos_id  # [batch, C]
-        finishing = ops.logical_and(top_valid, ops.logical_or(is_eos, at_limit))  # [batch, C]
-        continuing = ops.logical_and(
-            top_valid, ops.logical_not(ops.logical_or(is_eos, at_limit))
-        )  # [batch, C]
-
-        # ---- new alive set: best k continuing candidates ----------------
-        alive_key = ops.where(continuing, top_logp, neg_inf)  # [batch, C]
-        _, alive_idx = ops.top_k(alive_key, k)  # [batch, k]
-        alive_idx = ops.cast(alive_idx, "int32")
-        new_alive_valid = gather_beams(continuing[:, :, None], alive_idx)[:, :, 0]  # [batch, k]
-        new_alive_logp = gather_beams(alive_key[:, :, None], alive_idx)[:, :, 0]  # [batch, k]
-        new_alive_logp = ops.where(new_alive_valid, new_alive_logp, neg_inf)  # [batch, k]
-        new_alive_last = gather_beams(top_tok[:, :, None], alive_idx)[:, :, 0]  # [batch, k]
-        new_alive_seqs = gather_beams(top_seqs, alive_idx)  # [batch, k, L]
-        source_beam = gather_beams(top_beam[:, :, None], alive_idx)[:, :, 0]  # [batch, k]
-        new_cache = keras.tree.map_structure(
-            lambda x: _gather_flat_beams(x, source_beam, k), new_cache
-        )  # leaves [batch * k, ...]
-
-        # ---- new finished set: best k of (old finished + finishing) -----
-        cand_scores = ops.where(
-            finishing, top_logp / length_penalty(gen_len, alpha), neg_inf
-        )  # [batch, C]
-        # Old entries first: top_k is stable, so ties keep the old ones.
-        all_scores = ops.concatenate(
-            [ops.where(fin_valid, fin_scores, neg_inf), cand_scores], axis=1
-        )  # [batch, k + C]
-        all_valid = ops.concatenate([fin_valid, finishing], axis=1)  # [batch, k + C]
-        all_seqs = ops.concatenate([fin_seqs, top_seqs], axis=1)  # [batch, k + C, L]
-        _, fin_idx = ops.top_k(all_scores, k)  # [batch, k]
-        fin_idx = ops.cast(fin_idx, "int32")
-        new_fin_scores = gather_beams(all_scores[:, :, None], fin_idx)[:, :, 0]  # [batch, k]
-        new_fin_valid = gather_beams(all_valid[:, :, None], fin_idx)[:, :, 0]  # [batch, k]
-        new_fin_seqs = gather_beams(all_seqs, fin_idx)  # [batch, k, L]
-        # Sentences already done are frozen (batching must not change them).
-        new_fin_scores = ops.where(done[:, None], fin_scores, new_fin_scores)
-        new_fin_valid = ops.where(done[:, None], fin_valid, new_fin_valid)
-        new_fin_seqs = ops.where(done[:, None, None], fin_seqs, new_fin_seqs)
-
-        # ---- per-sentence termination ------------------------------------
-        any_alive = ops.any(new_alive_valid, axis=1)  # [batch]
-        best_alive = ops.max(new_alive_logp, axis=1)  # [batch]
-        # Any extension has log-prob <= best_alive and length in
-        # [gen_len + 1, max_len]; lp is monotonic in len, so the best
-        # possible score is at one of the two ends (the max_len end when
-        # alpha >= 0).
-        bound = ops.maximum(
-            best_alive / length_penalty(gen_len + 1, alpha), best_alive / lp_max
-        )  # [batch]
-        all_finished = ops.logical_not(
-            ops.any(ops.logical_not(new_fin_valid), axis=1)
-        )  # [batch]
-        worst_finished = ops.min(
-            ops.where(new_fin_valid, new_fin_scores, neg_inf), axis=1
-        )  # [batch]
-        cannot_improve = ops.logical_and(all_finished, worst_finished >= bound)
-        new_done = ops.logical_or(
-            ops.logical_or(done, at_limit[:, 0]),
-            ops.logical_or(ops.logical_not(any_alive), cannot_improve),
-        )  # [batch]
-        return (step + 1, new_alive_seqs, new_alive_last, new_alive_logp,
-                new_alive_valid, new_fin_seqs, new_fin_scores, new_fin_valid,
-                new_done, new_cache)
-
-    state = (step, alive_seqs, alive_last, alive_logp, alive_valid,
-             fin_seqs, fin_scores, fin_valid, done, cache)
-    state = ops.while_loop(cond, body, state, maximum_iterations=length)
-    fin_seqs, fin_scores, fin_valid = state[5], state[6], state[7]
-
-    fin_valid = fin_valid[:, :num_results]  # [batch, n]
-    sequences = ops.where(
-        fin_valid[:, :, None], fin_seqs[:, :num_results], PAD_ID
-    )  # [batch, n, L]
-    scores = ops.where(fin_valid, fin_scores[:, :num_results], neg_inf)  # [batch, n]
-    return ops.cast(sequences, "int32"), ops.cast(scores, "float32")
+    state = ops.while_loop(cond, body, state, maximum_iterations=max_decode_length)
+    return _best_results(state, num_results, spec)
 
 
 def greedy_search(
