@@ -137,3 +137,326 @@ def test_residual_connection_post_and_pre_norm(norm_first):
 def test_layer_configs_round_trip(layer):
     clone = layer.__class__.from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
+
+
+# --- The rest of the layer contract: initializer arguments, output shapes,
+# mixed precision, configs. ---------------------------------------------------
+
+import keras  # noqa: E402
+
+from keras_transformer.layers import DecoderBlock, EncoderBlock  # noqa: E402
+
+
+def _float32(x):
+    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+
+
+def _kernels_and_biases(layer):
+    kernels = [w for w in layer.weights if w.path.endswith("/kernel")]
+    biases = [w for w in layer.weights if w.path.endswith("/bias")]
+    return kernels, biases
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: MultiHeadAttention(num_heads=2, d_model=8, **kw),
+    lambda **kw: FeedForward(d_model=8, d_ff=8, **kw),
+    lambda **kw: EncoderBlock(8, 2, 8, **kw),
+    lambda **kw: DecoderBlock(8, 2, 8, **kw),
+], ids=["attention", "feed_forward", "encoder_block", "decoder_block"])
+def test_default_initializers_are_glorot_and_zeros_with_unchanged_seeding(make):
+    # The defaults are names, resolved when each Dense is made: an
+    # initializer object passed in is copied per Dense at the same point, so
+    # under one seed both give the same weights (and the weights of existing
+    # runs stay reproducible). Every kernel gets its own seed.
+    shape = (None, None, 8)
+    keras.utils.set_random_seed(5)
+    default = make(name="layer")
+    default.build(shape)
+    # (Making an unseeded initializer draws a seed itself: make it first.)
+    kernel_initializer = keras.initializers.GlorotUniform()
+    keras.utils.set_random_seed(5)
+    explicit = make(kernel_initializer=kernel_initializer,
+                    bias_initializer=keras.initializers.Zeros(), name="layer")
+    explicit.build(shape)
+    assert [w.path for w in default.weights] == [w.path for w in explicit.weights]
+    for a, b in zip(default.weights, explicit.weights):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    kernels, biases = _kernels_and_biases(default)
+    assert biases and not any(np.asarray(b).any() for b in biases)
+    values = [np.asarray(k) for k in kernels]
+    for i, kernel in enumerate(values):
+        limit = math.sqrt(6 / sum(kernel.shape))  # Glorot uniform
+        assert np.abs(kernel).max() <= limit and np.abs(kernel).max() > 0.5 * limit
+        assert all(not np.array_equal(kernel, other) for other in values[i + 1:])
+
+
+def test_default_embedding_initializer_is_normal_with_stddev_d_model_to_the_minus_half():
+    keras.utils.set_random_seed(5)
+    default = PositionalEmbedding(vocab_size=500, d_model=64)
+    default.build()
+    keras.utils.set_random_seed(5)
+    explicit = PositionalEmbedding(
+        vocab_size=500, d_model=64,
+        embeddings_initializer=keras.initializers.RandomNormal(stddev=64 ** -0.5))
+    explicit.build()
+    table = np.asarray(default.embeddings)
+    np.testing.assert_array_equal(table, np.asarray(explicit.embeddings))
+    assert table.std() == pytest.approx(64 ** -0.5, rel=0.02)
+    assert abs(table.mean()) < 0.01
+
+
+def _initialized_layers():
+    """Each layer with non-default initializers, and how to build it."""
+    kernel, bias = keras.initializers.Constant(0.5), keras.initializers.Constant(0.25)
+    shape = (None, None, 8)
+    return [
+        (MultiHeadAttention(num_heads=2, d_model=8, kernel_initializer=kernel, bias_initializer=bias),
+         shape),
+        (FeedForward(d_model=8, d_ff=16, kernel_initializer=kernel, bias_initializer=bias), shape),
+        (EncoderBlock(8, 2, 16, kernel_initializer=kernel, bias_initializer=bias), shape),
+        (DecoderBlock(8, 2, 16, kernel_initializer=kernel, bias_initializer=bias), shape),
+    ]
+
+
+@pytest.mark.parametrize("index", range(4), ids=["attention", "feed_forward", "encoder_block",
+                                                 "decoder_block"])
+def test_config_round_trip_keeps_custom_initializers(index):
+    layer, shape = _initialized_layers()[index]
+    config = layer.get_config()
+    assert config["kernel_initializer"]["class_name"] == "Constant"
+    for clone in (layer.__class__.from_config(config),
+                  keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))):
+        assert type(clone) is type(layer)
+        assert clone.get_config() == config
+        clone.build(shape)
+        kernels, biases = _kernels_and_biases(clone)
+        assert len(kernels) == len(biases) >= 2
+        for w in kernels:
+            np.testing.assert_array_equal(np.asarray(w), np.full(w.shape, 0.5, "float32"))
+        for w in biases:
+            np.testing.assert_array_equal(np.asarray(w), np.full(w.shape, 0.25, "float32"))
+    # The default initializers round-trip too.
+    default = layer.__class__.from_config({**config, "kernel_initializer": "glorot_uniform",
+                                           "bias_initializer": "zeros"})
+    assert default.get_config()["kernel_initializer"] == "glorot_uniform"
+
+
+def test_embedding_config_round_trip_keeps_custom_initializer():
+    layer = PositionalEmbedding(vocab_size=11, d_model=8,
+                                embeddings_initializer=keras.initializers.Constant(0.5))
+    config = layer.get_config()
+    clone = PositionalEmbedding.from_config(config)
+    assert clone.get_config() == config
+    clone.build()
+    np.testing.assert_array_equal(np.asarray(clone.embeddings), np.full((11, 8), 0.5, "float32"))
+    assert PositionalEmbedding(11, 8).get_config()["embeddings_initializer"] is None
+    assert PositionalEmbedding.from_config(PositionalEmbedding(11, 8).get_config()) \
+        .embeddings_initializer is None
+
+
+def _shape_cases():
+    """(layer, call, compute_output_shape arguments), with numpy inputs."""
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    memory = rng.normal(size=(2, 7, 8)).astype("float32")
+    ids = rng.integers(1, 11, size=(2, 5)).astype("int32")
+    cache = (np.zeros((2, 9, 2, 4), "float32"), np.zeros((2, 9, 2, 4), "float32"))
+    padding = np.ones((2, 7), bool)
+    return {
+        "attention": (MultiHeadAttention(num_heads=2, d_model=8), lambda l, a: l(a["x"], a["memory"]),
+                      lambda l: l.compute_output_shape(x.shape, memory.shape)),
+        "attention_cached": (MultiHeadAttention(num_heads=2, d_model=8),
+                             lambda l, a: l(a["x"], cache=a["cache"], cache_index=3),
+                             lambda l: l.compute_output_shape(x.shape, cache_shape=[c.shape for c in cache])),
+        "embedding": (PositionalEmbedding(11, 8), lambda l, a: l(a["ids"], start_position=2),
+                      lambda l: l.compute_output_shape(ids.shape)),
+        "embedding_reverse": (PositionalEmbedding(11, 8), lambda l, a: l(a["x"], reverse=True),
+                              lambda l: l.compute_output_shape(x.shape, reverse=True)),
+        "feed_forward": (FeedForward(8, 16), lambda l, a: l(a["x"]),
+                         lambda l: l.compute_output_shape(x.shape)),
+        "residual": (ResidualConnection(0.1), lambda l, a: l(a["x"], a["x"]),
+                     lambda l: l.compute_output_shape(x.shape, x.shape)),
+        "encoder_block": (EncoderBlock(8, 2, 16), lambda l, a: l(a["memory"], padding_mask=a["padding"]),
+                          lambda l: l.compute_output_shape(memory.shape)),
+        "decoder_block": (DecoderBlock(8, 2, 16),
+                          lambda l, a: l(a["x"], a["memory"], encoder_padding_mask=a["padding"]),
+                          lambda l: l.compute_output_shape(x.shape, memory.shape)),
+        "decoder_block_cached": (
+            DecoderBlock(8, 2, 16),
+            lambda l, a: l(a["x"], a["memory"], encoder_padding_mask=a["padding"],
+                           self_attention_cache=a["cache"], cache_index=0),
+            lambda l: l.compute_output_shape(x.shape, memory.shape,
+                                             self_attention_cache_shape=[c.shape for c in cache])),
+    }, dict(x=x, memory=memory, ids=ids, cache=cache, padding=padding)
+
+
+def _shapes(structure):
+    """Shapes of a (nested) call output, or a (nested) `compute_output_shape`
+    result, as nested tuples."""
+    if hasattr(structure, "shape"):
+        return tuple(structure.shape)
+    if all(d is None or isinstance(d, int) for d in structure):
+        return tuple(structure)
+    return tuple(_shapes(s) for s in structure)
+
+
+def _flatten_shapes(shapes):
+    if all(d is None or isinstance(d, int) for d in shapes):
+        return [shapes]
+    return [s for part in shapes for s in _flatten_shapes(part)]
+
+
+@pytest.mark.parametrize("case", list(_shape_cases()[0]))
+def test_compute_output_shape_matches_call(case):
+    cases, inputs = _shape_cases()
+    layer, call, output_shape = cases[case]
+    eager = _shapes(call(layer, inputs))
+    assert _shapes(output_shape(layer)) == eager
+    # Symbolic inputs (how the functional model calls the layers) go through
+    # compute_output_shape; batch and time are unknown there, the feature
+    # axes (d_model, vocab, cache slots) are known.
+    symbolic = {k: keras.KerasTensor((None, None) + v.shape[2:], dtype=str(v.dtype))
+                for k, v in inputs.items() if k != "cache"}
+    symbolic["cache"] = tuple(keras.KerasTensor((None,) + c.shape[1:]) for c in inputs["cache"])
+    spec = _flatten_shapes(_shapes(call(layer, symbolic)))
+    want = _flatten_shapes(eager)
+    assert len(spec) == len(want)
+    for got, expected in zip(spec, want):
+        assert len(got) == len(expected)
+        assert got[0] is None and got[-1] == expected[-1]
+        assert all(g is None or g == e for g, e in zip(got, expected))
+
+
+def _bfloat16_rounded(x):
+    return _float32(keras.ops.cast(np.asarray(x, "float32"), "bfloat16"))
+
+
+def _assert_mixed_precision_matches_float32(make, call):
+    """`make(dtype)` twice, the same weights in both, and `call(layer)` in
+    float32 and under `mixed_bfloat16`: float32 variables, bfloat16 outputs
+    that agree with float32 to bfloat16 accuracy, computed in bfloat16 (not
+    float32 rounded at the end). Returns both first outputs."""
+    assert keras.config.dtype_policy().name == "float32"
+    exact, mixed = make("float32"), make("mixed_bfloat16")
+    want = call(exact)
+    call(mixed)  # builds it
+    assert [w.path for w in mixed.weights] == [w.path for w in exact.weights]
+    mixed.set_weights(exact.get_weights())
+    assert mixed.weights and all(w.dtype == "float32" for w in mixed.weights)
+    got = call(mixed)
+    keras.tree.assert_same_structure(got, want)
+    for g, w in zip(keras.tree.flatten(got), keras.tree.flatten(want)):
+        assert keras.backend.standardize_dtype(g.dtype) == "bfloat16"
+        assert keras.backend.standardize_dtype(w.dtype) == "float32"
+    got, want = keras.tree.flatten(got)[0], np.asarray(keras.tree.flatten(want)[0])
+    got = _float32(got)
+    assert np.abs(want).max() > 0.5  # values of order 1, so the tolerances mean something
+    np.testing.assert_allclose(got, want, atol=3e-2, rtol=3e-2)
+    assert not np.array_equal(got, want)
+    assert not np.array_equal(got, _bfloat16_rounded(want))
+    assert keras.config.dtype_policy().name == "float32"
+    return got, want
+
+
+def test_attention_mixed_precision():
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    memory = rng.normal(size=(2, 6, 16)).astype("float32")
+    padding = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool)[:, None, :]  # [2, 1, 6]
+    bias = rng.normal(size=(1, 4, 5, 6)).astype("float32")
+    got, _ = _assert_mixed_precision_matches_float32(
+        lambda dtype: MultiHeadAttention(num_heads=4, d_model=16, dtype=dtype, name="mha"),
+        lambda layer: layer(x, memory, attention_mask=padding, attention_bias=bias))
+
+    # NEG_INF and the softmax in float32: masked positions get exactly zero
+    # weight in bfloat16 too, whatever they hold.
+    layer = MultiHeadAttention(num_heads=4, d_model=16, dtype="mixed_bfloat16")
+    layer(x, memory)
+    changed = memory.copy()
+    changed[0, 4:] = 100.0
+    np.testing.assert_array_equal(_float32(layer(x, memory, attention_mask=padding)),
+                                  _float32(layer(x, changed, attention_mask=padding)))
+
+
+def test_attention_cached_mixed_precision():
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(2, 3, 16)).astype("float32")
+    cache = (np.zeros((2, 6, 4, 4), "float32"), np.zeros((2, 6, 4, 4), "float32"))
+
+    def two_steps(layer):
+        first, state = layer(x[:, :2], cache=cache, cache_index=0)
+        second, state = layer(x[:, 2:], cache=state, cache_index=2)
+        return keras.ops.concatenate([first, second], axis=1), state
+
+    got, _ = _assert_mixed_precision_matches_float32(
+        lambda dtype: MultiHeadAttention(num_heads=4, d_model=16, dtype=dtype, name="mha"), two_steps)
+    # ...and the cached bfloat16 steps agree with the bfloat16 full causal pass.
+    layer = MultiHeadAttention(num_heads=4, d_model=16, dtype="mixed_bfloat16")
+    full = layer(x, x, attention_mask=np.tril(np.ones((3, 3), bool))[None])
+    np.testing.assert_allclose(_float32(two_steps(layer)[0]), _float32(full), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_positional_embedding_mixed_precision(reverse):
+    rng = np.random.default_rng(9)
+    ids = rng.integers(1, 50, size=(2, 6)).astype("int32")
+    states = rng.normal(size=(2, 6, 16)).astype("float32")
+    if reverse:
+        call = lambda layer: layer(states, reverse=True)  # noqa: E731
+    else:
+        call = lambda layer: layer(ids, start_position=3)  # noqa: E731
+    _assert_mixed_precision_matches_float32(
+        lambda dtype: PositionalEmbedding(50, 16, dtype=dtype, name="embedding"), call)
+
+
+def test_feed_forward_mixed_precision():
+    x = np.random.default_rng(10).normal(size=(2, 5, 16)).astype("float32")
+    _assert_mixed_precision_matches_float32(
+        lambda dtype: FeedForward(16, 32, dtype=dtype, name="ffn"), lambda layer: layer(x))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_residual_connection_mixed_precision(norm_first):
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    y = rng.normal(size=(2, 5, 16)).astype("float32")
+
+    def call(layer):
+        if not layer.built:
+            layer.build(x.shape)
+        return layer(x, layer.normalize_input(y) + 0.5)
+
+    _assert_mixed_precision_matches_float32(
+        lambda dtype: ResidualConnection(0.0, norm_first=norm_first, dtype=dtype, name="residual"),
+        call)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_block_mixed_precision(norm_first):
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    padding = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    _assert_mixed_precision_matches_float32(
+        lambda dtype: EncoderBlock(16, 4, 32, dropout=0.0, norm_first=norm_first, dtype=dtype,
+                                   name="block"),
+        lambda layer: layer(x, padding_mask=padding))
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_decoder_block_mixed_precision(cached):
+    rng = np.random.default_rng(13)
+    y = rng.normal(size=(2, 4, 16)).astype("float32")
+    memory = rng.normal(size=(2, 5, 16)).astype("float32")
+    padding = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    cache = (np.zeros((2, 6, 4, 4), "float32"), np.zeros((2, 6, 4, 4), "float32"))
+
+    def call(layer):
+        if not cached:
+            return layer(y, memory, encoder_padding_mask=padding)
+        cross = layer.cross_attention.compute_key_value(memory) if layer.built else None
+        return layer(y, None if layer.built else memory, encoder_padding_mask=padding,
+                     self_attention_cache=cache, cache_index=1, cross_attention_cache=cross)
+
+    _assert_mixed_precision_matches_float32(
+        lambda dtype: DecoderBlock(16, 4, 32, dropout=0.0, dtype=dtype, name="block"), call)

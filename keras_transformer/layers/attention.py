@@ -40,6 +40,33 @@ def write_cache(cache, update, index):
     return ops.where(written > 0, placed, cache)
 
 
+def sublayer_initializer(identifier):
+    """What to pass as the initializer of one sub-layer's weights.
+
+    Sub-layers must not share one initializer object: an unseeded Keras
+    initializer draws its seed once, when it is made, so a shared one would
+    give every same-shaped kernel the same values. A Keras initializer is
+    therefore turned into its config (`keras.initializers.serialize`), from
+    which the sub-layer makes its own (`keras.initializers.get`); names and
+    configs are passed as they are. With the default names this is exactly
+    what the layers did before they took initializer arguments (each `Dense`
+    makes its initializer, drawing its seed from the global RNG when it is
+    made), so `keras.utils.set_random_seed(s)` gives the same weights. A
+    seeded initializer gives each sub-layer the same seed (as in
+    `keras.layers.MultiHeadAttention`); plain functions are shared.
+
+    Args:
+        identifier: a name, a config dict, a `keras.initializers.Initializer`
+            or a function `(shape, dtype) -> tensor`.
+
+    Returns:
+        A name, a config dict or the function.
+    """
+    if isinstance(identifier, keras.initializers.Initializer):
+        return keras.initializers.serialize(identifier)
+    return identifier
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention, `MultiHead(Q, K, V) = Concat(head_1..head_h) W^O`.
@@ -55,6 +82,10 @@ class MultiHeadAttention(keras.layers.Layer):
         d_model: model width; must be divisible by `num_heads`.
         dropout: dropout rate on the attention weights (paper: none).
         use_bias: whether the Q/K/V/O projections have biases.
+        kernel_initializer: initializer of the Q/K/V/O kernels (a name, a
+            config or a `keras.initializers.Initializer`; each projection
+            gets its own copy, see `sublayer_initializer`).
+        bias_initializer: initializer of their biases.
 
     Call arguments:
         query: `[batch, T_q, d_model]`.
@@ -77,14 +108,22 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Returns:
         `[batch, T_q, d_model]`, plus the updated `(key, value)` cache when a
-        cache is given.
+        cache is given. Under a mixed policy (`dtype="mixed_bfloat16"`) the
+        weights are float32, the output is in the compute dtype, and the
+        scores and softmax are computed in float32.
+
+    `compute_output_shape(query_shape, value_shape, cache_shape)` follows the
+    call: `query_shape[:-1] + (d_model,)`, and with a cache the pair
+    `(output_shape, cache_shape)` (the updated cache has the given cache's
+    shape).
 
     Example:
         >>> mha = MultiHeadAttention(num_heads=8, d_model=512)
         >>> y = mha(x, x, attention_mask=mask)  # x: [2, 10, 512]
     """
 
-    def __init__(self, num_heads, d_model, dropout=0.0, use_bias=True, **kwargs):
+    def __init__(self, num_heads, d_model, dropout=0.0, use_bias=True,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
         super().__init__(**kwargs)
         if d_model % num_heads:
             raise ValueError(f"num_heads={num_heads} does not divide d_model={d_model}")
@@ -92,13 +131,19 @@ class MultiHeadAttention(keras.layers.Layer):
         self.d_model = d_model
         self.dropout = dropout
         self.use_bias = use_bias
+        # Kept as given and only resolved in `build`, one copy per projection:
+        # resolving a random initializer here would draw a seed from the
+        # global RNG and shift the seeds of every weight made after it.
+        self.kernel_initializer = kernel_initializer
+        self.bias_initializer = bias_initializer
         self.head_size = d_model // num_heads
 
     def build(self, query_shape, value_shape=None):
         def dense(name):
             return keras.layers.Dense(self.d_model, use_bias=self.use_bias,
-                                      kernel_initializer="glorot_uniform", name=name,
-                                      dtype=self.dtype_policy)
+                                      kernel_initializer=sublayer_initializer(self.kernel_initializer),
+                                      bias_initializer=sublayer_initializer(self.bias_initializer),
+                                      name=name, dtype=self.dtype_policy)
 
         self.query_dense = dense("query")
         self.key_dense = dense("key")
@@ -155,11 +200,16 @@ class MultiHeadAttention(keras.layers.Layer):
             return output
         return output, (k, v)
 
-    def compute_output_shape(self, query_shape, value_shape=None):
-        return query_shape
+    def compute_output_shape(self, query_shape, value_shape=None, cache_shape=None):
+        output_shape = tuple(query_shape[:-1]) + (self.d_model,)  # [batch, T_q, d_model]
+        if cache_shape is None:
+            return output_shape
+        return output_shape, tuple(tuple(shape) for shape in cache_shape)
 
     def get_config(self):
         config = super().get_config()
         config.update(num_heads=self.num_heads, d_model=self.d_model,
-                      dropout=self.dropout, use_bias=self.use_bias)
+                      dropout=self.dropout, use_bias=self.use_bias,
+                      kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+                      bias_initializer=keras.initializers.serialize(self.bias_initializer))
         return config

@@ -14,7 +14,8 @@ class _BlockBase(keras.layers.Layer):
     """Arguments and sub-layer factories common to both blocks."""
 
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, attention_dropout=0.0,
-                 norm_first=False, epsilon=1e-6, **kwargs):
+                 norm_first=False, epsilon=1e-6, kernel_initializer="glorot_uniform",
+                 bias_initializer="zeros", **kwargs):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.num_heads = num_heads
@@ -23,9 +24,14 @@ class _BlockBase(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.norm_first = norm_first
         self.epsilon = epsilon
+        # Passed on as given; each Dense inside makes its own copy.
+        self.kernel_initializer = kernel_initializer
+        self.bias_initializer = bias_initializer
 
     def _attention(self, name, input_shape):
         layer = MultiHeadAttention(self.num_heads, self.d_model, dropout=self.attention_dropout,
+                                   kernel_initializer=self.kernel_initializer,
+                                   bias_initializer=self.bias_initializer,
                                    name=name, dtype=self.dtype_policy)
         layer.build(input_shape, input_shape)
         return layer
@@ -37,7 +43,9 @@ class _BlockBase(keras.layers.Layer):
         return layer
 
     def _feed_forward(self, input_shape):
-        layer = FeedForward(self.d_model, self.d_ff, name="feed_forward", dtype=self.dtype_policy)
+        layer = FeedForward(self.d_model, self.d_ff, kernel_initializer=self.kernel_initializer,
+                            bias_initializer=self.bias_initializer, name="feed_forward",
+                            dtype=self.dtype_policy)
         layer.build(input_shape)
         return layer
 
@@ -52,7 +60,9 @@ class _BlockBase(keras.layers.Layer):
         config = super().get_config()
         config.update(d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff,
                       dropout=self.dropout, attention_dropout=self.attention_dropout,
-                      norm_first=self.norm_first, epsilon=self.epsilon)
+                      norm_first=self.norm_first, epsilon=self.epsilon,
+                      kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+                      bias_initializer=keras.initializers.serialize(self.bias_initializer))
         return config
 
 
@@ -67,6 +77,8 @@ class EncoderBlock(_BlockBase):
         attention_dropout: dropout on attention weights (paper: 0).
         norm_first: pre-norm instead of the paper's post-norm.
         epsilon: LayerNorm epsilon.
+        kernel_initializer, bias_initializer: of the attention projections and
+            the feed-forward network (default Glorot uniform and zeros).
 
     Call arguments:
         inputs: `[batch, S, d_model]`.
@@ -76,7 +88,8 @@ class EncoderBlock(_BlockBase):
         training: enables dropout.
 
     Returns:
-        `[batch, S, d_model]`.
+        `[batch, S, d_model]`, in the compute dtype (bfloat16 under
+        `dtype="mixed_bfloat16"`, with float32 weights).
 
     Example:
         >>> block = EncoderBlock(512, 8, 2048)
@@ -98,6 +111,9 @@ class EncoderBlock(_BlockBase):
             inputs, training)
         x, _ = self._apply(self.feed_forward_residual, self.feed_forward, x, training)
         return x
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)  # [batch, S, d_model]
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -124,6 +140,8 @@ class DecoderBlock(_BlockBase):
     Returns:
         `[batch, T, d_model]`, and the updated self-attention cache when one
         was given. Without a cache, self-attention is causal over `T`.
+        `compute_output_shape` gives the same: `inputs_shape`, or
+        `(inputs_shape, self_attention_cache_shape)` with a cache.
     """
 
     def build(self, inputs_shape, encoder_output_shape=None, *args, **kwargs):
@@ -162,3 +180,11 @@ class DecoderBlock(_BlockBase):
         if self_attention_cache is None:
             return x
         return x, new_cache
+
+    def compute_output_shape(self, inputs_shape, encoder_output_shape=None,
+                             self_attention_cache_shape=None):
+        output_shape = tuple(inputs_shape)  # [batch, T, d_model]
+        if self_attention_cache_shape is None:
+            return output_shape
+        # The updated cache has the given cache's shape.
+        return output_shape, tuple(tuple(shape) for shape in self_attention_cache_shape)

@@ -42,6 +42,11 @@ class PositionalEmbedding(keras.layers.Layer):
         vocab_size: number of tokens.
         d_model: width.
         max_wavelength: 10000 in the paper.
+        embeddings_initializer: initializer of the `[vocab, d_model]` matrix (a
+            name, a config or a `keras.initializers.Initializer`). None (the
+            default) means `RandomNormal(stddev=d_model ** -0.5)`, as
+            tensor2tensor: after the sqrt(d_model) scaling the embeddings have
+            unit variance, and as the output projection the logits start small.
 
     Call arguments:
         inputs: int `[batch, T]` token ids, or with `reverse=True` float
@@ -53,7 +58,9 @@ class PositionalEmbedding(keras.layers.Layer):
 
     Returns:
         `[batch, T, d_model]` embeddings, or `[batch, T, vocab_size]` logits
-        with `reverse=True`.
+        with `reverse=True`; in the compute dtype (bfloat16 under
+        `dtype="mixed_bfloat16"`, with a float32 matrix).
+        `compute_output_shape(inputs_shape, reverse=False)` gives the same.
 
     Example:
         >>> embed = PositionalEmbedding(37000, 512)
@@ -61,19 +68,23 @@ class PositionalEmbedding(keras.layers.Layer):
         >>> logits = embed(h, reverse=True)   # [batch, T, 37000]
     """
 
-    def __init__(self, vocab_size, d_model, max_wavelength=10000.0, **kwargs):
+    def __init__(self, vocab_size, d_model, max_wavelength=10000.0, embeddings_initializer=None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.max_wavelength = max_wavelength
+        # Resolved in `build`: making a random initializer draws a seed from
+        # the global RNG, which must happen when the weight is made.
+        self.embeddings_initializer = embeddings_initializer
 
     def build(self, input_shape=None):
-        # N(0, d_model^-0.5), as tensor2tensor: after the sqrt(d_model) scaling
-        # the embeddings have unit variance, and as the output projection the
-        # logits start small.
-        self.embeddings = self.add_weight(
-            name="embeddings", shape=(self.vocab_size, self.d_model),
-            initializer=keras.initializers.RandomNormal(stddev=self.d_model ** -0.5))
+        if self.embeddings_initializer is None:
+            initializer = keras.initializers.RandomNormal(stddev=self.d_model ** -0.5)
+        else:
+            initializer = keras.initializers.get(self.embeddings_initializer)
+        self.embeddings = self.add_weight(name="embeddings", shape=(self.vocab_size, self.d_model),
+                                          initializer=initializer)
 
     def call(self, inputs, start_position=0, reverse=False):
         if reverse:
@@ -86,8 +97,20 @@ class PositionalEmbedding(keras.layers.Layer):
         encoding = sinusoidal_encoding(positions, self.d_model, self.max_wavelength)  # [T, d_model]
         return x + ops.expand_dims(ops.cast(encoding, self.compute_dtype), 0)
 
+    def compute_output_shape(self, inputs_shape, reverse=False):
+        if reverse:
+            return tuple(inputs_shape[:-1]) + (self.vocab_size,)  # [batch, T, vocab]
+        return tuple(inputs_shape) + (self.d_model,)  # [batch, T, d_model]
+
+    def compute_output_spec(self, inputs, start_position=0, reverse=False):
+        # `reverse` is not a tensor, so Keras would not pass it to
+        # `compute_output_shape` on its own.
+        return keras.KerasTensor(self.compute_output_shape(inputs.shape, reverse=reverse),
+                                 dtype=self.compute_dtype)
+
     def get_config(self):
         config = super().get_config()
         config.update(vocab_size=self.vocab_size, d_model=self.d_model,
-                      max_wavelength=self.max_wavelength)
+                      max_wavelength=self.max_wavelength,
+                      embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer))
         return config

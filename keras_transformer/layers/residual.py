@@ -30,7 +30,8 @@ class ResidualConnection(keras.layers.Layer):
         training: enables dropout.
 
     Returns:
-        `[batch, T, d_model]`.
+        `[batch, T, d_model]`, in the compute dtype (bfloat16 under
+        `dtype="mixed_bfloat16"`, with float32 LayerNorm weights).
     """
 
     def __init__(self, dropout=0.1, norm_first=False, epsilon=1e-6, **kwargs):
