@@ -26,12 +26,23 @@ Every split is a ``tf.data.Dataset`` of ``(source, target)`` scalar
 unreadable files, files of different line counts, empty splits) raise a
 one-line ``CorpusError`` naming the file and the problem, instead of failing
 later inside tf.data.
+
+Only locally installed TFDS builders are recognised: an unknown name fails at
+once, offline, without asking TFDS's community catalogue (which lives on GCS).
+
+``ParallelCorpus.fingerprint()`` identifies the data (file contents, the TFDS
+name/config/version, the embedded generator's output) so that a resumed run
+can notice it is given different data; ``describe_fingerprint_change`` says
+in one line what differs.
 """
 
 from __future__ import annotations
 
 import codecs
+import copy
 import dataclasses
+import difflib
+import hashlib
 import importlib.util
 import os
 import pathlib
@@ -46,6 +57,10 @@ DEFAULT_TARGET_LANG = "de"
 VALID_STEMS = ("valid", "dev", "val")
 # TFDS split name for each of ours.
 TFDS_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
+# Files are read (line counts, SHA-256) in blocks of this many bytes.
+READ_BLOCK_BYTES = 1 << 20
+# Version of the layout of ParallelCorpus.fingerprint(); bump it when the layout changes.
+FINGERPRINT_FORMAT = 1
 
 
 class CorpusError(ValueError):
@@ -70,6 +85,10 @@ class ParallelCorpus:
         sizes: split name -> number of pairs, where known (None otherwise).
         files: split name -> ``(source_file, target_file)`` for text
             directories (empty otherwise).
+        origin: what ``fingerprint()`` records besides the languages and the
+            files, set by ``load_corpus``: ``{"kind": "directory"}``,
+            ``{"kind": "embedded", "seed": ..., "splits": ...}`` or
+            ``{"kind": "tfds", "name": ..., "config": ..., "version": ...}``.
 
     Example:
         >>> corpus = load_corpus("../shared/data/multi30k", "en", "de")
@@ -84,6 +103,7 @@ class ParallelCorpus:
     splits: dict[str, tf.data.Dataset]
     sizes: dict[str, int | None] = dataclasses.field(default_factory=dict)
     files: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    origin: dict[str, object] = dataclasses.field(default_factory=dict)
 
     def dataset(self, split: str) -> tf.data.Dataset:
         """Returns one split.
@@ -120,6 +140,57 @@ class ParallelCorpus:
                 yield source.decode("utf-8")
                 yield target.decode("utf-8")
 
+    def fingerprint(self) -> dict:
+        """Identifies the data, for checking a resumed run is given the same.
+
+        JSON-serialisable and deterministic.  Where the data lives is not part
+        of it (a text directory may be moved or copied, a TFDS ``data_dir``
+        changed); what it contains is:
+
+        * text directory: every file's name (relative to the directory), size
+          and SHA-256, per split and side, and the split's number of pairs.
+          This reads every file once (a WMT corpus: seconds per GB).
+        * TFDS: the builder's name, config (None if it has none) and version,
+          from its ``info``; nothing is downloaded or read.
+        * embedded: the generator seed and, per split, the number of pairs and
+          the SHA-256 of the pairs (so a change of the generator is caught).
+
+        Returns:
+            For example, for a text directory::
+
+                {"format": 1, "kind": "directory", "source_lang": "en", "target_lang": "de",
+                 "splits": {"train": {"pairs": 29000,
+                                      "source": {"file": "train.en", "bytes": 1801238, "sha256": "460a..."},
+                                      "target": {"file": "train.de", "bytes": 2110398, "sha256": "2c2b..."}},
+                            "valid": {...}, "test": {...}}}
+
+            for TFDS ``{"format": 1, "kind": "tfds", "source_lang": "en",
+            "target_lang": "de", "name": "wmt14_translate", "config": "de-en",
+            "version": "1.0.0"}``, and for the embedded corpus
+            ``{"format": 1, "kind": "embedded", "source_lang": "en",
+            "target_lang": "de", "seed": 0, "splits": {"train": {"pairs":
+            30000, "sha256": "..."}, "valid": {...}, "test": {...}}}``.
+
+        Raises:
+            CorpusError: a file can no longer be read, or the corpus was not
+                made by ``load_corpus`` (no ``origin``, no ``files``).
+        """
+        kind = self.origin.get("kind", "directory" if self.files else None)
+        if kind is None:
+            raise CorpusError(f"{self.name}: cannot fingerprint a corpus without origin or files "
+                              f"(make it with load_corpus)")
+        fingerprint = {"format": FINGERPRINT_FORMAT, "kind": kind,
+                       "source_lang": self.source_lang, "target_lang": self.target_lang}
+        fingerprint.update(copy.deepcopy({key: value for key, value in self.origin.items() if key != "kind"}))
+        if kind == "directory":
+            directory = pathlib.Path(self.name)
+            fingerprint["splits"] = {
+                split: {"pairs": self.sizes.get(split),
+                        "source": _file_fingerprint(source, directory),
+                        "target": _file_fingerprint(target, directory)}
+                for split, (source, target) in self.files.items()}
+        return fingerprint
+
 
 def load_corpus(data: str, source_lang: str | None = None, target_lang: str | None = None, *,
                 tfds_data_dir: str | None = None, download: bool = True,
@@ -154,9 +225,100 @@ def load_corpus(data: str, source_lang: str | None = None, target_lang: str | No
         raise CorpusError(f"--data={data}: is a file, expected a directory of train.SRC/train.TGT files")
     if _is_tfds_name(data):
         return _load_tfds(data, source_lang, target_lang, tfds_data_dir, download)
-    raise CorpusError(
-        f"--data={data}: no such directory and not a TFDS dataset name "
-        f"(expected 'embedded', a directory with train.SRC/train.TGT, or tfds:NAME)")
+    raise CorpusError(_unknown_data_message(data))
+
+
+# -- fingerprints ----------------------------------------------------------
+
+def describe_fingerprint_change(old: dict, new: dict) -> str:
+    """Says in one line what differs between two ``ParallelCorpus.fingerprint()`` values.
+
+    Args:
+        old: the fingerprint recorded earlier (e.g. read back from JSON).
+        new: the fingerprint of the data given now.
+
+    Returns:
+        ``""`` when they are equal, otherwise the differences joined by
+        ``"; "``, e.g. ``"train.de changed (size 1234 -> 1250 bytes)"``,
+        ``"tfds version 1.0.0 -> 1.1.0"``, ``"embedded seed 0 -> 1"``,
+        ``"data changed from embedded corpus (seed 0) to text directory"``.
+
+    Example:
+        >>> describe_fingerprint_change(run_config["data_fingerprint"], corpus.fingerprint())
+        "train.de changed (size 1234 -> 1250 bytes); split 'train' has 7 -> 8 pairs"
+    """
+    if old == new:
+        return ""
+    if old.get("kind") != new.get("kind"):
+        return f"data changed from {_describe_origin(old)} to {_describe_origin(new)}"
+    if old.get("format") != new.get("format"):
+        return f"fingerprint format {old.get('format')} -> {new.get('format')} (cannot compare)"
+    changes = []
+    old_direction = f"{old.get('source_lang')}->{old.get('target_lang')}"
+    new_direction = f"{new.get('source_lang')}->{new.get('target_lang')}"
+    if old_direction != new_direction:
+        changes.append(f"direction {old_direction} -> {new_direction}")
+    new_splits = new.get("splits") or {}
+    if (new.get("source_lang"), new.get("target_lang")) == (old.get("target_lang"), old.get("source_lang")):
+        # reversed: compare a directory's files with the sides swapped back
+        new_splits = {split: {**entry, "source": entry.get("target"), "target": entry.get("source")}
+                      if isinstance(entry, dict) and "source" in entry else entry
+                      for split, entry in new_splits.items()}
+    if new.get("kind") == "tfds":
+        changes += [f"tfds {key} {old.get(key)} -> {new.get(key)}"
+                    for key in ("name", "config", "version") if old.get(key) != new.get(key)]
+    elif new.get("kind") == EMBEDDED and old.get("seed") != new.get("seed"):
+        changes.append(f"embedded seed {old.get('seed')} -> {new.get('seed')}")
+    else:  # a directory, or the embedded generator's output for the same seed
+        changes += _split_changes(old.get("splits") or {}, new_splits, new.get("kind"))
+    if not changes:  # fields this function does not know about
+        keys = sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+        changes.append("fingerprint differs in " + ", ".join(map(str, keys)))
+    return "; ".join(changes)
+
+
+def _describe_origin(fingerprint: dict) -> str:
+    """``"TFDS wmt14_translate/de-en 1.0.0"``, ``"embedded corpus (seed 0)"``, ``"text directory"``."""
+    kind = fingerprint.get("kind")
+    if kind == "tfds":
+        name = "/".join(str(x) for x in (fingerprint.get("name"), fingerprint.get("config")) if x)
+        return f"TFDS {name} {fingerprint.get('version')}"
+    if kind == EMBEDDED:
+        return f"embedded corpus (seed {fingerprint.get('seed')})"
+    if kind == "directory":
+        return "text directory"
+    return f"{kind!r} data"
+
+
+def _split_changes(old: dict, new: dict, kind: str | None) -> list[str]:
+    """Splits added, removed, or with different files / pairs."""
+    def file_names(entry: dict) -> str:
+        names = [entry.get(side, {}).get("file") for side in ("source", "target")]
+        return f" ({', '.join(names)})" if all(names) else ""
+
+    changes = [f"split {split!r} removed{file_names(old[split])}" for split in old if split not in new]
+    changes += [f"split {split!r} added{file_names(new[split])}" for split in new if split not in old]
+    for split in (split for split in new if split in old):
+        before, after = old[split], new[split]
+        if kind == EMBEDDED:  # same seed, so the generator changed
+            if before.get("pairs") != after.get("pairs"):
+                changes.append(f"embedded {split} changed ({before.get('pairs')} -> "
+                               f"{after.get('pairs')} pairs with the same seed)")
+            elif before != after:
+                changes.append(f"embedded {split} changed (same seed and size, different SHA-256)")
+            continue
+        for side in ("source", "target"):
+            was, now = before.get(side) or {}, after.get(side) or {}
+            if was.get("file") != now.get("file"):
+                changes.append(f"{split} {side} file {was.get('file')} -> {now.get('file')}")
+            elif was.get("bytes") != now.get("bytes"):
+                changes.append(
+                    f"{now.get('file')} changed (size {was.get('bytes')} -> {now.get('bytes')} bytes)")
+            elif was.get("sha256") != now.get("sha256"):
+                changes.append(f"{now.get('file')} changed (same size, different SHA-256)")
+        if before.get("pairs") != after.get("pairs"):
+            changes.append(f"split {split!r} has {before.get('pairs')} -> {after.get('pairs')} pairs")
+    return changes
 
 
 # -- embedded ---------------------------------------------------------------
@@ -171,7 +333,7 @@ def _load_embedded(source_lang: str | None, target_lang: str | None, seed: int) 
         raise CorpusError(f"embedded: languages {wanted[0]}->{wanted[1]} not available, "
                           f"the corpus is {native[0]}<->{native[1]}")
     reverse = wanted != native
-    splits, sizes = {}, {}
+    splits, sizes, hashes = {}, {}, {}
     for split, pairs in embedded.embedded_corpus(seed=seed).items():
         if not pairs:
             raise CorpusError(f"embedded: split {split!r} is empty")
@@ -180,7 +342,17 @@ def _load_embedded(source_lang: str | None, target_lang: str | None, seed: int) 
         splits[split] = tf.data.Dataset.from_tensor_slices(
             (tf.constant(sources, tf.string), tf.constant(targets, tf.string)))
         sizes[split] = len(pairs)
-    return ParallelCorpus(EMBEDDED, wanted[0], wanted[1], splits, sizes)
+        hashes[split] = {"pairs": len(pairs), "sha256": _pairs_sha256(pairs)}
+    origin = {"kind": EMBEDDED, "seed": seed, "splits": hashes}
+    return ParallelCorpus(EMBEDDED, wanted[0], wanted[1], splits, sizes, origin=origin)
+
+
+def _pairs_sha256(pairs: list[tuple[str, str]]) -> str:
+    """SHA-256 of the pairs written as ``english<TAB>german<NEWLINE>`` lines (~10 ms for 30k)."""
+    digest = hashlib.sha256()
+    for pair in pairs:
+        digest.update(("\t".join(pair) + "\n").encode("utf-8"))
+    return digest.hexdigest()
 
 
 # -- text directories ------------------------------------------------------
@@ -205,7 +377,7 @@ def count_lines(path: str | os.PathLike) -> int:
     lines, last = 0, b"\n"
     try:
         with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
+            while chunk := f.read(READ_BLOCK_BYTES):
                 try:
                     decoder.decode(chunk)
                 except UnicodeDecodeError as e:
@@ -222,6 +394,22 @@ def count_lines(path: str | os.PathLike) -> int:
     except OSError as e:
         raise CorpusError(f"{path}: cannot read file ({e.strerror or e})") from None
     return lines + (last != b"\n")
+
+
+def _file_fingerprint(path: str, directory: pathlib.Path) -> dict:
+    """``{"file": name relative to directory, "bytes": size, "sha256": hex}``, read in blocks."""
+    digest, size = hashlib.sha256(), 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(READ_BLOCK_BYTES):
+                digest.update(chunk)
+                size += len(chunk)
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: file does not exist (any more)") from None
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read file ({e.strerror or e})") from None
+    name = pathlib.Path(path).relative_to(directory).as_posix()
+    return {"file": name, "bytes": size, "sha256": digest.hexdigest()}
 
 
 def _aligned_pair_dataset(source: pathlib.Path, target: pathlib.Path) -> tuple[tf.data.Dataset, int]:
@@ -273,19 +461,43 @@ def _load_directory(directory: pathlib.Path, source_lang: str, target_lang: str)
         source, target = pair(stem)
         splits[split], sizes[split] = _aligned_pair_dataset(source, target)
         files[split] = (str(source), str(target))
-    return ParallelCorpus(str(directory), source_lang, target_lang, splits, sizes, files)
+    return ParallelCorpus(str(directory), source_lang, target_lang, splits, sizes, files,
+                          origin={"kind": "directory"})
 
 
 # -- TensorFlow Datasets ---------------------------------------------------
 
-def _is_tfds_name(data: str) -> bool:
-    """Whether ``data`` names a registered TFDS builder (``name[/config][:version]``)."""
+def _local_tfds_builders() -> list[str]:
+    """Names of the TFDS builders installed here ([] without tensorflow_datasets).
+
+    Only the locally registered ones: the community catalogue that
+    ``tfds.list_builders()`` adds by default is fetched from GCS (seconds
+    offline, longer where the network drops packets).
+    """
     if importlib.util.find_spec("tensorflow_datasets") is None:
-        return False
+        return []
     import tensorflow_datasets as tfds  # noqa: PLC0415  (slow import, only when needed)
 
-    base = data.split("/")[0].split(":")[0]
-    return bool(base) and base in tfds.list_builders()
+    return tfds.list_builders(with_community_datasets=False)
+
+
+def _tfds_base_name(data: str) -> str:
+    """``wmt14_translate`` of ``wmt14_translate/de-en``, ``wmt14_translate:1.0.0``, ..."""
+    return data.split("/")[0].split(":")[0]
+
+
+def _is_tfds_name(data: str) -> bool:
+    """Whether ``data`` names a locally registered TFDS builder (``name[/config][:version]``)."""
+    base = _tfds_base_name(data)
+    return bool(base) and base in _local_tfds_builders()
+
+
+def _unknown_data_message(data: str) -> str:
+    """One line for a ``--data`` value that is neither a directory nor a TFDS name."""
+    close = difflib.get_close_matches(_tfds_base_name(data), _local_tfds_builders(), n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return (f"--data={data}: no such directory and not a TFDS dataset name "
+            f"(expected 'embedded', a directory with train.SRC/train.TGT, or tfds:NAME){hint}")
 
 
 def _load_tfds(name: str, source_lang: str | None, target_lang: str | None,
@@ -335,7 +547,10 @@ def _load_tfds(name: str, source_lang: str | None, target_lang: str | None,
             raise CorpusError(f"tfds:{name}: split {tfds_split!r} is empty")
     if "train" not in splits:
         raise CorpusError(f"tfds:{name}: no 'train' split (splits: {sorted(known)})")
-    return ParallelCorpus(f"tfds:{name}", source_lang, target_lang, splits, sizes)
+    origin = {"kind": "tfds", "name": builder.info.name,
+              "config": builder.builder_config.name if builder.builder_config else None,
+              "version": str(builder.info.version)}
+    return ParallelCorpus(f"tfds:{name}", source_lang, target_lang, splits, sizes, origin=origin)
 
 
 def _first_line(error: BaseException) -> str:

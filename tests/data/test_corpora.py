@@ -1,13 +1,18 @@
 """Tests of keras_transformer.data.corpora: every --data form gives the same pairs."""
 
+import hashlib
 import importlib.util
+import json
 import os
 import pathlib
+import shutil
+import time
 
 import pytest
 import tensorflow as tf
 
-from keras_transformer.data.corpora import CorpusError, count_lines, load_corpus
+from keras_transformer.data.corpora import (CorpusError, count_lines, describe_fingerprint_change,
+                                            load_corpus)
 
 MULTI30K = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 
@@ -184,3 +189,163 @@ def test_multi30k_directory():
     first_en = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[0]
     first_de = (MULTI30K / "test2016.de").read_text(encoding="utf-8").splitlines()[0]
     assert pairs_of(corpus.splits["test"].take(1)) == [(first_en, first_de)]
+
+
+# -- fingerprints ------------------------------------------------------------
+
+needs_embedded = pytest.mark.skipif(importlib.util.find_spec("keras_transformer.data.embedded") is None,
+                                    reason="embedded corpus module not present")
+
+
+def test_directory_fingerprint_hashes_every_file_and_survives_a_move(corpus_dir, tmp_path_factory):
+    fingerprint = load_corpus(str(corpus_dir), "en", "de").fingerprint()
+    assert json.loads(json.dumps(fingerprint)) == fingerprint
+    assert (fingerprint["kind"], fingerprint["source_lang"], fingerprint["target_lang"]) == \
+        ("directory", "en", "de")
+    assert str(corpus_dir) not in json.dumps(fingerprint)
+    expected = {}
+    for split, stem, pairs in (("train", "train", 7), ("valid", "valid", 3), ("test", "test2016", 2)):
+        expected[split] = {"pairs": pairs}
+        for side, lang in (("source", "en"), ("target", "de")):
+            content = (corpus_dir / f"{stem}.{lang}").read_bytes()
+            expected[split][side] = {"file": f"{stem}.{lang}", "bytes": len(content),
+                                     "sha256": hashlib.sha256(content).hexdigest()}
+    assert fingerprint["splits"] == expected
+    moved = tmp_path_factory.mktemp("moved") / "corpus"
+    shutil.copytree(corpus_dir, moved)
+    again = load_corpus(str(moved), "en", "de").fingerprint()
+    assert again == fingerprint
+    assert describe_fingerprint_change(fingerprint, again) == ""
+
+
+def test_directory_fingerprint_changes_with_one_byte_and_names_the_file(corpus_dir):
+    before = load_corpus(str(corpus_dir), "en", "de").fingerprint()
+    path = corpus_dir / "train.de"
+    content = bytearray(path.read_bytes())
+    content[0] = ord("X") if content[0] != ord("X") else ord("Y")  # same size, one byte different
+    path.write_bytes(bytes(content))
+    same_size = load_corpus(str(corpus_dir), "en", "de").fingerprint()
+    assert same_size != before
+    assert describe_fingerprint_change(before, same_size) == "train.de changed (same size, different SHA-256)"
+    path.write_bytes(b"!" + bytes(content))  # one byte longer, still 7 lines
+    longer = load_corpus(str(corpus_dir), "en", "de").fingerprint()
+    n = len(content)
+    assert describe_fingerprint_change(before, longer) == f"train.de changed (size {n} -> {n + 1} bytes)"
+
+
+def test_describe_fingerprint_change_of_splits(corpus_dir):
+    before = load_corpus(str(corpus_dir), "en", "de").fingerprint()
+    sizes = {name: (corpus_dir / name).stat().st_size for name in ("train.en", "train.de")}
+    (corpus_dir / "valid.en").rename(corpus_dir / "dev.en")
+    (corpus_dir / "valid.de").rename(corpus_dir / "dev.de")
+    write(corpus_dir, "train.en", english(8, "train"))
+    write(corpus_dir, "train.de", german(8, "train"))
+    after = load_corpus(str(corpus_dir), "en", "de").fingerprint()
+    assert describe_fingerprint_change(before, after).split("; ") == [
+        f"train.en changed (size {sizes['train.en']} -> {(corpus_dir / 'train.en').stat().st_size} bytes)",
+        f"train.de changed (size {sizes['train.de']} -> {(corpus_dir / 'train.de').stat().st_size} bytes)",
+        "split 'train' has 7 -> 8 pairs",
+        "valid source file valid.en -> dev.en", "valid target file valid.de -> dev.de"]
+    reverse = load_corpus(str(corpus_dir), "de", "en").fingerprint()
+    assert describe_fingerprint_change(after, reverse) == "direction en->de -> de->en"
+    (corpus_dir / "test2016.en").unlink()
+    (corpus_dir / "test2016.de").unlink()
+    fewer = load_corpus(str(corpus_dir), "en", "de").fingerprint()
+    assert describe_fingerprint_change(after, fewer) == "split 'test' removed (test2016.en, test2016.de)"
+    assert describe_fingerprint_change(fewer, after) == "split 'test' added (test2016.en, test2016.de)"
+
+
+@needs_embedded
+def test_embedded_fingerprint_is_stable_for_a_seed_and_hashes_the_pairs():
+    from keras_transformer.data.embedded import embedded_corpus
+
+    first = load_corpus("embedded", seed=0).fingerprint()
+    assert json.loads(json.dumps(first)) == first
+    assert load_corpus("embedded", seed=0).fingerprint() == first
+    tsv = {split: "".join(f"{en}\t{de}\n" for en, de in pairs)
+           for split, pairs in embedded_corpus(seed=0).items()}
+    expected = {split: {"pairs": text.count("\n"), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+                for split, text in tsv.items()}
+    assert first == {"format": 1, "kind": "embedded", "source_lang": "en", "target_lang": "de",
+                     "seed": 0, "splits": expected}
+    other = load_corpus("embedded", seed=1).fingerprint()
+    assert other["splits"]["train"]["sha256"] != first["splits"]["train"]["sha256"]
+    assert describe_fingerprint_change(first, other) == "embedded seed 0 -> 1"
+    reverse = load_corpus("embedded", "de", "en", seed=0).fingerprint()
+    assert describe_fingerprint_change(first, reverse) == "direction en->de -> de->en"
+    # same seed, different generator output (as after a change of the generator code)
+    changed = json.loads(json.dumps(first))
+    changed["splits"]["valid"]["sha256"] = "0" * 64
+    changed["splits"]["test"]["pairs"] = 499
+    assert describe_fingerprint_change(first, changed) == (
+        "embedded valid changed (same seed and size, different SHA-256); "
+        "embedded test changed (500 -> 499 pairs with the same seed)")
+
+
+def test_describe_fingerprint_change_between_kinds_and_formats(corpus_dir):
+    directory = load_corpus(str(corpus_dir), "en", "de").fingerprint()
+    tfds_fingerprint = {"format": 1, "kind": "tfds", "source_lang": "en", "target_lang": "de",
+                        "name": "wmt14_translate", "config": "de-en", "version": "1.0.0"}
+    assert describe_fingerprint_change(directory, tfds_fingerprint) == \
+        "data changed from text directory to TFDS wmt14_translate/de-en 1.0.0"
+    assert describe_fingerprint_change(tfds_fingerprint, {**tfds_fingerprint, "version": "1.1.0"}) == \
+        "tfds version 1.0.0 -> 1.1.0"
+    assert describe_fingerprint_change(directory, {**directory, "format": 2}) == \
+        "fingerprint format 1 -> 2 (cannot compare)"
+    assert describe_fingerprint_change(directory, {**directory, "extra": 1}) == "fingerprint differs in extra"
+
+
+def test_tfds_fingerprint_from_builder_info():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=3):
+        corpus = load_corpus("tfds:ted_hrlr_translate/pt_to_en")
+        fingerprint = corpus.fingerprint()
+    info = tfds.builder("ted_hrlr_translate/pt_to_en").info
+    assert fingerprint == {"format": 1, "kind": "tfds", "source_lang": "pt", "target_lang": "en",
+                           "name": "ted_hrlr_translate", "config": "pt_to_en", "version": str(info.version)}
+    assert "/".join((fingerprint["name"], fingerprint["config"], fingerprint["version"])) == info.full_name
+    assert json.loads(json.dumps(fingerprint)) == fingerprint
+
+
+# -- unknown names fail offline ----------------------------------------------
+
+@pytest.fixture
+def no_community_catalogue(monkeypatch):
+    """Makes TFDS's community catalogue (fetched from GCS) fail loudly if anything asks for it."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+
+    def community_register():
+        raise AssertionError("the TFDS community catalogue (network) was asked for")
+
+    monkeypatch.setattr(tfds.core.community, "community_register", community_register)
+    return tfds
+
+
+def test_unknown_name_fails_fast_without_the_community_catalogue(no_community_catalogue):
+    for data in ("nosuch", "tfds:nosuch"):
+        start = time.perf_counter()
+        with pytest.raises(CorpusError) as error:
+            load_corpus(data)
+        assert time.perf_counter() - start < 2.0  # offline lookups take ~0.2 s; GCS took seconds
+        assert "nosuch" in one_line(error)
+    with pytest.raises(CorpusError) as error:
+        load_corpus("wmt14_translat")
+    assert one_line(error).endswith("did you mean wmt14_translate?")
+
+
+@pytest.mark.parametrize("data, languages", [
+    ("wmt14_translate/de-en", ("en", "de")),
+    ("tfds:ted_hrlr_translate/pt_to_en", ("pt", "en")),
+    ("wmt14_translate:1.0.0", ("cs", "en")),  # the builder's first config, cs-en
+    ("tfds:wmt14_translate/de-en:1.0.0", ("en", "de")),
+])
+def test_tfds_names_are_recognised_without_the_community_catalogue(no_community_catalogue, data, languages):
+    tfds = no_community_catalogue
+    name = data.removeprefix("tfds:")
+    with tfds.testing.mock_data(num_examples=4):
+        raw = [(x[languages[0]].decode(), x[languages[1]].decode())
+               for x in tfds.load(name, split="validation").as_numpy_iterator()]
+        corpus = load_corpus(data)
+        assert corpus.name == f"tfds:{name}"
+        assert (corpus.source_lang, corpus.target_lang) == languages
+        assert pairs_of(corpus.splits["valid"]) == raw
