@@ -1,10 +1,13 @@
-"""Cached incremental decoding of a model built by `build_transformer`.
+"""Cached incremental decoding of a `Transformer` built by `build_transformer`.
 
 The encoder runs once per source; cross-attention keys/values are computed
 once from its output; the decoder then runs one position at a time, writing
 each position's self-attention keys/values into a preallocated cache
 (survey, "decoding with a cache"). `make_step_fn` packages this as the step
 function `(ids, cache, step) -> (logits, cache)` that beam search sees.
+
+All the wiring is the model's own: this module calls `Transformer.encode`
+and `Transformer.decode`, the methods the functional graph was traced from.
 """
 
 from __future__ import annotations
@@ -12,70 +15,50 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_transformer import model as model_lib
 from keras_transformer.config import TransformerConfig
-from keras_transformer.constants import PAD_ID
 
 
 class IncrementalDecoder:
-    """Encode-once, decode-step-by-step view of a built Transformer.
+    """Encode-once, decode-step-by-step view of a built `Transformer`.
 
-    It holds no weights of its own: it calls the layers of `model` by name, so
-    the step function and `model(...)` always use the same weights.
+    It holds no weights and no wiring of its own: it calls the model's
+    `encode` and `decode`, so the step function and `model(...)` always use
+    the same layers, weights and connections.
 
     Args:
-        model: a `keras.Model` from `build_transformer(config)`.
+        model: a `Transformer` from `build_transformer(config)`.
         config: the `TransformerConfig` it was built with.
     """
 
     def __init__(self, model: keras.Model, config: TransformerConfig):
+        if not (hasattr(model, "encode") and hasattr(model, "decode")):
+            raise TypeError(f"IncrementalDecoder needs a Transformer from build_transformer(config), "
+                            f"got {type(model).__name__}")
         self.model = model
         self.config = config
-        self.embedding = model.get_layer(model_lib.EMBEDDING)
-        self.encoder_layers = [model.get_layer(model_lib.ENCODER_LAYER.format(i))
-                               for i in range(config.num_layers)]
-        self.decoder_layers = [model.get_layer(model_lib.DECODER_LAYER.format(i))
-                               for i in range(config.num_layers)]
-        self.encoder_norm = model.get_layer(model_lib.ENCODER_NORM) if config.norm_first else None
-        self.decoder_norm = model.get_layer(model_lib.DECODER_NORM) if config.norm_first else None
 
     def encode(self, source_ids):
         """Returns the encoder output `[batch, S, d_model]` and the source padding mask `[batch, S]`."""
-        source_mask = ops.not_equal(source_ids, PAD_ID)
-        x = self.embedding(source_ids)
-        for layer in self.encoder_layers:
-            x = layer(x, padding_mask=source_mask)
-        if self.encoder_norm is not None:
-            x = self.encoder_norm(x)
-        return x, source_mask
+        return self.model.encode(source_ids)
 
     def cross_attention_caches(self, encoder_output):
         """`(key, value)` per decoder layer, each `[batch, S, heads, head_size]`."""
-        return [layer.cross_attention.compute_key_value(encoder_output)
-                for layer in self.decoder_layers]
+        return self.model.cross_attention_caches(encoder_output)
 
     def initial_self_attention_cache(self, batch_size, max_length):
         """Zeroed `(key, value)` buffers per decoder layer, `[batch, max_length, heads, head_size]`."""
         shape = (batch_size, max_length, self.config.num_heads, self.config.head_size)
         dtype = self.model.compute_dtype
-        return [(ops.zeros(shape, dtype), ops.zeros(shape, dtype)) for _ in self.decoder_layers]
+        return [(ops.zeros(shape, dtype), ops.zeros(shape, dtype)) for _ in range(self.config.num_layers)]
 
     def decode(self, target_ids, step, self_caches, cross_caches, source_mask):
         """Runs the decoder on `target_ids` `[batch, T]` at positions `step ..`.
 
         Returns logits `[batch, T, vocab]` and the updated self-attention caches.
         """
-        y = self.embedding(target_ids, start_position=step)
-        new_caches = []
-        for layer, self_cache, cross_cache in zip(self.decoder_layers, self_caches, cross_caches):
-            y, self_cache = layer(y, encoder_padding_mask=source_mask,
-                                  self_attention_cache=self_cache, cache_index=step,
-                                  cross_attention_cache=cross_cache)
-            new_caches.append(self_cache)
-        if self.decoder_norm is not None:
-            y = self.decoder_norm(y)
-        logits = ops.cast(self.embedding(y, reverse=True), "float32")
-        return logits, new_caches
+        return self.model.decode(target_ids, None, source_mask, start_position=step,
+                                 self_attention_caches=self_caches,
+                                 cross_attention_caches=cross_caches)
 
     def make_step_fn(self, source_ids, beam_size):
         """Encodes `source_ids` and returns the step function for beam search.

@@ -1,4 +1,14 @@
-"""`build_transformer(config)`: the encoder-decoder as a functional `keras.Model`."""
+"""The encoder-decoder Transformer: one wiring for training and for decoding.
+
+`build_transformer(config)` returns a `Transformer`, a functional
+`keras.Model` (`[source_ids, target_ids] -> logits`, the product's shape:
+`fit`, `evaluate`, `save`, `.keras` files all work as for any functional
+model). Its graph is traced from two methods, `encode` and `decode`, and the
+cached decoder (`keras_transformer.incremental`) calls the very same methods
+with key/value caches, so training and beam search share one wiring and the
+same layer objects: a change to the model cannot silently diverge from
+decoding (as keras-hub's `call_decoder_with_cache` or Flax's `decode=True`).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +19,8 @@ from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import PAD_ID
 from keras_transformer.layers import DecoderBlock, EncoderBlock, PositionalEmbedding
 
-# Layer names; `keras_transformer.incremental` finds the layers by these.
+# Layer names. They are the keys of the weights in `.weights.h5` files and
+# of the checkpoints, so they stay as they are; nothing looks layers up by them.
 EMBEDDING = "embedding"
 ENCODER_LAYER = "encoder_layer_{}"
 DECODER_LAYER = "decoder_layer_{}"
@@ -36,8 +47,22 @@ def _block_kwargs(config: TransformerConfig) -> dict:
                 norm_first=config.norm_first, epsilon=config.layer_norm_epsilon)
 
 
-def build_transformer(config: TransformerConfig, name: str = "transformer") -> keras.Model:
-    """Builds the paper's encoder-decoder Transformer.
+def _built(layer, input_shape):
+    layer.build(input_shape)
+    return layer
+
+
+def _final_norm(config: TransformerConfig, name: str):
+    """The LayerNorm that ends each stack in pre-norm; None in the paper's post-norm."""
+    if not config.norm_first:
+        return None
+    return _built(keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name=name),
+                  (None, None, config.d_model))
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """The paper's encoder-decoder Transformer as a functional `keras.Model`.
 
     Inputs, in this order: source ids and target-input ids (the target shifted
     right, starting with BOS), int32 `[batch, length]`, padded with `PAD_ID`
@@ -47,33 +72,142 @@ def build_transformer(config: TransformerConfig, name: str = "transformer") -> k
     embedding and pre-softmax projection (paper section 3.4). With
     `config.norm_first` each stack ends with a LayerNorm (survey, pre-norm).
 
+    Args:
+        config: the `TransformerConfig`.
+        name: model name.
+
+    Methods shared by the functional graph and cached decoding:
+        encode(source_ids) -> (encoder_output [batch, S, d_model], source_mask [batch, S])
+        decode(target_ids, encoder_output, source_mask, ...) -> logits, caches
+
+    Example:
+        >>> model = build_transformer(TransformerConfig.from_preset("tiny"))
+        >>> logits = model([source_ids, target_input_ids])
+        >>> encoded, mask = model.encode(source_ids)          # what beam search runs once
+    """
+
+    def __init__(self, config: TransformerConfig, name: str = "transformer", **kwargs):
+        # === Layers ===
+        # Each layer is built right after it is made, in the order the graph
+        # uses them: Dropout and initializer seeds are drawn when those objects
+        # are created, so this order keeps `set_random_seed(s)` giving the same
+        # initial weights as every earlier version (and existing checkpoints'
+        # numbers reproducible).
+        features = (None, None, config.d_model)
+        self.transformer_config = config
+        self.embedding = PositionalEmbedding(config.vocab_size, config.d_model, name=EMBEDDING)
+        self.embedding.build()
+        self.source_padding_mask = PaddingMask(name="source_padding_mask")
+        self.encoder_dropout = keras.layers.Dropout(config.dropout, name=ENCODER_DROPOUT)
+        self.encoder_layers = [_built(EncoderBlock(**_block_kwargs(config), name=ENCODER_LAYER.format(i)),
+                                      features) for i in range(config.num_layers)]
+        self.encoder_norm = _final_norm(config, ENCODER_NORM)
+        self.decoder_dropout = keras.layers.Dropout(config.dropout, name=DECODER_DROPOUT)
+        self.decoder_layers = [_built(DecoderBlock(**_block_kwargs(config), name=DECODER_LAYER.format(i)),
+                                      features) for i in range(config.num_layers)]
+        self.decoder_norm = _final_norm(config, DECODER_NORM)
+        # Logits in float32 even under mixed precision: the loss and the beam
+        # search's log-softmax need the range.
+        self.logits_output = keras.layers.Activation("linear", dtype="float32", name="logits")
+
+        # === Functional graph, traced from the same methods decoding calls ===
+        source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
+        target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
+        encoder_output, source_mask = self.encode(source_ids)
+        logits, _ = self.decode(target_ids, encoder_output, source_mask)
+        super().__init__([source_ids, target_ids], logits, name=name, **kwargs)
+
+    # -- the wiring ------------------------------------------------------------
+    def encode(self, source_ids, training=None):
+        """The encoder stack (paper section 3.1).
+
+        Args:
+            source_ids: int `[batch, S]`, padded with `PAD_ID`.
+            training: enables dropout.
+
+        Returns:
+            encoder output `[batch, S, d_model]` and the source padding mask
+            bool `[batch, S]`.
+        """
+        source_mask = self.source_padding_mask(source_ids)  # [batch, S]
+        x = self.embedding(source_ids)  # [batch, S, d_model]
+        x = self.encoder_dropout(x, training=training)
+        for layer in self.encoder_layers:
+            x = layer(x, padding_mask=source_mask, training=training)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return x, source_mask
+
+    def cross_attention_caches(self, encoder_output):
+        """`(key, value)` of the encoder output per decoder layer, each
+        `[batch, S, heads, head_size]`: computed once per source."""
+        return [layer.cross_attention.compute_key_value(encoder_output)
+                for layer in self.decoder_layers]
+
+    def decode(self, target_ids, encoder_output, source_mask, *, start_position=0,
+               self_attention_caches=None, cross_attention_caches=None, training=None):
+        """The decoder stack and the tied output projection.
+
+        Without caches this is the training pass: causal self-attention over
+        all of `target_ids`. With `self_attention_caches` (one `(key, value)`
+        `[batch, max_length, heads, head_size]` per layer) it is one decoding
+        step: `target_ids` sit at positions `start_position ...`, their keys
+        and values are written into the caches, and `cross_attention_caches`
+        (from `cross_attention_caches(encoder_output)`) replace the
+        encoder output.
+
+        Args:
+            target_ids: int `[batch, T]`.
+            encoder_output: `[batch, S, d_model]`; may be None with
+                `cross_attention_caches`.
+            source_mask: bool `[batch, S]`.
+            start_position: int32 scalar, position of `target_ids[:, 0]`.
+            self_attention_caches, cross_attention_caches: per-layer caches.
+            training: enables dropout.
+
+        Returns:
+            float32 logits `[batch, T, vocab]` and the updated self-attention
+            caches (None without caches).
+        """
+        y = self.embedding(target_ids, start_position=start_position)  # [batch, T, d_model]
+        y = self.decoder_dropout(y, training=training)
+        cached = self_attention_caches is not None
+        self_caches = self_attention_caches if cached else [None] * len(self.decoder_layers)
+        cross_caches = cross_attention_caches or [None] * len(self.decoder_layers)
+        new_caches = []
+        for layer, self_cache, cross_cache in zip(self.decoder_layers, self_caches, cross_caches):
+            if cached:
+                y, self_cache = layer(y, encoder_output, encoder_padding_mask=source_mask,
+                                      self_attention_cache=self_cache, cache_index=start_position,
+                                      cross_attention_cache=cross_cache, training=training)
+                new_caches.append(self_cache)
+            else:
+                y = layer(y, encoder_output, encoder_padding_mask=source_mask,
+                          cross_attention_cache=cross_cache, training=training)
+        if self.decoder_norm is not None:
+            y = self.decoder_norm(y)
+        logits = self.logits_output(self.embedding(y, reverse=True))  # [batch, T, vocab]
+        return logits, (new_caches if cached else None)
+
+    # -- serialisation ------------------------------------------------------------
+    def get_config(self):
+        # The functional graph's config (so `keras.Model.from_config` rebuilds a
+        # plain functional model) plus the `TransformerConfig`, from which
+        # `Transformer.from_config` rebuilds this class with its methods.
+        graph = keras.Model(self.inputs, self.outputs, name=self.name).get_config()
+        return {**graph, "transformer_config": self.transformer_config.to_dict()}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return cls(TransformerConfig.from_dict(config["transformer_config"]), name=config["name"])
+
+
+def build_transformer(config: TransformerConfig, name: str = "transformer") -> Transformer:
+    """Builds the paper's encoder-decoder Transformer (see `Transformer`).
+
     Example:
         >>> config = TransformerConfig.from_preset("tiny")
         >>> model = build_transformer(config)
         >>> logits = model([source_ids, target_input_ids])
     """
-    source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
-    target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
-    embedding = PositionalEmbedding(config.vocab_size, config.d_model, name=EMBEDDING)
-    source_mask = PaddingMask(name="source_padding_mask")(source_ids)
-
-    x = embedding(source_ids)
-    x = keras.layers.Dropout(config.dropout, name=ENCODER_DROPOUT)(x)
-    for i in range(config.num_layers):
-        x = EncoderBlock(**_block_kwargs(config), name=ENCODER_LAYER.format(i))(
-            x, padding_mask=source_mask)
-    if config.norm_first:
-        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name=ENCODER_NORM)(x)
-
-    y = embedding(target_ids)
-    y = keras.layers.Dropout(config.dropout, name=DECODER_DROPOUT)(y)
-    for i in range(config.num_layers):
-        y = DecoderBlock(**_block_kwargs(config), name=DECODER_LAYER.format(i))(
-            y, x, encoder_padding_mask=source_mask)
-    if config.norm_first:
-        y = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name=DECODER_NORM)(y)
-    logits = embedding(y, reverse=True)
-    # Logits in float32 even under mixed precision: the loss and the beam
-    # search's log-softmax need the range.
-    logits = keras.layers.Activation("linear", dtype="float32", name="logits")(logits)
-    return keras.Model([source_ids, target_ids], logits, name=name)
+    return Transformer(config, name=name)
