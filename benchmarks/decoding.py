@@ -177,7 +177,7 @@ class Variants:
     """The functions compared; each maps one batch (list of str) to (strings, ids or None)."""
 
     def __init__(self, model, config, tokenizer, beam_size):
-        from export.translator import Translator
+        from keras_transformer.translator import Translator
 
         self.config = config
         self.translator = translator = Translator(model, config, tokenizer.model_bytes)
@@ -333,7 +333,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import keras
 
-    from export.saved_model import load_trained
+    from keras_transformer.run_dir import load_trained
 
     data_root = pathlib.Path(args.data_root)
     sets = {}

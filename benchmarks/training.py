@@ -58,9 +58,9 @@ import tensorflow as tf  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
-# train.py's default --batch-tokens per preset.
-DEFAULT_BATCH_TOKENS = {"tiny": 2048, "small": 4096}
 BASELINE = "float32"
+
+from keras_transformer.config import BATCH_TOKENS  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -76,7 +76,7 @@ def parse_args(argv=None):
     parser.add_argument("--vocab-size", type=int, default=8000,
                         help="pieces of the SentencePiece vocabulary trained on the fly (default 8000)")
     parser.add_argument("--batch-tokens", type=int, default=None,
-                        help="padded tokens per side per batch (default: train.py's, 2048 tiny, 4096 small)")
+                        help="padded tokens per side per batch (default: train.py's, keras_transformer.config.BATCH_TOKENS)")
     parser.add_argument("--batches", type=int, default=6,
                         help="distinct batches per pass (default 6)")
     parser.add_argument("--repeats", type=int, default=5,
@@ -151,7 +151,7 @@ def run_preset(preset, corpus, tokenizer, args) -> list[str]:
     from keras_transformer.constants import PAD_ID
 
     config = TransformerConfig.from_preset(preset, vocab_size=tokenizer.vocab_size)
-    batch_tokens = args.batch_tokens or DEFAULT_BATCH_TOKENS.get(preset, 4096)
+    batch_tokens = args.batch_tokens or BATCH_TOKENS[preset]
     batches = take_batches(corpus, tokenizer, config, batch_tokens, args.batches, args.seed)
     target_tokens = int(sum(np.count_nonzero(to.numpy() != PAD_ID) for _, to in batches))
     padded_tokens = int(sum(np.prod(to.shape) for _, to in batches))

@@ -16,11 +16,18 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import pathlib
 import sys
 
+if __name__ == "__main__":
+    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
+    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
+
 REFERENCE = pathlib.Path(__file__).with_name("reference")
 
+
+from keras_transformer.console import OneLineArgumentParser  # noqa: E402
 
 def _load(name):
     return json.loads((REFERENCE / name).read_text())
@@ -107,9 +114,11 @@ def audit_tflite(model) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("saved_model", nargs="?", help="an export version directory")
     parser.add_argument("--tflite", help="a .tflite file")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
     failed = False
     if args.saved_model:

@@ -31,11 +31,15 @@ import pathlib
 import shutil
 import sys
 
-import tensorflow as tf
+if __name__ == "__main__":
+    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
+    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
 
-from export.translator import Translator
-from keras_transformer.config import TransformerConfig
-from keras_transformer.constants import NEG_INF
+from keras_transformer.config import TransformerConfig  # noqa: E402  (first: quiet TensorFlow import)
+from keras_transformer.constants import NEG_INF  # noqa: E402
+from keras_transformer.translator import Translator  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
 
 # Beam sizes the options signature can run; each has its own branch in the
 # graph (beam size fixes the shapes of the search buffers).
@@ -115,6 +119,8 @@ class TranslationModule(tf.Module):
                 LITERT_SIGNATURE: self.serve_litert.get_concrete_function()}
 
 
+from keras_transformer.console import OneLineArgumentParser  # noqa: E402
+
 def next_version(output: pathlib.Path) -> int:
     versions = [int(p.name) for p in output.iterdir() if p.is_dir() and p.name.isdigit()] if output.exists() else []
     return max(versions, default=0) + 1
@@ -165,33 +171,16 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
     return final
 
 
-def load_trained(model_dir):
-    """Model, config and tokenizer of a `train.py` model directory (averaged weights)."""
-    from keras_transformer import build_transformer
-    from keras_transformer.data import Tokenizer, check_vocab_size, tokenizer_path
-    from keras_transformer.run_dir import FINAL_WEIGHTS, RunError, check_tokenizer, load_config
-
-    model_dir = pathlib.Path(model_dir)
-    config = load_config(model_dir)
-    tokenizer = Tokenizer.load(tokenizer_path(model_dir))
-    check_tokenizer(model_dir, tokenizer)
-    check_vocab_size(tokenizer, config.vocab_size)
-    weights = model_dir / FINAL_WEIGHTS
-    if not weights.exists():
-        raise RunError(f"{weights} not found: train.py writes it (the averaged checkpoints) when training ends")
-    model = build_transformer(config)
-    model.load_weights(weights)
-    return model, config, tokenizer
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", required=True, help="a model directory written by train.py")
     parser.add_argument("--output", required=True, help="export base directory; the version goes below it")
     parser.add_argument("--version", type=int, default=None, help="version number (default: next free)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
     from keras_transformer.data import TokenizerError
-    from keras_transformer.run_dir import RunError
+    from keras_transformer.run_dir import RunError, load_trained
 
     try:
         model, config, tokenizer = load_trained(args.model_dir)

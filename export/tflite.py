@@ -29,6 +29,10 @@ import os
 import pathlib
 import sys
 
+if __name__ == "__main__":
+    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
+    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from export.op_audit import audit_tflite  # noqa: E402
@@ -38,6 +42,8 @@ from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE  # noqa: E402
 class ConversionError(RuntimeError):
     """The converted model would not run in LiteRT with TF Text's kernels."""
 
+
+from keras_transformer.console import OneLineArgumentParser  # noqa: E402
 
 def convert(saved_model_dir, output) -> pathlib.Path:
     """Converts `saved_model_dir`'s LiteRT signature to `output` (written atomically)."""
@@ -84,11 +90,13 @@ def translate_lines(interpreter, lines):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
     parser.add_argument("--output", required=True, help="the .tflite file to write")
     parser.add_argument("--translate", action="store_true",
                         help="after converting, translate stdin lines with the LiteRT model")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
     if not os.path.isfile(os.path.join(args.saved_model, "saved_model.pb")):
         print(f"export.tflite: error: {args.saved_model} holds no saved_model.pb", file=sys.stderr)

@@ -11,16 +11,31 @@ import argparse
 import os
 import sys
 
+if __name__ == "__main__":
+    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
+    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+from keras_transformer.config import TransformerConfig  # noqa: E402
+from keras_transformer.console import OneLineArgumentParser  # noqa: E402
+
+# The paper's decoding options (beam 4, alpha 0.6, +50): the same defaults the export was built with.
+DEFAULTS = TransformerConfig()
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
-    parser.add_argument("--beam-size", type=int, default=None, help="1..8 (default: the export's, 4)")
-    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent (0.6)")
+    parser.add_argument("--beam-size", type=int, default=None,
+                        help=f"1..8 (default: the export's, {DEFAULTS.beam_size})")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help=f"length penalty exponent (default {DEFAULTS.length_penalty_alpha})")
     parser.add_argument("--n-best", type=int, default=1, help="print the n best, tab-separated with scores")
     parser.add_argument("--batch-size", type=int, default=64, help="lines per request")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
 
     import tensorflow as tf
@@ -38,12 +53,15 @@ def main(argv=None) -> int:
         if not batch:
             return
         text = tf.constant(batch)
-        if args.beam_size is None and args.n_best == 1 and args.alpha == 0.6:
+        if args.beam_size is None and args.n_best == 1 and args.alpha is None:
             for line in default(text=text)["translation"].numpy():
                 print(line.decode("utf-8"))
             return
-        out = options(text=text, beam_size=tf.constant(args.beam_size or 4), alpha=tf.constant(args.alpha),
-                      extra_length=tf.constant(50), num_results=tf.constant(args.n_best))
+        alpha = DEFAULTS.length_penalty_alpha if args.alpha is None else args.alpha
+        out = options(text=text, beam_size=tf.constant(args.beam_size or DEFAULTS.beam_size),
+                      alpha=tf.constant(alpha, tf.float32),
+                      extra_length=tf.constant(DEFAULTS.decode_extra_length),
+                      num_results=tf.constant(args.n_best))
         for row, scores in zip(out["translations"].numpy(), out["scores"].numpy()):
             if args.n_best == 1:
                 print(row[0].decode("utf-8"))

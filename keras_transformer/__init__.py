@@ -1,5 +1,10 @@
 """keras-transformer: the Transformer of "Attention Is All You Need" in Keras 3."""
 
+from keras_transformer import console as _console
+
+if _console.quiet_requested():  # a command asked for quiet output (before TensorFlow loads)
+    _console.quiet_tensorflow()
+
 from keras_transformer.config import PRESETS, TransformerConfig
 from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
 from keras_transformer.incremental import IncrementalDecoder

@@ -1,8 +1,14 @@
-"""`TransformerConfig`: every hyperparameter of the model in one frozen dataclass.
+"""Every default of the project, in two frozen dataclasses.
 
-The presets `base` and `big` are the paper's Table 3 (see PAPER.md); `small`
-and `tiny` are CPU-sized variants of the same architecture for development,
-tests and the default `python train.py` run.
+* `TransformerConfig`: the model's hyperparameters, its decoding options
+  (beam 4, alpha 0.6, +50) and the paper's schedule figures. The presets
+  `base` and `big` are the paper's Table 3 (see PAPER.md); `small` and `tiny`
+  are CPU-sized variants of the same architecture for development, tests and
+  the default `python train.py` run.
+* `TrainingConfig`: one training run (data, model directory, steps, batch
+  tokens, checkpoints, averaging, seed, ...). `TrainingConfig.create(preset,
+  ...)` fills what is not given from the preset: `train.py`, the benchmarks
+  and the Python API all take their defaults from here.
 """
 
 from __future__ import annotations
@@ -124,5 +130,104 @@ PRESETS: dict[str, TransformerConfig] = {
     # keep the learning rate near zero for the whole run.
     "tiny": TransformerConfig(vocab_size=1000, num_layers=2, d_model=128, d_ff=512,
                               num_heads=4, max_length=64, warmup_steps=200,
-                              train_steps=1000),
+                              train_steps=600),
 }
+
+# Padded tokens per side in one global batch, per preset: the paper's 25,000
+# for base/big, CPU-sized for the small presets.
+BATCH_TOKENS: dict[str, int] = {"base": 25000, "big": 25000, "small": 4096, "tiny": 2048}
+# A checkpoint every `steps / CHECKPOINTS_PER_RUN` steps unless told otherwise.
+CHECKPOINTS_PER_RUN = 10
+# Validation sentences translated greedily at every checkpoint for the BLEU curve.
+BLEU_CURVE_SENTENCES = 100
+# `TransformerConfig` fields that describe a run's length rather than the
+# model: a run directory may be resumed with other values of them.
+SCHEDULE_ONLY_FIELDS = ("train_steps", "checkpoints_to_average")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """One training run: what `train.py`'s flags set. Make it with `create`,
+    which takes every unset value from the preset.
+
+    Args:
+        preset: the `TransformerConfig` preset (`tiny`, `small`, `base`, `big`).
+        data: `embedded`, a directory of text files, or a TFDS name.
+        source_lang, target_lang: language codes (None: en -> de).
+        model_dir: where tokenizer, checkpoints, logs and results go.
+        steps: total optimizer steps (preset's `train_steps`).
+        batch_tokens: padded tokens per side in one global batch (`BATCH_TOKENS`).
+        vocab_size: SentencePiece pieces when a tokenizer is trained.
+        max_length: longest source/target in tokens (None: the preset's).
+        checkpoint_every: steps between checkpoints (steps / 10).
+        keep_checkpoints: checkpoints kept on disk (at least `average`).
+        average: the last K checkpoints averaged (5 base, 20 big).
+        beam_size: beam for the final BLEU (the preset's, 4).
+        bleu_every_sentences: validation sentences for the greedy BLEU curve (0: off).
+        jit_compile: compile the train step with XLA.
+        mixed_precision: mixed_float16 on GPUs, mixed_bfloat16 on CPU.
+        seed: seed of weights, dropout, shuffling and the embedded corpus.
+        allow_data_change: resume a run on data other than it was started on.
+    """
+
+    preset: str = "tiny"
+    data: str = "embedded"
+    source_lang: str | None = None
+    target_lang: str | None = None
+    model_dir: str = "runs/default"
+    steps: int = 0
+    batch_tokens: int = 0
+    vocab_size: int = 0
+    max_length: int | None = None
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 0
+    average: int = 0
+    beam_size: int = 0
+    bleu_every_sentences: int = BLEU_CURVE_SENTENCES
+    jit_compile: bool = False
+    mixed_precision: bool = False
+    seed: int = 0
+    allow_data_change: bool = False
+
+    @classmethod
+    def create(cls, preset: str = "tiny", **values: Any) -> "TrainingConfig":
+        """A run of `preset` with `values` set; None or missing values come
+        from the preset (and `steps` for checkpoint spacing). Raises
+        `ValueError` naming the field for unknown fields or bad values."""
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)} - {"preset"}
+        if unknown:
+            raise ValueError(f"unknown TrainingConfig field(s) {sorted(unknown)}")
+        model = PRESETS[preset]
+        given = {k: v for k, v in values.items() if v is not None}
+        for name in ("steps", "batch_tokens", "vocab_size", "max_length", "checkpoint_every",
+                     "keep_checkpoints", "average", "beam_size"):
+            if name in given and (isinstance(given[name], bool) or not isinstance(given[name], int)
+                                  or given[name] <= 0):
+                raise ValueError(f"{name} must be a positive integer, got {given[name]!r}")
+        if given.get("bleu_every_sentences", 0) < 0:
+            raise ValueError(f"bleu_every_sentences must be >= 0, got {given['bleu_every_sentences']}")
+        steps = given.get("steps", model.train_steps)
+        average = given.get("average", model.checkpoints_to_average)
+        defaults = dict(
+            steps=steps,
+            batch_tokens=BATCH_TOKENS[preset],
+            vocab_size=model.vocab_size,
+            checkpoint_every=max(1, steps // CHECKPOINTS_PER_RUN),
+            average=average,
+            beam_size=model.beam_size,
+        )
+        merged = {**defaults, **given, "preset": preset}
+        merged["keep_checkpoints"] = max(given.get("keep_checkpoints", average), average)
+        return cls(**merged)
+
+    def model_config(self, vocab_size: int) -> TransformerConfig:
+        """The `TransformerConfig` of this run for a tokenizer of `vocab_size` pieces."""
+        overrides: dict[str, Any] = {"vocab_size": vocab_size}
+        if self.max_length:
+            overrides["max_length"] = self.max_length
+        return TransformerConfig.from_preset(self.preset, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

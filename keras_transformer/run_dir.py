@@ -1,55 +1,111 @@
-"""The layout of a model directory written by `train.py` and read by `export/`.
+"""The layout of a model directory: every file name, and the code that reads
+and writes the small files (`run.json`, `history.csv`, `results.json`).
 
     MODEL_DIR/
-      tokenizer.model      shared SentencePiece vocabulary
-      run.json             model config, tokenizer SHA-256, data description
+      tokenizer.model      shared SentencePiece vocabulary (data.tokenizer_path)
+      run.json             model config, tokenizer SHA-256, data and its fingerprint
       checkpoints/         ckpt-<step>.* and the `checkpoint` state file
       logs/                TensorBoard
       history.csv          loss / validation loss / BLEU per checkpoint
       curves.png           the same as a plot
       final.weights.h5     the average of the last K checkpoints
+      valid.hyp.txt ...    the final translations per split
       results.json         final figures
       export/<version>/    SavedModel for TF Serving
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import pathlib
 
-from keras_transformer.config import TransformerConfig
+from keras_transformer.config import SCHEDULE_ONLY_FIELDS, TransformerConfig
 
 RUN_FILE = "run.json"
 HISTORY_FILE = "history.csv"
+HISTORY_COLUMNS = ("step", "loss", "val_loss", "accuracy", "val_accuracy", "bleu")
 CURVE_FILE = "curves.png"
 CHECKPOINT_DIR = "checkpoints"
+LOG_DIR = "logs"
 FINAL_WEIGHTS = "final.weights.h5"
+RESULTS_FILE = "results.json"
+EXPORT_DIR = "export"
+HYPOTHESIS_FILE = "{split}.hyp.txt"
 
 
 class RunError(RuntimeError):
     """A user-facing problem with the run's flags or model directory."""
 
 
-def check_run_file(model_dir, config, tokenizer, data_args):
-    """Writes `run.json` for a new run; for an existing one, refuses a changed
-    model config, tokenizer or data (resuming with them would silently mix runs)."""
-    path = pathlib.Path(model_dir) / RUN_FILE
-    record = {"config": config.to_dict(), "tokenizer_sha256": tokenizer.sha256, "data": data_args}
-    if path.exists():
-        old = json.loads(path.read_text())
-        check_tokenizer(model_dir, tokenizer)
-        if old.get("config") != record["config"]:
-            changed = sorted(k for k in record["config"] if old["config"].get(k) != record["config"][k])
-            raise RunError(f"{path}: the existing run has a different model config ({', '.join(changed)}); "
-                           f"use the same --config/--vocab-size/--max-length or a new --model-dir")
-        if old.get("data") != data_args:
-            raise RunError(f"{path}: the existing run was trained on {old.get('data')}, not {data_args}; "
-                           f"use a new --model-dir")
-        return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
+def hypothesis_path(model_dir, split: str) -> pathlib.Path:
+    """Where the final translations of `split` go."""
+    return pathlib.Path(model_dir) / HYPOTHESIS_FILE.format(split=split)
+
+
+def _write_json_atomically(path: pathlib.Path, value) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2))
     os.replace(tmp, path)
+
+
+def _compared(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in SCHEDULE_ONLY_FIELDS}
+
+
+def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, allow_data_change=False):
+    """Writes `run.json` for a new run; for an existing one, refuses a changed
+    model config, tokenizer or data (resuming with them would silently mix runs).
+
+    Args:
+        model_dir: the run directory.
+        config: the `TransformerConfig` of this invocation.
+        tokenizer: its `Tokenizer` (the SHA-256 is recorded).
+        data_args: `{"data", "source_lang", "target_lang"}`.
+        fingerprint: `ParallelCorpus.fingerprint()` of the data (file sizes
+            and hashes, or TFDS name and version); None skips that check.
+        allow_data_change: resume on other data anyway; `run.json` then
+            records the new data and keeps the old descriptions under
+            `"previous_data"`.
+    """
+    path = pathlib.Path(model_dir) / RUN_FILE
+    data = dict(data_args)
+    if fingerprint is not None:
+        data["fingerprint"] = fingerprint
+    record = {"config": config.to_dict(), "tokenizer_sha256": tokenizer.sha256, "data": data}
+    if not path.exists():
+        _write_json_atomically(path, record)
+        return
+    old = json.loads(path.read_text())
+    check_tokenizer(model_dir, tokenizer)
+    old_config = _compared(old.get("config", {}))
+    new_config = _compared(record["config"])
+    if old_config != new_config:
+        changed = sorted(k for k in set(old_config) | set(new_config)
+                         if old_config.get(k) != new_config.get(k))
+        raise RunError(f"{path}: the existing run has a different model config ({', '.join(changed)}); "
+                       f"use the same --config/--vocab-size/--max-length or a new --model-dir")
+    old_data = dict(old.get("data") or {})
+    old_fingerprint = old_data.pop("fingerprint", None)
+    change = ""
+    if old_data != data_args:
+        change = f"the existing run was trained on {old_data}, not {data_args}"
+    elif fingerprint is not None and old_fingerprint is not None and old_fingerprint != fingerprint:
+        from keras_transformer.data import describe_fingerprint_change
+
+        change = (f"the training data changed since the run started "
+                  f"({describe_fingerprint_change(old_fingerprint, fingerprint)})")
+    if change and not allow_data_change:
+        raise RunError(f"{path}: {change}; pass --allow-data-change to resume on it anyway, "
+                       f"or use a new --model-dir")
+    if change or (fingerprint is not None and old_fingerprint is None):
+        # Record the data now in use (an older run.json without a fingerprint
+        # gets one; an allowed change keeps the history).
+        if change:
+            record["previous_data"] = old.get("previous_data", []) + [old.get("data")]
+        record["config"] = old["config"]
+        _write_json_atomically(path, {**old, **record})
 
 
 def load_config(model_dir):
@@ -69,3 +125,52 @@ def check_tokenizer(model_dir, tokenizer) -> None:
         raise RunError(f"{source} has sha256 {tokenizer.sha256[:12]}..., but the run in {model_dir} "
                        f"was trained with a tokenizer of sha256 {str(recorded)[:12]}... ({path}); "
                        f"restore the run's tokenizer.model or use a new --model-dir")
+
+
+def load_trained(model_dir):
+    """Model, config and tokenizer of a `train.py` model directory (averaged weights).
+
+    Raises `RunError` (or `TokenizerError`) in one line when something is missing
+    or does not belong to the run.
+    """
+    from keras_transformer.data import Tokenizer, check_vocab_size, tokenizer_path
+    from keras_transformer.model import build_transformer
+
+    model_dir = pathlib.Path(model_dir)
+    config = load_config(model_dir)
+    tokenizer = Tokenizer.load(tokenizer_path(model_dir))
+    check_tokenizer(model_dir, tokenizer)
+    check_vocab_size(tokenizer, config.vocab_size)
+    weights = model_dir / FINAL_WEIGHTS
+    if not weights.exists():
+        raise RunError(f"{weights} not found: train.py writes it (the averaged checkpoints) when training ends")
+    model = build_transformer(config)
+    model.load_weights(weights)
+    return model, config, tokenizer
+
+
+def append_history(model_dir, row: dict) -> None:
+    """Appends one row (keys from `HISTORY_COLUMNS`) to `history.csv`."""
+    path = pathlib.Path(model_dir) / HISTORY_FILE
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(HISTORY_COLUMNS))
+        if new:
+            writer.writeheader()
+        writer.writerow({column: row.get(column, "") for column in HISTORY_COLUMNS})
+
+
+def read_history(model_dir) -> list[dict]:
+    """The rows of `history.csv` (strings; empty when a value was not measured)."""
+    path = pathlib.Path(model_dir) / HISTORY_FILE
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_results(model_dir, results: dict) -> pathlib.Path:
+    """Writes `results.json` atomically."""
+    path = pathlib.Path(model_dir) / RESULTS_FILE
+    _write_json_atomically(path, results)
+    return path

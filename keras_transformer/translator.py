@@ -6,7 +6,7 @@
          --> encoder --> cached beam search over the decoder --> ids
          --> FastSentencepieceDetokenize --> translation, score
 
-`train.py` computes its BLEU through the same `Translator` that the
+Training (`keras_transformer.training`) computes its BLEU through the same `Translator` that the
 SavedModel exports, so evaluation and serving cannot drift apart.
 """
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 from helpers import train_toy_translator
 
 from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
-from export.translator import CHARS_PER_TOKEN_BOUND, Translator
+from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GOLDEN = ["the man sees the dog", "a red house today", "the big cat buys a small book",

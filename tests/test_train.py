@@ -86,19 +86,24 @@ def read_history(model_dir):
     return list(csv.DictReader((model_dir / "history.csv").open()))
 
 
+def start_until_first_checkpoint(command, model_dir, env, stderr):
+    """Starts `train.py` and returns the running process once its first checkpoint is complete."""
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    state = model_dir / "checkpoints" / "checkpoint"
+    deadline = time.time() + 300
+    while not state.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None, "training ended before it could be stopped:\n" + process.stdout.read()
+    return process
+
+
 @pytest.mark.slow
 def test_sigkill_after_first_checkpoint_then_resume(tmp_path):
     data = write_corpus(tmp_path / "data")
     model_dir = tmp_path / "run"
     command = train_command(data, model_dir, "--steps", "60", "--checkpoint-every", "10")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    state = model_dir / "checkpoints" / "checkpoint"
-    deadline = time.time() + 300
-    while not state.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    assert process.poll() is None, "training ended before it could be killed:\n" + process.stdout.read()
+    process = start_until_first_checkpoint(command, model_dir, env, stderr=subprocess.STDOUT)
     process.send_signal(signal.SIGKILL)
     process.wait()
     killed_history = read_history(model_dir)
@@ -164,3 +169,59 @@ def test_run_file_refuses_a_replaced_tokenizer(tmp_path):
     with pytest.raises(RunError, match=rf"has sha256 {second.sha256[:12]}\.\.\., but the run in .* was trained "
                                        rf"with a tokenizer of sha256 {first.sha256[:12]}"):
         check_run_file(tmp_path, config, second, {"data": "toy"})
+
+
+# Lines TensorFlow, absl and Keras print on their own that a normal run must not show.
+NOISE = ("absl::InitializeLog", "oneDNN", "cuda", "cuInit", "cpu_feature_guard", "WARNING", "Warning",
+         "Sharding callback", "contains input name", "ran out of data", "shuffle=True", "Traceback",
+         "INFO:tensorflow")
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_exits_0_and_resumes(tmp_path):
+    data = write_corpus(tmp_path / "data")
+    model_dir = tmp_path / "run"
+    command = train_command(data, model_dir, "--steps", "400", "--checkpoint-every", "10")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the command must be quiet on its own
+    process = start_until_first_checkpoint(command, model_dir, env, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # somewhere inside the second round
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stdout[-2000:] + stderr[-2000:]
+    stopped = [line for line in stdout.splitlines() if line.startswith("stopped at step")]
+    assert len(stopped) == 1, stdout
+    step = int(stopped[0].split()[3])
+    assert 10 < step < 400 and step % 10, stopped  # mid-round: the signal's own checkpoint
+    assert f"checkpoint ckpt-{step} written. Run the same command again to resume." in stopped[0]
+    assert not [line for line in (stdout + stderr).splitlines() if any(n in line for n in NOISE)]
+    # Non-interactive output: one line per checkpoint.
+    assert stdout.splitlines()[0].startswith("step 10/400, loss ")
+
+    resumed = run_train(*train_command(data, model_dir, "--steps", str(step + 15), "--checkpoint-every", "10"))
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"resuming at step {step}" in resumed.stderr
+    history = [int(row["step"]) for row in read_history(model_dir)]
+    boundaries = list(range(10, step + 15, 10)) + ([step + 15] if (step + 15) % 10 else [])
+    assert history == boundaries  # rounds stay on multiples of 10; the signal's checkpoint is extra
+    results = json.loads((model_dir / "results.json").read_text())
+    assert results["steps"] == step + 15
+    assert f"ckpt-{step}" not in resumed.stderr.split("averaging")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--config", "huge"], "argument --config: invalid choice: 'huge'"),
+    (["--steps", "0"], "--steps must be a positive integer, got 0"),
+    (["--data", "nosuch"], "--data=nosuch: no such directory and not a TFDS dataset name"),
+])
+def test_cli_misuse_is_one_line(tmp_path, flags, expected):
+    env = dict(os.environ)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    started = time.time()
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model-dir", str(tmp_path / "m"), *flags],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("train.py: error: ") and expected in lines[0]
+    assert time.time() - started < 60

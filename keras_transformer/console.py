@@ -1,0 +1,114 @@
+"""Console output a user can read: the command-line tools' quiet mode.
+
+TensorFlow prints start-up lines from C++ before its logging is set up
+("All log messages before absl::InitializeLog() ...", oneDNN, CUDA stubs,
+`cuInit`), which `TF_CPP_MIN_LOG_LEVEL` does not silence, and Keras/absl
+print warnings that mean nothing to a user of our commands. A command asks
+for quiet by setting `KERAS_TRANSFORMER_QUIET=1` before it imports
+`keras_transformer` (`train.py` does unless `--verbose`); the package's `__init__` then
+imports TensorFlow with file descriptor 2 sent to a temporary file, which is
+replayed if the import fails. Library users who do not ask see everything.
+
+This module imports nothing heavy at module level: `keras_transformer/__init__`
+runs it before Keras and TensorFlow are imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+import warnings
+
+QUIET_ENV = "KERAS_TRANSFORMER_QUIET"
+
+# Warnings that a normal run of our commands triggers and that ask nothing of
+# the user (what they mean is handled by the code that triggers them).
+_IGNORED_WARNINGS = (
+    # Keras: fit(shuffle=True) is meaningless for a tf.data dataset (ours shuffles itself).
+    r".*`shuffle=True` was passed, but will be ignored.*",
+    r".*shuffle=True.*ignored.*",
+    # Keras: evaluate/validation on a finite dataset reaching its end is how it ends.
+    r".*[Yy]our input ran out of data.*",
+    # NumPy 2 + TF tensors' __array__ (harmless copy semantics notice).
+    r".*__array__ implementation doesn't accept a copy keyword.*",
+)
+_IGNORED_ABSL = (
+    "Sharding callback duration",
+    "contains input name(s)",  # tf.saved_model.save: "Function `_serve` contains input name(s) ..."
+    "Found untraced functions",
+    "Compiled the loaded model, but the compiled metrics have yet to be built",
+)
+
+
+def quiet_requested() -> bool:
+    return os.environ.get(QUIET_ENV, "0") == "1"
+
+
+@contextlib.contextmanager
+def _stderr_captured():
+    """Sends file descriptor 2 (C++ logging included) to a temporary file;
+    replays it if the block raises."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode("utf-8", "replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+class _AbslFilter(logging.Filter):
+    def filter(self, record):
+        message = record.getMessage()
+        return not any(text in message for text in _IGNORED_ABSL)
+
+
+def quiet_tensorflow() -> None:
+    """Imports TensorFlow without its start-up lines and filters the warnings
+    of `_IGNORED_WARNINGS` / `_IGNORED_ABSL`. Idempotent; a no-op once
+    TensorFlow was imported by someone else."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for pattern in _IGNORED_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    if "tensorflow" not in sys.modules:
+        with _stderr_captured():
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()  # the CUDA probe's cuInit line comes here
+    # tf.saved_model.save's "Assets written to ..." and similar INFO lines.
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
+    for name in ("absl", "tensorflow", "keras"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _AbslFilter) for f in logger.filters):
+            logger.addFilter(_AbslFilter())
+    try:
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    except ImportError:  # pragma: no cover - absl comes with TensorFlow
+        pass
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Our own progress messages (`INFO`), timestamped, on stderr."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """`argparse` whose errors are one line, `PROG: error: MESSAGE` (exit 2),
+    without the usage block; `--help` still shows everything."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")

@@ -1,0 +1,454 @@
+"""One training run: corpus -> tokenizer -> batches -> `fit` -> checkpoints ->
+averaged weights -> BLEU (TensorFlow-only code, like `data/`).
+
+    from keras_transformer.config import TrainingConfig
+    from keras_transformer.training import train_and_evaluate
+    run = train_and_evaluate(TrainingConfig.create("tiny", model_dir="runs/x"))
+    run.results["test_bleu"]
+
+`fit` runs under `tf.distribute.MirroredStrategy` over all visible GPUs (the
+default strategy on one device) in rounds of `checkpoint_every` steps; each
+round ends with a checkpoint, a greedy BLEU on a validation subset and a
+row of `history.csv`. Re-running resumes from the newest complete checkpoint
+(after Ctrl-C, SIGTERM or kill -9 alike). SIGTERM or a first Ctrl-C ends the
+current step, writes a checkpoint and returns (`TrainedRun.interrupted`);
+a NaN or infinite loss stops training before any checkpoint of its weights is
+written (`NonFiniteLossError`). The export is not done here: `train.py`
+calls `export.saved_model` with the returned model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import pathlib
+import signal
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer import run_dir
+from keras_transformer.config import TrainingConfig, TransformerConfig
+from keras_transformer.constants import PAD_ID
+
+log = logging.getLogger("keras_transformer.training")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite (one-line message)."""
+
+
+@dataclasses.dataclass
+class TrainedRun:
+    """What `train_and_evaluate` leaves: the averaged model and its figures.
+
+    `interrupted` is True when a signal stopped training early (a checkpoint
+    was written; the same command resumes); the model then holds the
+    weights of that moment, not an average, and nothing was evaluated.
+    """
+
+    model: keras.Model
+    config: TransformerConfig
+    tokenizer: object
+    results: dict
+    model_dir: pathlib.Path
+    interrupted: bool = False
+
+
+# -- pieces ----------------------------------------------------------------
+
+def make_strategy():
+    """MirroredStrategy over all visible GPUs; the default strategy on one device."""
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) > 1:
+        return tf.distribute.MirroredStrategy([gpu.name for gpu in gpus])
+    return tf.distribute.get_strategy()
+
+
+def prepare_tokenizer(model_dir, corpus, vocab_size, seed):
+    """Loads `model_dir/tokenizer.model`, or trains it on both sides of the training split."""
+    from keras_transformer.data import Tokenizer, tokenizer_path, train_tokenizer
+
+    path = tokenizer_path(model_dir)
+    if not path.exists():
+        log.info("training a %d-piece SentencePiece vocabulary on %s", vocab_size, corpus.name)
+        train_tokenizer(corpus.texts("train"), path.with_suffix(""), vocab_size, seed=seed)
+    return Tokenizer.load(path)
+
+
+def compute_bleu(translator, pairs_ds, limit=None, beam_size=4, batch_size=64):
+    """Detokenized sacreBLEU of `translator` on `(source, target)` string pairs.
+
+    Returns the `sacrebleu.BLEUScore`, its signature, and the hypotheses.
+    """
+    import sacrebleu
+
+    ds = pairs_ds if limit is None else pairs_ds.take(limit)
+    hypotheses, references = [], []
+    for sources, targets in ds.batch(batch_size):
+        hypotheses.extend(translator.translate(sources, beam_size=beam_size))
+        references.extend(t.decode("utf-8") for t in targets.numpy())
+    bleu = sacrebleu.metrics.BLEU()
+    score = bleu.corpus_score(hypotheses, [references])
+    return score, str(bleu.get_signature()), hypotheses
+
+
+def plot_curves(model_dir):
+    """Writes `curves.png`: training/validation loss and validation BLEU per checkpoint."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = run_dir.read_history(model_dir)
+    if not rows:
+        return None
+    steps = [int(r["step"]) for r in rows]
+    fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("loss", "train loss"), ("val_loss", "validation loss")):
+        values = [(s, float(r[key])) for s, r in zip(steps, rows) if r.get(key)]
+        if values:
+            ax_loss.plot(*zip(*values), marker="o", label=label)
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("label-smoothed cross-entropy")
+    ax_loss.legend()
+    values = [(s, float(r["bleu"])) for s, r in zip(steps, rows) if r.get("bleu")]
+    if values:
+        ax_bleu.plot(*zip(*values), marker="o", color="tab:green")
+    ax_bleu.set_xlabel("step")
+    ax_bleu.set_ylabel("validation BLEU (greedy, subset)")
+    fig.suptitle(str(model_dir))
+    fig.tight_layout()
+    out = pathlib.Path(model_dir) / run_dir.CURVE_FILE
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def weights_are_finite(model) -> bool:
+    return all(np.isfinite(w).all() for w in model.get_weights())
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TargetTokens(keras.metrics.Metric):
+    """Real (non-padding) target tokens seen since the metric was reset: the
+    progress display turns it into tokens per second."""
+
+    def __init__(self, name="target_tokens", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="total")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.total.assign_add(keras.ops.sum(keras.ops.cast(keras.ops.not_equal(y_true, PAD_ID), "float32")))
+
+    def result(self):
+        return self.total
+
+
+# -- callbacks -----------------------------------------------------------------
+
+class _Interrupted(Exception):
+    """Raised inside `fit` after a step when a stop signal arrived."""
+
+
+class StopSignals:
+    """Turns SIGTERM and the first Ctrl-C into a request to stop after the
+    current step (a second Ctrl-C interrupts at once, as usual)."""
+
+    def __init__(self):
+        self.received = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        print(f"\n{self.received} received: stopping after the current step and writing a checkpoint "
+              f"(Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+class StepGuard(keras.callbacks.Callback):
+    """After every step: stop on a signal (`_Interrupted`) or on a NaN or
+    infinite loss (`NonFiniteLossError`), before any checkpoint is written."""
+
+    def __init__(self, signals: StopSignals):
+        super().__init__()
+        self.signals = signals
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = float((logs or {}).get("loss", 0.0))
+        if not math.isfinite(loss):
+            step = int(self.model.optimizer.iterations.numpy())
+            raise NonFiniteLossError(f"the training loss became {loss} at step {step}")
+        if self.signals.received:
+            raise _Interrupted(self.signals.received)
+
+
+class Progress(keras.callbacks.Callback):
+    """Step, loss, target tokens/s and ETA: a live line on a terminal, and
+    (from `CheckpointAndBleu`) one line per checkpoint otherwise."""
+
+    def __init__(self, total_steps, live=None, stream=None):
+        super().__init__()
+        self.total_steps = total_steps
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty() if live is None else live
+        self._last = None
+        self.tokens_per_second = None
+        self._rate_tokens = 0.0
+        self._rate_seconds = 0.0
+
+    def on_train_begin(self, logs=None):
+        self._last = None
+        self._start_step = int(self.model.optimizer.iterations.numpy())
+        self._start_time = time.perf_counter()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._tokens = 0.0
+        self._last = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        logs = logs or {}
+        now = time.perf_counter()
+        tokens = float(logs.get("target_tokens", 0.0))
+        if self._last is not None and batch > 0:  # the first step of a round includes tracing
+            self._rate_tokens += tokens - self._tokens
+            self._rate_seconds += now - self._last
+            self.tokens_per_second = self._rate_tokens / max(self._rate_seconds, 1e-9)
+        self._tokens, self._last = tokens, now
+        if self.live:
+            print("\r" + self.line(float(logs.get("loss", float("nan")))) + "\033[K", end="",
+                  file=self.stream, flush=True)
+
+    def eta_seconds(self):
+        step = int(self.model.optimizer.iterations.numpy())
+        done = step - self._start_step
+        if done <= 0:
+            return None
+        return (self.total_steps - step) * (time.perf_counter() - self._start_time) / done
+
+    def line(self, loss):
+        step = int(self.model.optimizer.iterations.numpy())
+        width = 24
+        filled = int(width * step / max(self.total_steps, 1))
+        parts = [f"step {step}/{self.total_steps} [{'=' * filled}{' ' * (width - filled)}]",
+                 f"loss {loss:.4f}"]
+        if self.tokens_per_second:
+            parts.append(f"{self.tokens_per_second:,.0f} tok/s")
+        eta = self.eta_seconds()
+        if eta is not None:
+            parts.append(f"ETA {_clock(eta)}")
+        return "  ".join(parts)
+
+    def end_live_line(self):
+        if self.live:
+            print(file=self.stream, flush=True)
+
+
+def _clock(seconds):
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class CheckpointAndBleu(keras.callbacks.Callback):
+    """At the end of every round of steps: checkpoint, greedy BLEU on a
+    validation subset, one row of `history.csv` (for the curves) and one
+    line of console output. Never checkpoints non-finite weights."""
+
+    def __init__(self, store, translator, valid_pairs, bleu_sentences, model_dir, progress=None):
+        super().__init__()
+        self.store = store
+        self.translator = translator
+        self.valid_pairs = valid_pairs
+        self.bleu_sentences = bleu_sentences
+        self.model_dir = pathlib.Path(model_dir)
+        self.progress = progress
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if not weights_are_finite(self.model):
+            raise NonFiniteLossError(f"the weights hold NaN or infinite values at step {step}")
+        path = self.store.save(step)
+        row = {"step": step}
+        for key in ("loss", "val_loss", "accuracy", "val_accuracy"):
+            if logs and key in logs:
+                row[key] = f"{float(logs[key]):.4f}"
+        if self.valid_pairs is not None and self.bleu_sentences:
+            score, _, _ = compute_bleu(self.translator, self.valid_pairs,
+                                       limit=self.bleu_sentences, beam_size=1)
+            row["bleu"] = f"{score.score:.2f}"
+        run_dir.append_history(self.model_dir, row)
+        parts = [f"step {step}" + (f"/{self.progress.total_steps}" if self.progress else "")]
+        for key in ("loss", "val_loss"):
+            if key in row:
+                parts.append(f"{key} {row[key]}")
+        if self.progress and self.progress.tokens_per_second:
+            parts.append(f"{self.progress.tokens_per_second:,.0f} tok/s")
+        parts.append(f"checkpoint {os.path.basename(path)}")
+        if "bleu" in row:
+            parts.append(f"greedy BLEU on {self.bleu_sentences} valid sentences {row['bleu']}")
+        eta = self.progress.eta_seconds() if self.progress else None
+        if eta is not None and step < self.progress.total_steps:
+            parts.append(f"ETA {_clock(eta)}")
+        if self.progress:
+            self.progress.end_live_line()
+        print(", ".join(parts), flush=True)
+
+
+# -- the run -----------------------------------------------------------------------
+
+def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every):
+    """Runs `fit` from `start_step` to `steps` in rounds ending at multiples of
+    `every` (and at `steps`), so checkpoints fall on the same steps whether or
+    not the run was interrupted in between."""
+    step = start_step
+    offset = step % every
+    if offset and step < steps:
+        # Resumed mid-round (after a signal): finish that round first; the
+        # rest then reads on from where this part's batches end.
+        first = min(every - offset, steps - step)
+        model.fit(train_ds, epochs=1, steps_per_epoch=first, validation_data=valid_ds,
+                  callbacks=callbacks, verbose=0, shuffle=False)
+        train_ds = train_ds.skip(first)
+        step += first
+    if step >= steps:
+        return
+    full_rounds, last = divmod(steps - step, every)
+    if full_rounds:
+        model.fit(train_ds, epochs=step // every + full_rounds, initial_epoch=step // every,
+                  steps_per_epoch=every, validation_data=valid_ds, callbacks=callbacks, verbose=0,
+                  shuffle=False)  # the dataset shuffles itself
+        train_ds = train_ds.skip(full_rounds * every)
+    if last:
+        model.fit(train_ds, epochs=1, steps_per_epoch=last, validation_data=valid_ds,
+                  callbacks=callbacks, verbose=0, shuffle=False)
+
+
+def averaged_checkpoints(store, every, steps, count):
+    """The last `count` checkpoints on round boundaries (multiples of `every`,
+    or the final step): a checkpoint written at a signal is not averaged."""
+    on_rounds = [path for path in store.paths
+                 if (lambda s: s % every == 0 or s == steps)(int(path.rsplit("-", 1)[1]))]
+    return on_rounds[-count:]
+
+
+def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
+    """Runs the whole job for `run`; returns the averaged model and its figures.
+
+    Raises `RunError`, `CorpusError`, `TokenizerError`, `CheckpointError`
+    or `NonFiniteLossError` with a one-line message.
+    """
+    from keras_transformer import LabelSmoothedCrossEntropy, MaskedAccuracy, build_transformer, make_optimizer
+    from keras_transformer.checkpoints import CheckpointStore, average_checkpoints
+    from keras_transformer.data import count_overlong, load_corpus, make_batches
+    from keras_transformer.translator import Translator
+
+    started = time.time()
+    model_dir = pathlib.Path(run.model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    keras.utils.set_random_seed(run.seed)
+    if run.mixed_precision:
+        gpu = bool(tf.config.list_logical_devices("GPU"))
+        keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
+
+    corpus = load_corpus(run.data, run.source_lang, run.target_lang, seed=run.seed)
+    log.info("data %s (%s -> %s): %s", corpus.name, corpus.source_lang, corpus.target_lang,
+             dict(corpus.sizes))
+    tokenizer = prepare_tokenizer(model_dir, corpus, run.vocab_size, run.seed)
+    config = run.model_config(tokenizer.vocab_size)
+    data_args = {"data": corpus.name, "source_lang": corpus.source_lang, "target_lang": corpus.target_lang}
+    run_dir.check_run_file(model_dir, config, tokenizer, data_args, fingerprint=corpus.fingerprint(),
+                           allow_data_change=run.allow_data_change)
+    log.info("config %s: %s", run.preset, config)
+    log.info("training split: %s", count_overlong(corpus.splits["train"], tokenizer, config.max_length))
+
+    strategy = make_strategy()
+    replicas = strategy.num_replicas_in_sync
+    train_ds = make_batches(corpus.splits["train"], tokenizer, batch_tokens=run.batch_tokens,
+                            max_length=config.max_length, shuffle=True, seed=run.seed, repeat=True,
+                            batch_multiple=replicas)
+    valid_split = "valid" if "valid" in corpus.splits else None
+    valid_ds = None
+    if valid_split:
+        valid_ds = make_batches(corpus.splits[valid_split], tokenizer, batch_tokens=run.batch_tokens,
+                                max_length=config.max_length, batch_multiple=replicas).cache()
+
+    with strategy.scope():
+        model = build_transformer(config)
+        model.compile(optimizer=make_optimizer(config),
+                      loss=LabelSmoothedCrossEntropy(config.label_smoothing),
+                      metrics=[MaskedAccuracy(), TargetTokens()], jit_compile=run.jit_compile)
+        model.optimizer.build(model.trainable_variables)
+    store = CheckpointStore(model_dir / run_dir.CHECKPOINT_DIR, model, model.optimizer, tokenizer.sha256,
+                            max_to_keep=run.keep_checkpoints + 1)
+    start_step = store.restore_latest()
+    every = run.checkpoint_every
+    log.info("%d replica(s); %d steps in rounds of %d; resuming at step %d",
+             replicas, run.steps, every, start_step)
+
+    translator = Translator(model, config, tokenizer.model_bytes)
+    progress = Progress(run.steps)
+    signals = StopSignals()
+    callbacks = [
+        StepGuard(signals),
+        progress,
+        CheckpointAndBleu(store, translator, corpus.splits[valid_split] if valid_split else None,
+                          run.bleu_every_sentences, model_dir, progress),
+        keras.callbacks.TensorBoard(log_dir=str(model_dir / run_dir.LOG_DIR), update_freq=max(1, every // 4)),
+    ]
+    with signals:
+        try:
+            _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, run.steps, every)
+        except _Interrupted:
+            progress.end_live_line()
+            step = int(model.optimizer.iterations.numpy())
+            path = store.save(step)
+            print(f"stopped at step {step} of {run.steps} ({signals.received}); checkpoint "
+                  f"{os.path.basename(path)} written. Run the same command again to resume.", flush=True)
+            return TrainedRun(model, config, tokenizer, {"steps": step, "interrupted": signals.received},
+                              model_dir, interrupted=True)
+        except NonFiniteLossError as error:
+            progress.end_live_line()
+            newest = store.paths[-1] if store.paths else None
+            kept = (f"the newest checkpoint is still {os.path.basename(newest)} (finite weights)" if newest
+                    else "no checkpoint was written")
+            raise NonFiniteLossError(f"{error}; training stopped and {kept}. Lower the learning rate "
+                                     f"(--config's warmup_steps) or check the data, then rerun to "
+                                     f"resume from the last checkpoint") from None
+
+    averaged = averaged_checkpoints(store, every, run.steps, run.average)
+    log.info("averaging %d checkpoint(s): %s", len(averaged), ", ".join(os.path.basename(p) for p in averaged))
+    average_checkpoints(model, averaged)
+    model.save_weights(model_dir / run_dir.FINAL_WEIGHTS)
+
+    results = {"steps": int(model.optimizer.iterations.numpy()), "averaged_checkpoints": len(averaged)}
+    for split in [s for s in ("valid", "test") if s in corpus.splits]:
+        score, signature, hyps = compute_bleu(translator, corpus.splits[split], beam_size=run.beam_size)
+        results[f"{split}_bleu"] = round(score.score, 2)
+        results["bleu_signature"] = signature
+        run_dir.hypothesis_path(model_dir, split).write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        print(f"{split} BLEU (beam {run.beam_size}, averaged model) = {score.score:.2f}  [{signature}]",
+              flush=True)
+    plot_curves(model_dir)
+    results["seconds"] = round(time.time() - started, 1)
+    run_dir.write_results(model_dir, results)
+    return TrainedRun(model, config, tokenizer, results, model_dir)

@@ -1,0 +1,207 @@
+"""keras_transformer.training in process: seeds, NaN guard, data fingerprint,
+stop signals, progress figures. Runs use a train-only toy corpus (no
+validation split, so no BLEU decoding) and a few steps of `tiny`."""
+
+import json
+import signal
+import time
+
+import keras
+import numpy as np
+import pytest
+from helpers import WORDS_DE, WORDS_EN
+
+import keras_transformer
+from keras_transformer import run_dir
+from keras_transformer.config import TrainingConfig
+from keras_transformer.constants import PAD_ID
+from keras_transformer.run_dir import RunError
+from keras_transformer.training import (NonFiniteLossError, Progress, StopSignals, TargetTokens,
+                                        averaged_checkpoints, train_and_evaluate)
+
+
+def write_train_only(directory, pairs=160, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    src, tgt = [], []
+    for _ in range(pairs):
+        idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(3, 7))]
+        src.append(" ".join(WORDS_EN[i] for i in idx))
+        tgt.append(" ".join(WORDS_DE[i] for i in idx))
+    (directory / "train.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (directory / "train.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def toy_data(tmp_path_factory):
+    return write_train_only(tmp_path_factory.mktemp("toy") / "data")
+
+
+def run_config(data, model_dir, **values):
+    values = {"steps": 4, "checkpoint_every": 2, **values}
+    return TrainingConfig.create("tiny", data=str(data), model_dir=str(model_dir), vocab_size=60,
+                                 batch_tokens=256, bleu_every_sentences=0, **values)
+
+
+def history_losses(model_dir):
+    return [row["loss"] for row in run_dir.read_history(model_dir)]
+
+
+def test_training_config_defaults_come_from_the_preset():
+    tiny = TrainingConfig.create("tiny")
+    assert (tiny.steps, tiny.batch_tokens, tiny.checkpoint_every, tiny.average, tiny.keep_checkpoints,
+            tiny.beam_size, tiny.vocab_size) == (600, 2048, 60, 5, 5, 4, 1000)
+    big = TrainingConfig.create("big", steps=1000, keep_checkpoints=3)
+    assert (big.batch_tokens, big.checkpoint_every, big.average, big.keep_checkpoints) == (25000, 100, 20, 20)
+    assert TrainingConfig.create("base").steps == 100_000
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        TrainingConfig.create("huge")
+    with pytest.raises(ValueError, match="^steps must be a positive integer, got 0$"):
+        TrainingConfig.create("tiny", steps=0)
+
+
+def test_seed_gives_identical_runs_from_scratch(toy_data, tmp_path):
+    first = train_and_evaluate(run_config(toy_data, tmp_path / "a", seed=3))
+    second = train_and_evaluate(run_config(toy_data, tmp_path / "b", seed=3))
+    other = train_and_evaluate(run_config(toy_data, tmp_path / "c", seed=4))
+    assert history_losses(tmp_path / "a") == history_losses(tmp_path / "b")
+    for a, b in zip(first.model.get_weights(), second.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert history_losses(tmp_path / "a") != history_losses(tmp_path / "c")
+    assert first.results["steps"] == 4
+
+
+def poisoned_optimizer(from_step):
+    """`make_optimizer` whose learning rate is NaN from update `from_step` on."""
+    from keras import ops
+
+    from keras_transformer.schedule import TransformerSchedule
+
+    class Poisoned(keras.optimizers.schedules.LearningRateSchedule):
+        def __init__(self, base):
+            self.base = base
+
+        def __call__(self, iteration):  # 0-based: update k runs with iteration k - 1
+            return ops.where(iteration >= from_step - 1, float("nan"), self.base(iteration))
+
+    def make(config):
+        return keras.optimizers.Adam(Poisoned(TransformerSchedule(config.d_model, config.warmup_steps)),
+                                     beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+
+    return make
+
+
+@pytest.mark.parametrize("every, poisoned_step, caught", [
+    (2, 5, "the training loss became nan at step 6"),  # the loss after the bad update
+    (5, 10, "the weights hold NaN or infinite values at step 10"),  # bad update right at a checkpoint
+])
+def test_nan_stops_training_and_keeps_the_last_good_checkpoint(toy_data, tmp_path, monkeypatch,
+                                                               every, poisoned_step, caught):
+    from keras_transformer.checkpoints import CheckpointStore
+
+    monkeypatch.setattr(keras_transformer, "make_optimizer", poisoned_optimizer(poisoned_step))
+    model_dir = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError) as error:
+        train_and_evaluate(run_config(toy_data, model_dir, steps=12, checkpoint_every=every))
+    message = str(error.value)
+    good = every * ((poisoned_step - 1) // every)  # last checkpoint before the bad update
+    assert caught in message
+    assert f"the newest checkpoint is still ckpt-{good} (finite weights)" in message
+    assert "\n" not in message
+    steps = [int(row["step"]) for row in run_dir.read_history(model_dir)]
+    assert steps == list(range(every, good + 1, every))
+    assert not (model_dir / run_dir.FINAL_WEIGHTS).exists()
+    # The newest checkpoint on disk is the good one, and its weights are finite.
+    config = run_dir.load_config(model_dir)
+    model = keras_transformer.build_transformer(config)
+    optimizer = keras_transformer.schedule.make_optimizer(config)
+    optimizer.build(model.trainable_variables)
+    from keras_transformer.data import Tokenizer, tokenizer_path
+
+    store = CheckpointStore(model_dir / run_dir.CHECKPOINT_DIR, model, optimizer,
+                            Tokenizer.load(tokenizer_path(model_dir)).sha256)
+    assert store.paths[-1].endswith(f"ckpt-{good}")
+    assert store.restore_latest() == good
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+def test_resume_on_changed_data_needs_allow_data_change(tmp_path):
+    data = write_train_only(tmp_path / "data")
+    model_dir = tmp_path / "run"
+    train_and_evaluate(run_config(data, model_dir, steps=2))
+    recorded = json.loads((model_dir / run_dir.RUN_FILE).read_text())["data"]["fingerprint"]
+    assert recorded["splits"]["train"]["target"]["file"] == "train.de"
+
+    with (data / "train.de").open("a", encoding="utf-8") as f:
+        f.write("der Hund\n")
+    with (data / "train.en").open("a", encoding="utf-8") as f:
+        f.write("the dog\n")
+    with pytest.raises(RunError, match=r"the training data changed since the run started \(.*train\.de.*\); "
+                                       r"pass --allow-data-change") as error:
+        train_and_evaluate(run_config(data, model_dir, steps=4))
+    assert "\n" not in str(error.value)
+    assert [int(r["step"]) for r in run_dir.read_history(model_dir)] == [2]  # nothing trained
+
+    resumed = train_and_evaluate(run_config(data, model_dir, steps=4, allow_data_change=True))
+    assert resumed.results["steps"] == 4
+    record = json.loads((model_dir / run_dir.RUN_FILE).read_text())
+    assert record["previous_data"][0]["fingerprint"] == recorded
+    assert record["data"]["fingerprint"]["splits"]["train"]["pairs"] == 161
+    # The new data is now the run's: resuming again needs no flag.
+    train_and_evaluate(run_config(data, model_dir, steps=4))
+
+
+def test_stop_signals_ask_once_then_interrupt():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignals() as signals:
+        signal.raise_signal(signal.SIGTERM)
+        assert signals.received == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # a second Ctrl-C quits at once
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_signal_checkpoint_is_not_averaged():
+    class Store:
+        paths = ["d/ckpt-10", "d/ckpt-20", "d/ckpt-23", "d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]
+
+    assert averaged_checkpoints(Store, every=10, steps=45, count=3) == ["d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]
+    assert averaged_checkpoints(Store, every=10, steps=45, count=5) == [
+        "d/ckpt-10", "d/ckpt-20", "d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]
+
+
+def test_target_tokens_counts_real_tokens():
+    metric = TargetTokens()
+    y = np.array([[5, 6, PAD_ID], [7, PAD_ID, PAD_ID]])
+    metric.update_state(y, None)
+    metric.update_state(np.array([[9, 9, 9]]), None)
+    assert float(metric.result()) == 6.0
+
+
+def test_progress_figures(monkeypatch):
+    import io
+
+    import tensorflow as tf
+
+    # begin, epoch, then per batch: the rate's reading and the ETA's reading.
+    clock = iter([100.0, 100.0, 101.0, 101.0, 103.0, 103.0, 105.0, 105.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    stream = io.StringIO()
+    progress = Progress(total_steps=10, live=True, stream=stream)
+    iterations = tf.Variable(0, dtype=tf.int64)
+    progress.set_model(type("M", (), {"optimizer": type("O", (), {"iterations": iterations})()})())
+    progress.on_train_begin()  # t=100, step 0
+    progress.on_epoch_begin(0)  # t=100
+    for batch, (tokens, step) in enumerate([(500.0, 1), (1500.0, 2), (2500.0, 3)]):
+        iterations.assign(step)
+        progress.on_train_batch_end(batch, {"loss": 2.5, "target_tokens": tokens})
+    # Batch 0 (tracing) is not timed; then 1000 tokens in 2 s, twice.
+    assert progress.tokens_per_second == pytest.approx(500.0)
+    text = stream.getvalue()
+    assert text.startswith("\rstep 1/10 [==")
+    last = text.rsplit("\r", 1)[1]
+    # 3 steps in 5 s (t=100 -> 105), 7 steps to go -> ETA 11.7 s.
+    assert last.startswith("step 3/10 [=======                 ]  loss 2.5000  500 tok/s  ETA 0:11")
