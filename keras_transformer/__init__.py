@@ -11,13 +11,13 @@ from keras_transformer.incremental import IncrementalDecoder
 from keras_transformer.layers import (DecoderBlock, EncoderBlock, FeedForward, MultiHeadAttention,
                                       PositionalEmbedding, ResidualConnection)
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
-from keras_transformer.model import build_transformer
+from keras_transformer.model import Transformer, build_transformer
 from keras_transformer.schedule import TransformerSchedule, make_optimizer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "TransformerConfig", "PRESETS", "build_transformer", "IncrementalDecoder",
+    "TransformerConfig", "PRESETS", "Transformer", "build_transformer", "IncrementalDecoder",
     "MultiHeadAttention", "PositionalEmbedding", "FeedForward", "ResidualConnection",
     "EncoderBlock", "DecoderBlock", "TransformerSchedule", "make_optimizer",
     "LabelSmoothedCrossEntropy", "MaskedAccuracy",
