@@ -198,6 +198,13 @@ class StepGuard(keras.callbacks.Callback):
         if not math.isfinite(loss):
             step = int(self.model.optimizer.iterations.numpy())
             raise NonFiniteLossError(f"the training loss became {loss} at step {step}")
+        # The last step of a round goes on to its own checkpoint (and history
+        # row); the stop then comes at the next round's start.
+        last_of_round = batch + 1 >= (self.params or {}).get("steps", 0)
+        if self.signals.received and not last_of_round:
+            raise _Interrupted(self.signals.received)
+
+    def on_epoch_begin(self, epoch, logs=None):
         if self.signals.received:
             raise _Interrupted(self.signals.received)
 
@@ -418,10 +425,13 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     with signals:
         try:
             _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, run.steps, every)
+            if signals.received:  # arrived during the last round's checkpoint: stop before evaluating
+                raise _Interrupted(signals.received)
         except _Interrupted:
             progress.end_live_line()
             step = int(model.optimizer.iterations.numpy())
-            path = store.save(step)
+            newest = store.paths[-1] if store.paths else ""
+            path = newest if newest.endswith(f"-{step}") else store.save(step)
             print(f"stopped at step {step} of {run.steps} ({signals.received}); checkpoint "
                   f"{os.path.basename(path)} written. Run the same command again to resume.", flush=True)
             return TrainedRun(model, config, tokenizer, {"steps": step, "interrupted": signals.received},

@@ -16,8 +16,8 @@ from keras_transformer import run_dir
 from keras_transformer.config import TrainingConfig
 from keras_transformer.constants import PAD_ID
 from keras_transformer.run_dir import RunError
-from keras_transformer.training import (NonFiniteLossError, Progress, StopSignals, TargetTokens,
-                                        averaged_checkpoints, train_and_evaluate)
+from keras_transformer.training import (NonFiniteLossError, Progress, StepGuard, StopSignals, TargetTokens,
+                                        _Interrupted, averaged_checkpoints, train_and_evaluate)
 
 
 def write_train_only(directory, pairs=160, seed=0):
@@ -162,6 +162,19 @@ def test_stop_signals_ask_once_then_interrupt():
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)  # a second Ctrl-C quits at once
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_stop_waits_for_the_checkpoint_of_a_rounds_last_step():
+    signals = StopSignals()
+    guard = StepGuard(signals)
+    guard.set_params({"steps": 5})
+    guard.on_train_batch_end(2, {"loss": 1.0})  # no signal yet
+    signals.received = "SIGTERM"
+    guard.on_train_batch_end(4, {"loss": 1.0})  # last step of the round: its checkpoint comes first
+    with pytest.raises(_Interrupted):
+        guard.on_epoch_begin(1)
+    with pytest.raises(_Interrupted):
+        guard.on_train_batch_end(2, {"loss": 1.0})
 
 
 def test_signal_checkpoint_is_not_averaged():
