@@ -204,8 +204,8 @@ class Variants:
 
         self.uncached = tf.function(uncached, input_signature=text_spec)
 
-        def search(source_ids, lengths):
-            ids, _ = translator.search(source_ids, lengths, 1, alpha, extra, 1)
+        def search(source_ids, lengths, static_buffer=False):
+            ids, _ = translator.search(source_ids, lengths, 1, alpha, extra, 1, static_buffer=static_buffer)
             return ids[:, 0]  # [batch, L]
 
         # Untimed: the ids of the cached greedy path, for the equality check
@@ -216,7 +216,21 @@ class Variants:
             input_signature=text_spec)
         self.search = tf.function(search, input_signature=ids_spec)
         # No input_signature: XLA needs static shapes, one program per shape.
-        self.search_xla = tf.function(search, jit_compile=True)
+        # XLA also needs the buffer's size static: max_length + 50 positions.
+        self.search_xla = tf.function(lambda i, l: search(i, l, static_buffer=True), jit_compile=True)
+
+
+def differing_rows(a, b):
+    """Rows in which two `[batch, L]` id arrays differ; the narrower one is
+    padded with PAD first (a request-sized search buffer is narrower than
+    the static `max_length + 50` one, and PAD fills both after EOS)."""
+    import numpy as np
+
+    from keras_transformer.constants import PAD_ID
+
+    width = max(a.shape[1], b.shape[1])
+    a, b = (np.pad(x, [(0, 0), (0, width - x.shape[1])], constant_values=PAD_ID) for x in (a, b))
+    return int((a != b).any(axis=1).sum())
 
 
 def pad_source(source_ids, lengths, multiple):
@@ -259,7 +273,7 @@ def run_table(variants: Variants, name: str, sentences: list[str], batch_size: i
         differ_ids = differ_text = 0
         for t, ids, strings in zip(text_batches, greedy_ids, greedy_strings):
             u_strings, u_ids = variants.uncached(t)
-            differ_ids += int((u_ids.numpy() != ids).any(axis=1).sum())
+            differ_ids += differing_rows(u_ids.numpy(), ids)
             differ_text += int((u_strings.numpy() != strings).sum())
         notes.append(f"uncached vs cached greedy: {differ_ids} of {len(sentences)} sentences differ in ids, "
                      f"{differ_text} in text")
@@ -277,7 +291,7 @@ def run_table(variants: Variants, name: str, sentences: list[str], batch_size: i
             shapes = {tuple(source_ids.shape) for source_ids, _ in token_batches}
             start = time.perf_counter()  # first calls: XLA compiles one program per shape
             for (source_ids, lengths), ids in zip(token_batches, greedy_ids):
-                differ += int((variants.search_xla(source_ids, lengths).numpy() != ids).any(axis=1).sum())
+                differ += differing_rows(variants.search_xla(source_ids, lengths).numpy(), ids)
             notes.append(f"XLA vs cached greedy: {differ} of {len(sentences)} sentences differ in ids; "
                          f"first pass (tracing + compiling {len(shapes)} shape(s)) "
                          f"{time.perf_counter() - start:.1f} s")
@@ -361,7 +375,8 @@ def main(argv=None) -> int:
           f"{os.cpu_count()} CPU(s), load average {load[0]:.2f} at start; "
           f"TF {tf.__version__}, Keras {keras.__version__}")
     print(f"# model {args.model_dir}: {config.num_layers} layers, d_model {config.d_model}, "
-          f"vocab {config.vocab_size}, search buffer {config.max_length + config.decode_extra_length} positions")
+          f"vocab {config.vocab_size}, search buffer: the request's longest source + "
+          f"{config.decode_extra_length} (XLA: {config.max_length + config.decode_extra_length})")
     print(f"# {args.repeats} interleaved timed rounds after one untimed interleaved warm-up round\n")
     variants = Variants(model, config, tokenizer, args.beam_size)
     started = time.time()

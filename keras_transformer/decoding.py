@@ -4,7 +4,8 @@ The search is written with ``keras.ops`` only, so the same code runs eagerly,
 inside a ``tf.function`` (with or without ``jit_compile``), in a SavedModel
 graph, converts to LiteRT (TFLite) builtin ops without Flex, and runs on the
 JAX backend.  Every buffer is preallocated with a fixed size
-(``max_decode_length``) and the loop is a ``keras.ops.while_loop``; new
+(``max_decode_length``: a python int, or in a TensorFlow graph a scalar
+tensor fixed for the call) and the loop is a ``keras.ops.while_loop``; new
 tokens are written into the sequence buffers with a one-hot ``where`` blend
 at position ``step`` (no scatter / ``slice_update``), and beams are reordered
 with ``take`` (GATHER).
@@ -235,7 +236,7 @@ def _make_spec(max_lengths, beam_size, alpha, max_decode_length, eos_id):
         max_lengths=max_lengths,
         # Upper bound on the length penalty of any hypothesis of a sentence.
         max_penalty=length_penalty(max_lengths, alpha),  # [batch]
-        positions=ops.arange(max_decode_length, dtype="int32"),  # [L]
+        positions=ops.arange(0, max_decode_length, dtype="int32"),  # [L]
         neg_inf=neg_inf,
     )
 
@@ -528,11 +529,14 @@ def beam_search(
         alpha: length-penalty exponent, python float or float scalar tensor
             (may be a SavedModel signature input). 0 = plain log-prob. The
             early-termination bound is valid for any alpha (negative too).
-        max_decode_length: static python int, the size of the sequence
-            buffers and the hard bound on the number of loop iterations.  If
-            None it is ``max(max_lengths)``, which requires ``max_lengths`` to
-            be concrete (eager / numpy); inside a graph pass it explicitly
-            (e.g. ``max_source_length + 50``).
+        max_decode_length: the size of the sequence buffers and the hard
+            bound on the number of loop iterations: a python int (static
+            shapes: XLA, LiteRT, JAX), or, on the TensorFlow backend without
+            XLA, an int32 scalar tensor, so that a graph sizes its buffers to
+            each request (``max(max_lengths)``) instead of the largest one.
+            If None it is ``max(max_lengths)``, which requires
+            ``max_lengths`` to be concrete (eager / numpy); inside a graph
+            pass it explicitly (e.g. ``max_source_length + 50``).
         num_results: static python int in ``[1, beam_size]``: how many
             hypotheses to return per sentence.
         bos_id: the id fed at step 0.
@@ -560,9 +564,12 @@ def beam_search(
     num_results = int(num_results)
     if max_decode_length is None:
         max_decode_length = _infer_max_decode_length(max_lengths)
-    max_decode_length = int(max_decode_length)
-    if max_decode_length < 1:
-        raise ValueError(f"max_decode_length must be >= 1, got {max_decode_length}")
+    if isinstance(max_decode_length, (int, np.integer)):
+        max_decode_length = int(max_decode_length)
+        if max_decode_length < 1:
+            raise ValueError(f"max_decode_length must be >= 1, got {max_decode_length}")
+    else:  # a tensor: buffers sized per call (TensorFlow graphs without XLA)
+        max_decode_length = ops.maximum(ops.cast(max_decode_length, "int32"), 1)
 
     spec = _make_spec(max_lengths, beam_size, alpha, max_decode_length, eos_id)
     state = _initial_state(initial_cache, batch_size, max_decode_length, bos_id, spec)

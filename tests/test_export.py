@@ -327,3 +327,29 @@ def test_output_without_eos_stops_at_source_length_plus_extra(exported):
             assert not (ids.numpy() == EOS_ID).any()
     finally:
         translator.decoder.make_step_fn = make_step_fn
+
+
+@pytest.mark.parametrize("beam_size, num_results", [(1, 1), (4, 4)])
+def test_request_sized_buffer_equals_the_static_buffer(exported, beam_size, num_results):
+    """The graph's search buffer holds the request's longest source + extra
+    positions, not max_length + 50: same ids and scores as the static buffer
+    XLA and LiteRT use, for trained outputs and for ones cut at the limit."""
+    from keras_transformer.constants import PAD_ID
+
+    translator = exported["translator"]
+    texts = tf.constant(GOLDEN + ["the man", "cat cat cat cat cat cat cat cat cat cat cat cat"])
+    source_ids, lengths = translator.encode_text(texts)
+    static_length = translator.max_decode_length
+    for extra in (0, 2, translator.config.decode_extra_length):
+        request = tf.function(lambda i, l: translator.search(i, l, beam_size, 0.6, extra, num_results))
+        static = tf.function(lambda i, l: translator.search(i, l, beam_size, 0.6, extra, num_results,
+                                                            static_buffer=True))
+        ids, scores = request(source_ids, lengths)
+        static_ids, static_scores = static(source_ids, lengths)
+        width = int(lengths.numpy().max()) + extra
+        assert ids.shape[2] == width and static_ids.shape[2] == static_length > width
+        assert (static_ids.numpy()[:, :, width:] == PAD_ID).all()
+        np.testing.assert_array_equal(ids.numpy(), static_ids.numpy()[:, :, :width])
+        np.testing.assert_allclose(scores.numpy(), static_scores.numpy(), rtol=0, atol=1e-5)
+        if extra == 0:  # every hypothesis stops at its source length: some are cut, not ended
+            assert (np.sum(ids.numpy()[:, 0] != PAD_ID, axis=-1) == lengths.numpy()).any()
