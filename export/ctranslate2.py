@@ -1,0 +1,388 @@
+"""CTranslate2 conversion of a trained model directory.
+
+    python -m export.ctranslate2 --model-dir runs/default --output runs/default/ctranslate2 \\
+        [--quantization int8] [--force]
+
+writes a CTranslate2 model directory (`model.bin`, `config.json`,
+`shared_vocabulary.json`, plus the run's `tokenizer.model`) for
+`ctranslate2.Translator`. Tokenize with SentencePiece and pass the pieces
+without EOS: the model appends EOS to the source itself, as our batching does.
+
+    import ctranslate2, sentencepiece
+    from export.ctranslate2 import translation_options
+    from keras_transformer.run_dir import load_config
+
+    config = load_config("runs/default")
+    sp = sentencepiece.SentencePieceProcessor(model_file="OUTPUT/tokenizer.model")
+    translator = ctranslate2.Translator("OUTPUT")
+    source = sp.encode("Today the man sees the dog.", out_type=str)
+    result = translator.translate_batch([source], **translation_options(config, len(source)))
+    sp.decode(result[0].hypotheses[0])
+
+The mapping (`TransformerSpec`, revision 7):
+
+* post-norm (the paper) or pre-norm, as `config.norm_first`; LayerNorm
+  epsilon from the config (1e-6);
+* Keras `Dense` kernels are `[in, out]`, CTranslate2 weights `[out, in]`:
+  every kernel is transposed. Self-attention `linear[0]` is Q, K and V fused
+  along the output axis and `linear[1]` the output projection;
+  cross-attention `linear[0]` is Q, `linear[1]` K and V fused, `linear[2]`
+  the output projection. Heads are the same contiguous `head_size` slices;
+  CTranslate2 scales queries by `1/sqrt(head_size)` as we scale the scores;
+* one embedding matrix serves as source embedding, target embedding and
+  output projection (no bias), scaled by sqrt(d_model) on input
+  (`scale_embeddings`); CTranslate2 stores it once (it aliases equal weights);
+* positions: our table (`sinusoidal_encoding`: interleaved sin/cos, position
+  0 first) is written as `position_encodings.encodings`; CTranslate2's
+  built-in one is OpenNMT-tf's `[sin | cos]` from position 1 and would not
+  match. The table has `max(max_length + decode_extra_length, 1024)` rows,
+  enough for CTranslate2's default `max_input_length` (1024) and
+  `max_decoding_length` (256); a longer request fails with "No position
+  encodings are defined for positions >= N";
+* vocabulary: the SentencePiece pieces in id order, shared by source and
+  target; `unk_token`, `bos_token` (= `decoder_start_token`) and `eos_token`
+  are the pieces at `UNK_ID`, `BOS_ID`, `EOS_ID`, and `add_source_eos` is
+  set. PAD is an ordinary token to CTranslate2, which masks by length.
+
+Decoding differences (`translation_options` gives the closest options):
+
+* Length limit: we stop a sentence at `source_tokens + decode_extra_length`
+  generated tokens (EOS included, sources cut at `max_length - 1` tokens);
+  CTranslate2's `max_decoding_length` counts the same way but is one value
+  per `translate_batch` call, so translate sentences of one source length
+  together (or one by one) to get the same limit. `min_decoding_length`
+  must be 0 (its default 1 forbids an empty translation, which we allow).
+* Length penalty: ours is GNMT's `((5 + len) / 6) ** alpha`, CTranslate2's
+  is `len ** length_penalty` (`translate_batch(length_penalty=...)`, the
+  score divided by it when a hypothesis finishes). In both `len` counts EOS
+  and the score is the sum of the token log-probabilities, EOS included:
+  CTranslate2 keeps EOS in the hypothesis while scoring and only strips it
+  from the returned tokens (unless `return_end_token=True`). No
+  `length_penalty` equals GNMT's for every length: between hypotheses of
+  lengths `L` and `L + 1` GNMT's penalty grows like `len ** (alpha * L / (5 + L))`,
+  so `translation_options` uses `alpha * L / (5 + L)` at the length `L`
+  expected for the source (its token count): 0.4 at 10 tokens, 0.5 at 25.
+  Greedy decoding (beam 1) is unaffected.
+* Beam search: both extend the best `2 * beam` candidates of `beam`
+  alive hypotheses, and the alive sets are the same (the best `beam`
+  candidates that do not end). We finish every EOS candidate among the
+  `2 * beam`, keep the best `beam` finished ones and stop a sentence when no
+  alive hypothesis can beat the worst of them; CTranslate2 finishes only the
+  EOS candidates among the first `beam` and stops once it has
+  `beam * patience` finished hypotheses, then picks the best. Given the same
+  length limit, ours therefore never returns a hypothesis that scores worse,
+  under our penalty, than CTranslate2's; CTranslate2 can return a worse one
+  when it stops early.
+  With its default `patience=1` that happened on 1-3 of the tests' 20
+  sentences (toy models, five seeds), with `patience=2` on 0-1:
+  `translation_options` uses 2. On 200 validation sentences of the `tiny`
+  run, 199 beam-4 translations agree with either patience (197-198 with
+  `length_penalty=0.6` instead of the exponent above); greedy: all 200.
+
+The output directory is built under a hidden temporary name beside it and
+renamed into place when complete, so a crash never leaves a half-written
+model; `--force` replaces an existing CTranslate2 model directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import pathlib
+import shutil
+import sys
+
+if __name__ == "__main__":
+    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
+    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
+    if importlib.util.find_spec("ctranslate2") is None:  # an optional dependency
+        print("export.ctranslate2: error: ctranslate2 is not installed; "
+              "pip install 'keras-transformer[ctranslate2]'", file=sys.stderr)
+        sys.exit(2)
+
+from keras_transformer.config import TransformerConfig  # noqa: E402  (first: quiet TensorFlow import)
+from keras_transformer.console import OneLineArgumentParser  # noqa: E402
+from keras_transformer.constants import BOS_ID, EOS_ID, UNK_ID  # noqa: E402
+from keras_transformer.layers import sinusoidal_encoding  # noqa: E402
+
+import ctranslate2  # noqa: E402
+import numpy as np  # noqa: E402
+from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES  # noqa: E402
+from keras import ops  # noqa: E402
+
+# Position-table rows at least: CTranslate2's default `max_input_length`, so
+# that requests with its default options never run past the table.
+MIN_POSITIONS = 1024
+# Written beside the model: CTranslate2 takes pieces, so users need it.
+TOKENIZER_FILE = "tokenizer.model"
+# A directory holding this file is a CTranslate2 model `--force` may replace.
+MODEL_FILE = "model.bin"
+QUANTIZATIONS = ACCEPTED_MODEL_TYPES
+# CTranslate2's converter casts to bfloat16 with PyTorch (NumPy has no bfloat16).
+NEEDS_TORCH = ("bfloat16", "int8_bfloat16")
+
+
+class ConversionError(ValueError):
+    """A user-facing problem with the conversion's options."""
+
+
+def _numpy(variable) -> np.ndarray:
+    """A Keras variable as a float32 NumPy array."""
+    return np.asarray(ops.convert_to_numpy(variable), dtype=np.float32)
+
+
+def _set_linear(spec, *dense_layers) -> None:
+    """Sets a `LinearSpec` from Keras `Dense` layers fused along the output axis.
+
+    Keras kernels are `[in, out]`; CTranslate2 weights are `[out, in]`, so
+    each kernel is transposed and the transposes are stacked:
+    `[sum(out), in]`, biases `[sum(out)]`.
+    """
+    spec.weight = np.concatenate([_numpy(d.kernel).T for d in dense_layers], axis=0)  # [sum(out), in]
+    if all(d.bias is not None for d in dense_layers):
+        spec.bias = np.concatenate([_numpy(d.bias) for d in dense_layers], axis=0)  # [sum(out)]
+
+
+def _set_layer_norm(spec, norm) -> None:
+    spec.gamma = _numpy(norm.gamma)
+    spec.beta = _numpy(norm.beta)
+
+
+def _set_self_attention(spec, attention, residual) -> None:
+    _set_linear(spec.linear[0], attention.query_dense, attention.key_dense, attention.value_dense)
+    _set_linear(spec.linear[1], attention.output_dense)
+    # Post-norm: the norm after the residual add; pre-norm: the one on the
+    # sub-layer input. Either way it is the residual connection's one norm.
+    _set_layer_norm(spec.layer_norm, residual.norm)
+
+
+def _set_cross_attention(spec, attention, residual) -> None:
+    _set_linear(spec.linear[0], attention.query_dense)
+    _set_linear(spec.linear[1], attention.key_dense, attention.value_dense)
+    _set_linear(spec.linear[2], attention.output_dense)
+    _set_layer_norm(spec.layer_norm, residual.norm)
+
+
+def _set_feed_forward(spec, feed_forward, residual) -> None:
+    _set_linear(spec.linear_0, feed_forward.inner)
+    _set_linear(spec.linear_1, feed_forward.outer)
+    _set_layer_norm(spec.layer_norm, residual.norm)
+
+
+def _pieces(tokenizer) -> list[str]:
+    """The SentencePiece pieces in id order (the CTranslate2 vocabulary)."""
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+def position_table(config: TransformerConfig) -> np.ndarray:
+    """Our positional encodings for positions 0 .. N-1, float32 `[N, d_model]`."""
+    rows = max(config.max_length + config.decode_extra_length, MIN_POSITIONS)
+    return _numpy(sinusoidal_encoding(np.arange(rows), config.d_model))  # [N, d_model]
+
+
+def build_spec(model, config: TransformerConfig, tokenizer) -> ctranslate2.specs.TransformerSpec:
+    """The `TransformerSpec` of a `build_transformer(config)` model, weights set.
+
+    Args:
+        model: the (trained) `Transformer`.
+        config: its `TransformerConfig`.
+        tokenizer: its `keras_transformer.data.Tokenizer`.
+
+    Returns:
+        The spec, ready for `validate`, `optimize` and `save`.
+    """
+    if not hasattr(model, "encoder_layers") or not hasattr(model, "decoder_layers"):
+        raise TypeError(f"expected a Transformer from build_transformer(config), got {type(model).__name__}")
+    pieces = _pieces(tokenizer)
+    embeddings = _numpy(model.embedding.embeddings)  # [vocab, d_model]
+    if not len(pieces) == embeddings.shape[0] == config.vocab_size:
+        raise ValueError(f"the tokenizer has {len(pieces)} pieces, the model {embeddings.shape[0]} "
+                         f"embedding rows and config.vocab_size={config.vocab_size}; they must be equal")
+
+    spec = ctranslate2.specs.TransformerSpec.from_config(
+        config.num_layers, config.num_heads, pre_norm=config.norm_first,
+        activation=ctranslate2.specs.Activation.RELU)
+    positions = position_table(config)
+    for stack in (spec.encoder, spec.decoder):
+        stack.scale_embeddings = True  # x sqrt(d_model), as PositionalEmbedding
+        stack.position_encodings.encodings = positions
+    spec.encoder.embeddings[0].weight = embeddings
+    spec.decoder.embeddings.weight = embeddings
+    spec.decoder.projection.weight = embeddings  # tied, [vocab, d_model] is already [out, in]; no bias
+
+    for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers):
+        _set_self_attention(layer_spec.self_attention, layer.self_attention, layer.self_attention_residual)
+        _set_feed_forward(layer_spec.ffn, layer.feed_forward, layer.feed_forward_residual)
+    for layer_spec, layer in zip(spec.decoder.layer, model.decoder_layers):
+        _set_self_attention(layer_spec.self_attention, layer.self_attention, layer.self_attention_residual)
+        _set_cross_attention(layer_spec.attention, layer.cross_attention, layer.cross_attention_residual)
+        _set_feed_forward(layer_spec.ffn, layer.feed_forward, layer.feed_forward_residual)
+    if config.norm_first:  # pre-norm ends each stack with a LayerNorm
+        _set_layer_norm(spec.encoder.layer_norm, model.encoder_norm)
+        _set_layer_norm(spec.decoder.layer_norm, model.decoder_norm)
+
+    spec.config.layer_norm_epsilon = config.layer_norm_epsilon
+    spec.config.unk_token = pieces[UNK_ID]
+    spec.config.bos_token = pieces[BOS_ID]
+    spec.config.eos_token = pieces[EOS_ID]
+    spec.config.decoder_start_token = pieces[BOS_ID]  # decoding starts from BOS_ID
+    spec.config.add_source_bos = False
+    spec.config.add_source_eos = True  # sources end with EOS_ID, as in training
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    return spec
+
+
+class KerasTransformerConverter(ctranslate2.converters.Converter):
+    """`ctranslate2.converters.Converter` for an in-memory `build_transformer` model.
+
+    Args:
+        model, config, tokenizer: as `build_spec`.
+
+    Example:
+        >>> KerasTransformerConverter(model, config, tokenizer).convert("ct2_model", quantization="int8")
+    """
+
+    def __init__(self, model, config: TransformerConfig, tokenizer):
+        self.model = model
+        self.config = config
+        self.tokenizer = tokenizer
+
+    def _load(self):
+        return build_spec(self.model, self.config, self.tokenizer)
+
+
+def _is_replaceable(path: pathlib.Path) -> bool:
+    """Whether `--force` may replace `path`: a CTranslate2 model or an empty directory."""
+    return path.is_dir() and ((path / MODEL_FILE).is_file() or not any(path.iterdir()))
+
+
+def convert(model, config: TransformerConfig, tokenizer, output_dir, quantization: str | None = None,
+            force: bool = False) -> pathlib.Path:
+    """Converts `model` to a CTranslate2 model directory, written atomically.
+
+    Args:
+        model: a trained `Transformer` from `build_transformer(config)`.
+        config: its `TransformerConfig`.
+        tokenizer: its `keras_transformer.data.Tokenizer` (copied beside the model).
+        output_dir: the CTranslate2 model directory to write.
+        quantization: None (float32 weights) or one of `QUANTIZATIONS`
+            (`int8`, `int8_float32`, `float16`, ...).
+        force: replace an existing CTranslate2 model directory at `output_dir`.
+
+    Returns:
+        `output_dir` as a path.
+
+    Raises:
+        FileExistsError: `output_dir` exists and `force` is not set, or it is
+            not a CTranslate2 model directory.
+        ConversionError: an unknown `quantization`, or one that needs PyTorch
+            when it is not installed.
+        ValueError: tokenizer, model and config disagree on the vocabulary size.
+
+    Example:
+        >>> convert(model, config, tokenizer, "runs/default/ctranslate2", quantization="int8")
+    """
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ConversionError(f"quantization={quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    if quantization in NEEDS_TORCH and importlib.util.find_spec("torch") is None:
+        raise ConversionError(f"quantization={quantization} needs PyTorch (CTranslate2 converts to bfloat16 "
+                              f"with it); pip install torch, or use float16 / int8_float16")
+    output = pathlib.Path(output_dir)
+    if output.exists() and not force:
+        raise FileExistsError(f"{output} already exists; pass --force to replace it")
+    if output.exists() and not _is_replaceable(output):
+        raise FileExistsError(f"{output} exists and is not a CTranslate2 model directory; not replacing it")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = output.parent / f".{output.name}.tmp-{os.getpid()}"
+    retired = output.parent / f".{output.name}.old-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        KerasTransformerConverter(model, config, tokenizer).convert(str(staging), quantization=quantization)
+        (staging / TOKENIZER_FILE).write_bytes(tokenizer.model_bytes)
+        if output.exists():
+            # Two renames: the old model stays whole until the new one is in place.
+            os.rename(output, retired)
+        os.rename(staging, output)  # atomic on one file system
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if retired.exists() and not output.exists():
+            os.rename(retired, output)
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+    return output
+
+
+def length_penalty_exponent(alpha: float, length: int) -> float:
+    """CTranslate2's `length_penalty` closest to GNMT's `alpha` at `length` tokens.
+
+    GNMT divides by `((5 + len) / 6) ** alpha`, CTranslate2 by `len ** p`.
+    Hypotheses that compete differ by a few tokens around the expected
+    length `L`; the two penalties change by the same factor there when their
+    log-derivatives agree: `alpha / (5 + L) = p / L`.
+    """
+    length = max(int(length), 1)
+    return alpha * length / (5.0 + length)
+
+
+def translation_options(config: TransformerConfig, source_length: int, beam_size: int | None = None,
+                        patience: float = 2.0) -> dict:
+    """`ctranslate2.Translator.translate_batch` options closest to our `Translator`.
+
+    Same beam, length limit, source truncation and minimum length; the
+    length penalty and the stopping rule can only be approximated (see the
+    module docstring).
+
+    Args:
+        config: the model's `TransformerConfig` (beam, alpha, max_length, +50).
+        source_length: source pieces without EOS (the longest in the call:
+            CTranslate2 has one length limit per call).
+        beam_size: None for the config's (4).
+        patience: CTranslate2 stops at `beam * patience` finished
+            hypotheses; 2 comes closer to our search than its default 1,
+            which is faster.
+
+    Returns:
+        keyword arguments for `translate_batch`.
+    """
+    source_length = min(int(source_length), config.max_length - 1)  # our cut, EOS excluded
+    return dict(
+        beam_size=beam_size or config.beam_size,
+        patience=patience,
+        length_penalty=length_penalty_exponent(config.length_penalty_alpha, source_length),
+        max_input_length=config.max_length,  # EOS included, kept last: as Translator.encode_text
+        max_decoding_length=source_length + config.decode_extra_length,  # EOS included
+        min_decoding_length=0,  # an immediate EOS (empty translation) is allowed
+    )
+
+
+def main(argv=None) -> int:
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", required=True, help="a model directory written by train.py")
+    parser.add_argument("--output", required=True, help="the CTranslate2 model directory to write")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                        help="weight type (default: float32, as trained); int8 suits CPUs, "
+                             "float16 and int8_float16 GPUs")
+    parser.add_argument("--force", action="store_true", help="replace an existing CTranslate2 model at --output")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show TensorFlow's own start-up lines and warnings")
+    args = parser.parse_args(argv)
+    from keras_transformer.data import TokenizerError
+    from keras_transformer.run_dir import RunError, load_trained
+
+    try:
+        model, config, tokenizer = load_trained(args.model_dir)
+        path = convert(model, config, tokenizer, args.output, args.quantization, args.force)
+    except (RunError, TokenizerError, FileExistsError, ConversionError) as error:
+        print(f"export.ctranslate2: error: {error}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

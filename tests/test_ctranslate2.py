@@ -1,0 +1,236 @@
+"""CTranslate2 conversion: the converted model scores and decodes as the Keras model does."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import ctranslate2
+import keras
+import numpy as np
+import pytest
+import sentencepiece
+import tensorflow as tf
+from helpers import WORDS_DE, WORDS_EN, train_toy_translator
+
+from export.ctranslate2 import (MODEL_FILE, TOKENIZER_FILE, ConversionError, convert, main,
+                                translation_options)
+from keras_transformer import TransformerConfig, build_transformer
+from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.decoding import length_penalty
+from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
+from keras_transformer.translator import Translator
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The toy language's sentences have 3-7 words; a few here are shorter or
+# longer (the toy model then repeats words up to the length limit), and two
+# have a word ("and") that is not in the toy vocabulary.
+GOLDEN = [
+    "the man sees the dog", "a red house today", "the big cat buys a small book",
+    "today the woman sees a small red cat", "book", "the dog", "a woman buys the house",
+    "the small man sees a big dog today", "red cat", "the woman buys a book today",
+    "a big red house", "the cat sees the man", "today a dog buys a small red book",
+    "the house", "a small woman sees the big cat", "the man buys a red book today",
+    "big dog sees small cat", "the woman sees the man and the dog",
+    "today the big red cat sees a small woman buys the book",
+    "the red dog buys the house today and the small cat sees a man",
+]
+# Beam-search translations that must agree with `translation_options`
+# (patience 2; the module docstring of export.ctranslate2 says why a few may
+# not). Measured with toy models of five seeds: 19-20 of 20.
+MIN_BEAM_AGREEMENT = 0.85
+# int8 weights on a d_model=32 model: greedy translations equal to float32
+# ones on 17-19 of 20 sentences (five seeds), log-probs off by 0.001-0.006
+# (median) and 0.014-0.03 (mean).
+MIN_INT8_AGREEMENT = 0.75
+SCORE_ATOL = 1e-4
+
+
+def reference(text):
+    """The toy corpus's word-for-word translation (unknown words kept)."""
+    return " ".join(WORDS_DE[WORDS_EN.index(w)] if w in WORDS_EN else w for w in text.split())
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("ctranslate2")
+    model, config, tokenizer, _ = train_toy_translator(directory)
+    output = convert(model, config, tokenizer, directory / "ct2")
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
+    translator = Translator(model, config, tokenizer.model_bytes)
+    # Source ids exactly as our Translator makes them (EOS appended, PAD after).
+    source_ids, lengths = (t.numpy() for t in translator.encode_text(tf.constant(GOLDEN)))
+    return {"model": model, "config": config, "tokenizer": tokenizer,
+            "output": output, "pieces": pieces, "translator": translator,
+            # One thread: CTranslate2's OpenMP threads spin, which crawls on a busy 2-core machine.
+            "ct2": ctranslate2.Translator(str(output), device="cpu", inter_threads=1, intra_threads=1),
+            "source_ids": source_ids, "lengths": lengths,
+            # What CTranslate2 gets: the pieces without EOS (it appends EOS itself).
+            "sources": [[pieces.id_to_piece(int(i)) for i in row[:n]] for row, n in zip(source_ids, lengths)]}
+
+
+def until_eos(row):
+    """Generated ids up to and including the first EOS (all non-PAD ids without one)."""
+    row = [int(i) for i in row]
+    return row[:row.index(EOS_ID) + 1] if EOS_ID in row else [i for i in row if i != PAD_ID]
+
+
+def ours(toy, beam_size):
+    """Our beam search on GOLDEN: best ids (EOS included) and scores."""
+    translator, config = toy["translator"], toy["config"]
+    search = tf.function(lambda ids, lengths: translator.search(
+        ids, lengths, beam_size, config.length_penalty_alpha, config.decode_extra_length, 1))
+    ids, scores = search(tf.constant(toy["source_ids"]), tf.constant(toy["lengths"]))
+    return [until_eos(row) for row in ids.numpy()[:, 0]], scores.numpy()[:, 0]
+
+
+def theirs(toy, beam_size, ct2=None, **overrides):
+    """CTranslate2 on GOLDEN, one sentence per call (its length limit is per call):
+    ids (EOS included), scores and the length-penalty exponent used."""
+    ct2 = ct2 or toy["ct2"]
+    ids, scores, exponents = [], [], []
+    for source in toy["sources"]:
+        options = {**translation_options(toy["config"], len(source), beam_size=beam_size), **overrides}
+        result = ct2.translate_batch([source], **options, return_scores=True, return_end_token=True)[0]
+        ids.append([toy["pieces"].piece_to_id(p) for p in result.hypotheses[0]])
+        scores.append(result.scores[0])
+        exponents.append(options["length_penalty"])
+    return ids, np.array(scores), np.array(exponents)
+
+
+def our_log_probs(model, source_ids, targets):
+    """log p(target token) of our model under teacher forcing, EOS included: `[batch, T + 1]`."""
+    width = max(len(t) for t in targets) + 1
+    target_in = np.full((len(targets), width), PAD_ID, np.int32)
+    target_out = np.full((len(targets), width), PAD_ID, np.int32)
+    for i, target in enumerate(targets):
+        target_in[i, :len(target) + 1] = [BOS_ID] + target
+        target_out[i, :len(target) + 1] = target + [EOS_ID]
+    log_probs = keras.ops.convert_to_numpy(keras.ops.log_softmax(model([source_ids, target_in]), axis=-1))
+    return np.take_along_axis(log_probs, target_out[..., None], axis=-1)[..., 0]  # [batch, width]
+
+
+def test_token_log_probs_match_ours(toy):
+    pieces = toy["pieces"]
+    targets = [pieces.encode(reference(text)) for text in GOLDEN]
+    results = toy["ct2"].score_batch(toy["sources"], [[pieces.id_to_piece(i) for i in t] for t in targets])
+    want = our_log_probs(toy["model"], toy["source_ids"], targets)
+    for result, target, row in zip(results, targets, want):
+        assert result.tokens == [pieces.id_to_piece(i) for i in target + [EOS_ID]]
+        np.testing.assert_allclose(result.log_probs, row[:len(target) + 1], atol=SCORE_ATOL)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_two_layer_random_model_log_probs_match(toy, tmp_path, norm_first):
+    # Several layers and heads, and the pre-norm stacks' final LayerNorms.
+    config = TransformerConfig(vocab_size=toy["tokenizer"].vocab_size, num_layers=2, d_model=32, d_ff=64,
+                               num_heads=4, dropout=0.0, max_length=24, decode_extra_length=10,
+                               norm_first=norm_first)
+    model = build_transformer(config)
+    ct2 = ctranslate2.Translator(str(convert(model, config, toy["tokenizer"], tmp_path / "ct2")),
+                                 intra_threads=1)
+    rng = np.random.default_rng(0)
+    sources = rng.integers(4, config.vocab_size, (3, 9)).tolist()
+    targets = rng.integers(4, config.vocab_size, (3, 7)).tolist()
+    piece = toy["pieces"].id_to_piece
+    results = ct2.score_batch([[piece(i) for i in s] for s in sources], [[piece(i) for i in t] for t in targets])
+    source_ids = np.array([s + [EOS_ID] for s in sources], np.int32)
+    want = our_log_probs(model, source_ids, targets)
+    np.testing.assert_allclose([r.log_probs for r in results], want, atol=SCORE_ATOL)
+
+
+def test_greedy_ids_equal_ours(toy):
+    want, _ = ours(toy, beam_size=1)
+    got, _, _ = theirs(toy, beam_size=1)
+    assert got == want
+    # Real translations, most ended by EOS; the others stopped at the length limit.
+    assert len({tuple(ids) for ids in want}) >= len(GOLDEN) - 2
+    assert sum(ids[-1] == EOS_ID for ids in want) >= len(GOLDEN) // 2
+
+
+def test_beam_search_agrees_on_most_sentences(toy):
+    config = toy["config"]
+    want, want_scores = ours(toy, beam_size=config.beam_size)
+    got, scores, exponents = theirs(toy, beam_size=config.beam_size)
+    same = [g == w for g, w in zip(got, want)]
+    rate = float(np.mean(same))
+    default_patience = float(np.mean([g == w for g, w in zip(theirs(toy, config.beam_size, patience=1)[0], want)]))
+    print(f"\nbeam {config.beam_size}: CTranslate2 == ours on {sum(same)}/{len(same)} sentences ({rate:.0%}; "
+          f"{default_patience:.0%} with CTranslate2's default patience 1)")
+    assert rate >= MIN_BEAM_AGREEMENT
+    # Both scores are the sum of the token log-probs, EOS included, over a
+    # penalty whose length counts EOS: GNMT's ((5 + L) / 6) ** alpha for
+    # ours, L ** length_penalty for CTranslate2.
+    lengths = np.array([len(ids) for ids in got], np.float32)
+    their_sums = scores * lengths ** exponents
+    our_penalty = keras.ops.convert_to_numpy(length_penalty(lengths, config.length_penalty_alpha))
+    for i in np.flatnonzero(same):
+        np.testing.assert_allclose(their_sums[i], want_scores[i] * our_penalty[i], atol=SCORE_ATOL)
+    # Where they differ, CTranslate2 stopped earlier or ranked with its own
+    # penalty: under ours its translation never beats ours.
+    for i in np.flatnonzero(~np.array(same)):
+        print(f"  {GOLDEN[i]!r}: ours {want[i]} ({want_scores[i]:.4f}), CTranslate2 {got[i]} "
+              f"({their_sums[i] / our_penalty[i]:.4f} under our penalty)")
+        assert their_sums[i] / our_penalty[i] <= want_scores[i] + SCORE_ATOL
+
+
+def test_int8_model_stays_close(toy, tmp_path):
+    output = convert(toy["model"], toy["config"], toy["tokenizer"], tmp_path / "int8", quantization="int8")
+    int8 = ctranslate2.Translator(str(output), intra_threads=1)
+    assert (output / MODEL_FILE).stat().st_size < (toy["output"] / MODEL_FILE).stat().st_size
+    pieces = toy["pieces"]
+    targets = [[pieces.id_to_piece(i) for i in pieces.encode(reference(text))] for text in GOLDEN]
+    got = [r.log_probs for r in int8.score_batch(toy["sources"], targets)]
+    want = [r.log_probs for r in toy["ct2"].score_batch(toy["sources"], targets)]
+    errors = np.concatenate([np.abs(np.subtract(g, w)) for g, w in zip(got, want)])
+    assert np.median(errors) < 0.01 and np.mean(errors) < 0.05
+    same = np.mean([g == w for g, w in zip(theirs(toy, 1, int8)[0], theirs(toy, 1)[0])])
+    print(f"\nint8: greedy translations equal to float32 on {same:.0%}; log-prob error "
+          f"median {np.median(errors):.4f}, max {errors.max():.3f}")
+    assert same >= MIN_INT8_AGREEMENT
+
+
+def test_output_is_replaced_only_when_forced_and_never_half_written(toy, tmp_path):
+    model, config, tokenizer = toy["model"], toy["config"], toy["tokenizer"]
+    output = convert(model, config, tokenizer, tmp_path / "model")
+    assert (output / TOKENIZER_FILE).read_bytes() == tokenizer.model_bytes
+    with pytest.raises(FileExistsError, match="--force"):
+        convert(model, config, tokenizer, output)
+    (output / "stale").write_text("from the model before")
+    convert(model, config, tokenizer, output, force=True)
+    assert not (output / "stale").exists()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a CTranslate2 model"):
+        convert(model, config, tokenizer, tmp_path / "notes", force=True)
+    wrong = TransformerConfig.from_dict({**config.to_dict(), "vocab_size": config.vocab_size + 1})
+    with pytest.raises(ValueError, match="pieces"):
+        convert(model, wrong, tokenizer, output, force=True)
+    assert (output / MODEL_FILE).exists()  # the failed conversion kept the old model
+    with pytest.raises(ConversionError, match="quantization"):
+        convert(model, config, tokenizer, tmp_path / "q", quantization="int4")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "notes"]  # no temporary directories
+
+
+def test_command_line_converts_a_run_directory(toy, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tokenizer.model").write_bytes(toy["tokenizer"].model_bytes)
+    check_run_file(run, toy["config"], toy["tokenizer"], {"data": "toy", "source_lang": "en", "target_lang": "de"})
+    toy["model"].save_weights(run / FINAL_WEIGHTS)
+    assert main(["--model-dir", str(run), "--output", str(tmp_path / "ct2")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "ct2")
+    # Saved and reloaded weights convert to the same model.
+    assert (tmp_path / "ct2" / MODEL_FILE).read_bytes() == (toy["output"] / MODEL_FILE).read_bytes()
+
+
+def test_bad_model_dir_is_a_one_line_error(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-m", "export.ctranslate2", "--model-dir", str(tmp_path / "missing"),
+                             "--output", str(tmp_path / "ct2")],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("export.ctranslate2: error: ")
+    assert "run.json not found" in lines[0]
+    assert not (tmp_path / "ct2").exists()
