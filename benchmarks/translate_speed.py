@@ -1,0 +1,308 @@
+"""Serving speed: the exported SavedModel against CTranslate2 on the same weights.
+
+    python benchmarks/translate_speed.py --model-dir runs/multi30k           # (a) a trained run, test2016
+    python benchmarks/translate_speed.py --shape base                         # (b) the base shape, random weights
+
+What it measures, in one process, on the same weights and the same sentences:
+
+* `serving_default`: the SavedModel exported by `export.saved_model`, loaded
+  from disk as a user (or TF Serving) loads it:
+  `tf.saved_model.load(path).signatures["serving_default"](text=...)`,
+  strings in, strings out (tokenizer, encoder, beam 4 with alpha 0.6 and the
+  +50 rule, detokenizer all inside the graph; no XLA);
+* `ctranslate2 float32` / `ctranslate2 int8`: the same weights converted by
+  `export.ctranslate2` and run by `ctranslate2.Translator` (CPU,
+  `intra_threads=--threads`, one translator thread), strings in, strings out
+  as well: SentencePiece encoding and decoding in Python are part of its
+  timing, with the options closest to ours
+  (`export.ctranslate2.translation_options`: beam 4, the length penalty
+  exponent matched to GNMT's at the batch's longest source, patience 2,
+  `max_decoding_length` = that source + 50: CTranslate2 has one limit per
+  call where ours is per sentence).
+
+Both sides get `--threads` threads (TensorFlow: intra-op and inter-op pools
+of that size; CTranslate2: `intra_threads`). Batches of `--batch-sizes`
+sentences in input order.
+
+Target tokens/s counts, on both sides by the same rule, the SentencePiece
+pieces of each returned translation (re-encoded: the signature returns only
+strings) plus one for EOS. Equal outputs make the
+comparison fair (a longer translation costs more per token, since every step
+attends over all previous ones): the script prints how many translations are
+identical on both sides, and with `--shape` it makes the output lengths equal
+by construction (see below).
+
+Method: one untimed warm-up pass per variant, then `--rounds` rounds; in each
+round every variant translates every batch once, in an order that rotates
+from round to round, so background load hits all variants alike. Reported:
+the median tokens/s over rounds with the min-max, and for each variant the
+median (min-max) over rounds of the per-round ratio of its tokens/s to
+CTranslate2 float32's. The last line is `name: value` (the headline ratio:
+`serving_default` / CTranslate2 float32 at the first batch size).
+
+Two model sources:
+
+* `--model-dir`: a `train.py` run (averaged weights and its tokenizer), on
+  the real sentences of `--sentences` (default: multi30k test2016.en from
+  `../shared/data`, read at run time, never copied into the repository).
+* `--shape PRESET`: a model of that preset's shape with random weights
+  (`--seed`), and a SentencePiece vocabulary of up to `--vocab-size` pieces
+  trained on the shared data's English and German text. Equal output
+  lengths by construction: (1) the embedding row of EOS is set to zero, so
+  its logit is exactly 0 whereas the best of ~32k random logits is far
+  above 0 every step, and no hypothesis ever ends with EOS; (2) only source
+  sentences of exactly `--source-tokens` pieces are used, so every
+  hypothesis on both sides runs to the same limit, source tokens + 50.
+  The script checks this: it prints the output lengths it got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+DEFAULT_SENTENCES = SHARED_DATA / "multi30k" / "test2016.en"
+# Text the `--shape` tokenizer is trained on (both languages; read at run time).
+SHAPE_TOKENIZER_TEXT = [SHARED_DATA / "multi30k" / f"train.{lang}" for lang in ("en", "de")] + [
+    SHARED_DATA / "newstest2014" / f"newstest2014.en-de.{lang}" for lang in ("en", "de")]
+SHAPE_SENTENCES = SHARED_DATA / "newstest2014" / "newstest2014.en-de.en"
+BASELINE = "ctranslate2 float32"
+OURS = "serving_default"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-dir", help="a train.py run directory (final.weights.h5, tokenizer.model)")
+    source.add_argument("--shape", help="a preset name (e.g. base): random weights of that shape")
+    parser.add_argument("--sentences", default=None,
+                        help="source sentences, one per line (default: multi30k test2016.en with --model-dir, "
+                             "newstest2014 en with --shape)")
+    parser.add_argument("--count", type=int, default=128, help="sentences used (default 128)")
+    parser.add_argument("--batch-sizes", default="32,1", help="comma-separated (default 32,1)")
+    parser.add_argument("--batch-one-count", type=int, default=16,
+                        help="sentences timed at batch size 1 (default 16: one at a time is slow)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (default 5)")
+    parser.add_argument("--threads", type=int, default=2, help="threads per side (default 2)")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--patience", type=float, default=2.0,
+                        help="CTranslate2's beam patience (default 2: closest to our stopping rule; "
+                             "its own default 1 stops earlier, see export/ctranslate2.py)")
+    parser.add_argument("--quantizations", default="float32,int8",
+                        help="CTranslate2 compute types to compare (default float32,int8)")
+    parser.add_argument("--vocab-size", type=int, default=32000,
+                        help="--shape: upper bound of the vocabulary trained on the fly (default 32000)")
+    parser.add_argument("--source-tokens", type=int, default=None,
+                        help="--shape: source length in pieces of every sentence used (default: the most "
+                             "common length among the sentences)")
+    parser.add_argument("--tokenizer-text", default=None,
+                        help="--shape: comma-separated text files for the tokenizer (default: the shared data)")
+    parser.add_argument("--work-dir", default=None, help="where exports go (default: a temporary folder)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    args.quantizations = [q.strip() for q in args.quantizations.split(",") if q.strip()]
+    if "float32" not in args.quantizations:
+        parser.error("--quantizations must include float32 (the baseline of every ratio)")
+    for name in ("count", "rounds", "threads", "beam_size", "source_tokens", "batch_one_count"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not args.batch_sizes or min(args.batch_sizes) < 1:
+        parser.error("--batch-sizes must be positive integers")
+    return args
+
+
+def read_lines(path):
+    path = pathlib.Path(path)
+    if not path.exists():
+        sys.exit(f"translate_speed: {path} not found (the shared data is beside the repository; "
+                 f"pass --sentences FILE)")
+    return [line.rstrip("\n") for line in path.open(encoding="utf-8") if line.strip()]
+
+
+def trained_model(args):
+    from keras_transformer.run_dir import load_trained
+
+    model, config, tokenizer = load_trained(args.model_dir)
+    sentences = read_lines(args.sentences or DEFAULT_SENTENCES)[:args.count]
+    return model, config, tokenizer, sentences, f"{args.model_dir} ({config.num_layers} layers, " \
+        f"d_model {config.d_model}, vocab {config.vocab_size})"
+
+
+def shaped_model(args, work):
+    """A random model of preset `args.shape` whose outputs never end with EOS, and sentences
+    of exactly `args.source_tokens` pieces (so that every output has that length + 50)."""
+    import keras
+    import sentencepiece as spm
+
+    from keras_transformer import TransformerConfig, build_transformer
+    from keras_transformer.constants import EOS_ID
+    from keras_transformer.data import Tokenizer, train_tokenizer
+
+    files = args.tokenizer_text.split(",") if args.tokenizer_text else SHAPE_TOKENIZER_TEXT
+    texts = [line for path in files for line in read_lines(path)]
+    tokenizer = Tokenizer.load(train_tokenizer(texts, work / "tokenizer", args.vocab_size, seed=args.seed))
+    config = TransformerConfig.from_preset(args.shape, vocab_size=tokenizer.vocab_size)
+    keras.utils.set_random_seed(args.seed)
+    model = build_transformer(config)
+    table = model.embedding.embeddings
+    table.assign(keras.ops.where(keras.ops.arange(config.vocab_size)[:, None] == EOS_ID, 0.0, table))
+    candidates = read_lines(args.sentences or SHAPE_SENTENCES)
+    processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
+    lengths = [min(len(processor.encode(s)), config.max_length - 1) for s in candidates]
+    wanted = args.source_tokens or collections.Counter(lengths).most_common(1)[0][0]
+    sentences = [s for s, n in zip(candidates, lengths) if n == wanted][:args.count]
+    if len(sentences) < args.count:
+        sys.exit(f"translate_speed: only {len(sentences)} sentences of exactly {wanted} pieces; "
+                 f"lower --count or change --source-tokens")
+    return model, config, tokenizer, sentences, f"random {args.shape} shape ({config.num_layers} layers, " \
+        f"d_model {config.d_model}, vocab {config.vocab_size}), seed {args.seed}, " \
+        f"sources of exactly {wanted} pieces, EOS embedding row zeroed"
+
+
+class Variants:
+    """name -> callable(list of str) -> list of str, all on the same weights."""
+
+    def __init__(self, model, config, tokenizer, work, args):
+        import ctranslate2
+        import sentencepiece as spm
+        import tensorflow as tf
+
+        from export.ctranslate2 import convert
+        from export.saved_model import export_model
+
+        self.args = args
+        self.processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
+        saved = export_model(model, config, tokenizer, work / "export")
+        self.signature = tf.saved_model.load(str(saved)).signatures["serving_default"]
+        self.calls = {OURS: self._ours}
+        self.translators = {}
+        for quantization in args.quantizations:
+            path = convert(model, config, tokenizer, work / f"ctranslate2-{quantization}",
+                           quantization=None if quantization == "float32" else quantization)
+            self.translators[quantization] = ctranslate2.Translator(
+                str(path), device="cpu", compute_type=quantization, inter_threads=1,
+                intra_threads=args.threads)
+            self.calls[f"ctranslate2 {quantization}"] = (
+                lambda texts, q=quantization: self._ctranslate2(q, texts))
+        self.config = config
+
+    def _ours(self, texts):
+        import tensorflow as tf
+
+        out = self.signature(text=tf.constant(texts, tf.string))["translation"].numpy()
+        return [t.decode("utf-8") for t in out]
+
+    def _ctranslate2(self, quantization, texts):
+        from export.ctranslate2 import translation_options
+
+        # Pieces without EOS: the converted model adds it (add_source_eos).
+        sources = [self.processor.encode(t, out_type=str) for t in texts]
+        options = translation_options(self.config, max(len(s) for s in sources), self.args.beam_size,
+                                      patience=self.args.patience)
+        results = self.translators[quantization].translate_batch(
+            sources, max_batch_size=len(texts), return_scores=False, **options)
+        return [self.processor.decode_pieces(r.hypotheses[0]) for r in results]
+
+    def generated_lengths(self, texts, batch_size):
+        """Ids generated per sentence by CTranslate2 float32 (EOS counted when produced)."""
+        from export.ctranslate2 import translation_options
+
+        lengths = []
+        for i in range(0, len(texts), batch_size):
+            sources = [self.processor.encode(t, out_type=str) for t in texts[i:i + batch_size]]
+            options = translation_options(self.config, max(len(s) for s in sources), self.args.beam_size,
+                                          patience=self.args.patience)
+            results = self.translators["float32"].translate_batch(sources, return_end_token=True, **options)
+            lengths += [len(r.hypotheses[0]) for r in results]
+        return lengths
+
+    def tokens(self, translations):
+        """Target tokens by one rule for every variant: pieces of the translation + EOS."""
+        return sum(len(self.processor.encode(t)) + 1 for t in translations)
+
+
+def run_batch_size(variants, sentences, batch_size, rounds):
+    batches = [sentences[i:i + batch_size] for i in range(0, len(sentences), batch_size)]
+    names = list(variants.calls)
+    outputs = {name: [t for b in batches for t in variants.calls[name](b)] for name in names}  # warm-up
+    tokens = {name: variants.tokens(outputs[name]) for name in names}
+    lines = []
+    for name in names[1:]:
+        same = sum(a == b for a, b in zip(outputs[OURS], outputs[name]))
+        lines.append(f"# {OURS} vs {name}: {same} of {len(sentences)} translations identical; "
+                     f"target tokens {tokens[OURS]} vs {tokens[name]}")
+    lengths = sorted(variants.generated_lengths(sentences, batch_size))
+    lines.append(f"# generated tokens per sentence (CTranslate2 float32's ids, EOS included if produced): "
+                 f"{lengths[0]}..{lengths[-1]}")
+    seconds = {name: [] for name in names}
+    for round_index in range(rounds):
+        order = names[round_index % len(names):] + names[:round_index % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            for batch in batches:
+                variants.calls[name](batch)
+            seconds[name].append(time.perf_counter() - start)
+    rate = {name: [tokens[name] / s for s in seconds[name]] for name in names}
+    lines.append(f"| batch {batch_size} | target tokens/s, median (min-max) | ratio to {BASELINE}, median (min-max) |")
+    lines.append("|---|---|---|")
+    ratios = {}
+    for name in names:
+        per_round = [r / b for r, b in zip(rate[name], rate[BASELINE])]
+        ratios[name] = statistics.median(per_round)
+        lines.append(f"| {name} | {statistics.median(rate[name]):.0f} ({min(rate[name]):.0f}-{max(rate[name]):.0f}) "
+                     f"| {ratios[name]:.2f} ({min(per_round):.2f}-{max(per_round):.2f}) |")
+    return lines, ratios
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    import ctranslate2
+    import keras
+
+    started = time.time()
+    with tempfile.TemporaryDirectory() as temporary:
+        work = pathlib.Path(args.work_dir or temporary)
+        work.mkdir(parents=True, exist_ok=True)
+        if args.model_dir:
+            model, config, tokenizer, sentences, described = trained_model(args)
+        else:
+            model, config, tokenizer, sentences, described = shaped_model(args, work)
+        variants = Variants(model, config, tokenizer, work, args)
+        load = os.getloadavg()
+        print(f"# translate speed: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, "
+              f"{os.cpu_count()} CPU(s), load average {load[0]:.2f} at start; TF {tf.__version__}, "
+              f"Keras {keras.__version__}, CTranslate2 {ctranslate2.__version__}")
+        print(f"# model: {described}")
+        print(f"# {len(sentences)} sentences, beam {args.beam_size}, alpha {config.length_penalty_alpha}, "
+              f"+{config.decode_extra_length}, {args.threads} threads per side, {args.rounds} timed rounds\n")
+        headline = None
+        for batch_size in args.batch_sizes:
+            subset = sentences if batch_size > 1 else sentences[:args.batch_one_count]
+            lines, ratios = run_batch_size(variants, subset, batch_size, args.rounds)
+            print("\n".join(lines) + "\n", flush=True)
+            headline = headline or (batch_size, ratios[OURS])
+    print(f"# total {time.time() - started:.0f} s; load average {os.getloadavg()[0]:.2f} at end")
+    print(f"serving_default_vs_ctranslate2_float32_batch{headline[0]}: {headline[1]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

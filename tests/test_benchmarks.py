@@ -1,0 +1,32 @@
+"""Smoke tests of the benchmarks on tiny settings (the figures themselves live in BENCHMARKS.md)."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+from helpers import write_corpus
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_translate_speed_runs_both_sides_on_the_same_weights(tmp_path):
+    data = write_corpus(tmp_path / "data", pairs=120, valid=4)
+    result = subprocess.run(
+        [sys.executable, "benchmarks/translate_speed.py", "--shape", "tiny", "--vocab-size", "60",
+         "--tokenizer-text", f"{data}/train.en,{data}/train.de", "--sentences", str(data / "train.en"),
+         "--count", "4", "--batch-sizes", "4", "--rounds", "1", "--quantizations", "float32"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = result.stdout
+    # Same weights, same search: CTranslate2 returns the same translations as the SavedModel.
+    assert re.search(r"serving_default vs ctranslate2 float32: 4 of 4 translations identical; "
+                     r"target tokens (\d+) vs \1\n", out), out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert "serving_default" in rows and "ctranslate2 float32" in rows
+    assert "| 1.00 (1.00-1.00) |" in rows["ctranslate2 float32"]  # the baseline of every ratio
+    name, value = out.strip().splitlines()[-1].split(": ")
+    assert name == "serving_default_vs_ctranslate2_float32_batch4" and float(value) > 0
+    assert not result.stderr.strip(), result.stderr[-2000:]  # quiet: no TensorFlow start-up lines
