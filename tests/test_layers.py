@@ -84,6 +84,22 @@ def test_write_cache_places_rows():
     np.testing.assert_array_equal(got, [[0, 0], [0, 0], [1, 2], [3, 4], [0, 0]])
 
 
+def test_write_cache_of_one_position_equals_numpy_and_the_general_path():
+    """The one-position path (every decoding step) writes exactly that row, at every index,
+    and agrees bit for bit with placing the same row through the general (T > 1) path."""
+    rng = np.random.default_rng(0)
+    cache = rng.normal(size=(3, 7, 2, 4)).astype("float32")
+    update = rng.normal(size=(3, 1, 2, 4)).astype("float32")
+    for index in range(7):
+        want = cache.copy()
+        want[:, index] = update[:, 0]
+        got = np.asarray(write_cache(cache, update, index))
+        np.testing.assert_array_equal(got, want)
+        # General path: two rows, the second one rewritten by the original cache row after.
+        pair = np.concatenate([update, cache[:, index + 1:index + 2] if index < 6 else update], axis=1)
+        np.testing.assert_array_equal(np.asarray(write_cache(cache, pair, index))[:, index], got[:, index])
+
+
 def test_positional_encoding_matches_formula():
     d_model = 16
     pe = np.asarray(sinusoidal_encoding(np.arange(50), d_model))
