@@ -42,12 +42,12 @@ class IncrementalDecoder:
         return self.model.encode(source_ids)
 
     def cross_attention_caches(self, encoder_output):
-        """`(key, value)` per decoder layer, each `[batch, S, heads, head_size]`."""
+        """`(key, value)` per decoder layer, each `[batch, heads, S, head_size]`."""
         return self.model.cross_attention_caches(encoder_output)
 
     def initial_self_attention_cache(self, batch_size, max_length):
-        """Zeroed `(key, value)` buffers per decoder layer, `[batch, max_length, heads, head_size]`."""
-        shape = (batch_size, max_length, self.config.num_heads, self.config.head_size)
+        """Zeroed `(key, value)` buffers per decoder layer, `[batch, heads, max_length, head_size]`."""
+        shape = (batch_size, self.config.num_heads, max_length, self.config.head_size)
         dtype = self.model.compute_dtype
         return [(ops.zeros(shape, dtype), ops.zeros(shape, dtype)) for _ in range(self.config.num_layers)]
 

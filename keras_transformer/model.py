@@ -140,7 +140,7 @@ class Transformer(keras.Model):
 
     def cross_attention_caches(self, encoder_output):
         """`(key, value)` of the encoder output per decoder layer, each
-        `[batch, S, heads, head_size]`: computed once per source."""
+        `[batch, heads, S, head_size]`: computed once per source."""
         return [layer.cross_attention.compute_key_value(encoder_output)
                 for layer in self.decoder_layers]
 
@@ -150,7 +150,7 @@ class Transformer(keras.Model):
 
         Without caches this is the training pass: causal self-attention over
         all of `target_ids`. With `self_attention_caches` (one `(key, value)`
-        `[batch, max_length, heads, head_size]` per layer) it is one decoding
+        `[batch, heads, max_length, head_size]` per layer) it is one decoding
         step: `target_ids` sit at positions `start_position ...`, their keys
         and values are written into the caches, and `cross_attention_caches`
         (from `cross_attention_caches(encoder_output)`) replace the

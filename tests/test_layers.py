@@ -67,20 +67,20 @@ def test_self_attention_cache_step_by_step_equals_causal_full_pass():
     layer = MultiHeadAttention(num_heads=2, d_model=8)
     x = rng.normal(size=(3, 6, 8)).astype("float32")
     full = np.asarray(layer(x, x, attention_mask=np.tril(np.ones((6, 6), bool))[None]))
-    cache = (np.zeros((3, 9, 2, 4), "float32"), np.zeros((3, 9, 2, 4), "float32"))
+    cache = (np.zeros((3, 2, 9, 4), "float32"), np.zeros((3, 2, 9, 4), "float32"))  # [batch, heads, slots, d]
     for t in range(6):
         out, cache = layer(x[:, t:t + 1], cache=cache, cache_index=t)
         np.testing.assert_allclose(np.asarray(out)[:, 0], full[:, t], atol=1e-5)
     # The cache holds exactly the projected keys of the 6 positions, zeros after.
     keys = np.asarray(layer.compute_key_value(x)[0])
-    np.testing.assert_allclose(np.asarray(cache[0])[:, :6], keys, atol=1e-6)
-    assert not np.asarray(cache[0])[:, 6:].any()
+    np.testing.assert_allclose(np.asarray(cache[0])[:, :, :6], keys, atol=1e-6)
+    assert not np.asarray(cache[0])[:, :, 6:].any()
 
 
 def test_write_cache_places_rows():
-    cache = np.zeros((1, 5, 1, 2), "float32")
-    update = np.arange(4, dtype="float32").reshape(1, 2, 1, 2) + 1
-    got = np.asarray(write_cache(cache, update, 2))[0, :, 0]
+    cache = np.zeros((1, 1, 5, 2), "float32")  # [batch, heads, slots, d]
+    update = np.arange(4, dtype="float32").reshape(1, 1, 2, 2) + 1
+    got = np.asarray(write_cache(cache, update, 2))[0, 0]
     np.testing.assert_array_equal(got, [[0, 0], [0, 0], [1, 2], [3, 4], [0, 0]])
 
 
@@ -88,16 +88,17 @@ def test_write_cache_of_one_position_equals_numpy_and_the_general_path():
     """The one-position path (every decoding step) writes exactly that row, at every index,
     and agrees bit for bit with placing the same row through the general (T > 1) path."""
     rng = np.random.default_rng(0)
-    cache = rng.normal(size=(3, 7, 2, 4)).astype("float32")
-    update = rng.normal(size=(3, 1, 2, 4)).astype("float32")
+    cache = rng.normal(size=(3, 2, 7, 4)).astype("float32")  # [batch, heads, slots, d]
+    update = rng.normal(size=(3, 2, 1, 4)).astype("float32")
     for index in range(7):
         want = cache.copy()
-        want[:, index] = update[:, 0]
+        want[:, :, index] = update[:, :, 0]
         got = np.asarray(write_cache(cache, update, index))
         np.testing.assert_array_equal(got, want)
         # General path: two rows, the second one rewritten by the original cache row after.
-        pair = np.concatenate([update, cache[:, index + 1:index + 2] if index < 6 else update], axis=1)
-        np.testing.assert_array_equal(np.asarray(write_cache(cache, pair, index))[:, index], got[:, index])
+        pair = np.concatenate([update, cache[:, :, index + 1:index + 2] if index < 6 else update], axis=2)
+        np.testing.assert_array_equal(np.asarray(write_cache(cache, pair, index))[:, :, index],
+                                      got[:, :, index])
 
 
 def test_positional_encoding_matches_formula():
@@ -277,7 +278,7 @@ def _shape_cases():
     x = rng.normal(size=(2, 5, 8)).astype("float32")
     memory = rng.normal(size=(2, 7, 8)).astype("float32")
     ids = rng.integers(1, 11, size=(2, 5)).astype("int32")
-    cache = (np.zeros((2, 9, 2, 4), "float32"), np.zeros((2, 9, 2, 4), "float32"))
+    cache = (np.zeros((2, 2, 9, 4), "float32"), np.zeros((2, 2, 9, 4), "float32"))
     padding = np.ones((2, 7), bool)
     return {
         "attention": (MultiHeadAttention(num_heads=2, d_model=8), lambda l, a: l(a["x"], a["memory"]),
@@ -398,7 +399,7 @@ def test_attention_mixed_precision():
 def test_attention_cached_mixed_precision():
     rng = np.random.default_rng(8)
     x = rng.normal(size=(2, 3, 16)).astype("float32")
-    cache = (np.zeros((2, 6, 4, 4), "float32"), np.zeros((2, 6, 4, 4), "float32"))
+    cache = (np.zeros((2, 4, 6, 4), "float32"), np.zeros((2, 4, 6, 4), "float32"))
 
     def two_steps(layer):
         first, state = layer(x[:, :2], cache=cache, cache_index=0)
@@ -465,7 +466,7 @@ def test_decoder_block_mixed_precision(cached):
     y = rng.normal(size=(2, 4, 16)).astype("float32")
     memory = rng.normal(size=(2, 5, 16)).astype("float32")
     padding = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
-    cache = (np.zeros((2, 6, 4, 4), "float32"), np.zeros((2, 6, 4, 4), "float32"))
+    cache = (np.zeros((2, 4, 6, 4), "float32"), np.zeros((2, 4, 6, 4), "float32"))
 
     def call(layer):
         if not cached:

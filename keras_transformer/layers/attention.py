@@ -11,7 +11,7 @@ from keras_transformer.constants import NEG_INF
 
 
 def write_cache(cache, update, index):
-    """Writes `update` into `cache` at positions `index ... index + T - 1`.
+    """Writes `update` into `cache` at positions `index ... index + T - 1` (axis 2).
 
     The cache is a preallocated buffer; instead of a dynamic slice update
     (XLA/TFLite-specific ops) the new rows are placed with a one-hot placement
@@ -21,29 +21,29 @@ def write_cache(cache, update, index):
     StridedSlice that LiteRT has no kernel for.)
 
     Args:
-        cache: `[batch, max_length, heads, head_size]`.
-        update: `[batch, T, heads, head_size]`.
+        cache: `[batch, heads, max_length, head_size]`.
+        update: `[batch, heads, T, head_size]`.
         index: int32 scalar, first position to write.
 
     Returns:
         The cache with positions `index .. index+T-1` replaced.
     """
-    max_length = ops.shape(cache)[1]
+    max_length = ops.shape(cache)[2]
     positions = ops.arange(max_length, dtype="int32")  # [max_length]
-    if update.shape[1] == 1:
+    if update.shape[2] == 1:
         # One position (every step of cached decoding): a broadcasting
         # `where` is the whole write, one pass over the buffer with no
         # placement matmul and its transposes (they were 40% of a beam-search
         # step on `base`). Bit-identical to the general path below.
-        written = ops.reshape(ops.equal(positions, ops.cast(index, "int32")), (1, -1, 1, 1))
-        return ops.where(written, update, cache)  # update [batch, 1, ...] broadcasts over positions
-    length = ops.shape(update)[1]
+        written = ops.reshape(ops.equal(positions, ops.cast(index, "int32")), (1, 1, -1, 1))
+        return ops.where(written, update, cache)  # update [batch, heads, 1, ...] broadcasts over positions
+    length = ops.shape(update)[2]
     targets = ops.cast(index, "int32") + ops.arange(length, dtype="int32")  # [T]
     # placement[s, t] = 1 where cache row s receives update row t.
     placement = ops.cast(ops.equal(ops.expand_dims(positions, 1), ops.expand_dims(targets, 0)),
                          cache.dtype)  # [max_length, T]
-    placed = ops.einsum("st,bthd->bshd", placement, update)  # [batch, max_length, heads, head_size]
-    written = ops.reshape(ops.sum(placement, axis=1), (1, -1, 1, 1))  # [1, max_length, 1, 1]
+    placed = ops.einsum("st,bhtd->bhsd", placement, update)  # [batch, heads, max_length, head_size]
+    written = ops.reshape(ops.sum(placement, axis=1), (1, 1, -1, 1))  # [1, 1, max_length, 1]
     return ops.where(written > 0, placed, cache)
 
 
@@ -103,7 +103,9 @@ class MultiHeadAttention(keras.layers.Layer):
             True where attending is allowed.
         attention_bias: float, broadcastable to `[batch, heads, T_q, T_k]`,
             added to the scaled logits.
-        cache: `(key, value)`, each `[batch, S, heads, head_size]`.
+        cache: `(key, value)`, each `[batch, heads, S, head_size]` (heads
+            first: attention reads the cache as it is stored, with no
+            transpose of the whole buffer per decoding step).
             With `cache_index=None` it is a static cache: precomputed keys and
             values (cross-attention, computed once per source by
             `compute_key_value`). With `cache_index` it is a self-attention
@@ -162,35 +164,37 @@ class MultiHeadAttention(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def split_heads(self, x):
+        """`[batch, T, d_model]` -> `[batch, heads, T, head_size]`."""
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        return ops.reshape(x, (batch, length, self.num_heads, self.head_size))  # [batch, T, heads, head_size]
+        x = ops.reshape(x, (batch, length, self.num_heads, self.head_size))  # [batch, T, heads, head_size]
+        return ops.transpose(x, (0, 2, 1, 3))  # [batch, heads, T, head_size]
 
     def compute_key_value(self, value):
-        """Projects `value` [batch, T, d_model] to the `(key, value)` cache, each [batch, T, heads, head_size]."""
+        """Projects `value` [batch, T, d_model] to the `(key, value)` cache, each [batch, heads, T, head_size]."""
         return self.split_heads(self.key_dense(value)), self.split_heads(self.value_dense(value))
 
     def call(self, query, value=None, attention_mask=None, attention_bias=None,
              cache=None, cache_index=None, training=None):
-        q = self.split_heads(self.query_dense(query))  # [batch, T_q, heads, head_size]
+        q = self.split_heads(self.query_dense(query))  # [batch, heads, T_q, head_size]
         if cache is None:
-            k, v = self.compute_key_value(value)  # [batch, T_k, heads, head_size]
+            k, v = self.compute_key_value(value)  # [batch, heads, T_k, head_size]
         elif cache_index is None:
             k, v = cache
         else:
             new_k, new_v = self.compute_key_value(query if value is None else value)
-            k = write_cache(cache[0], new_k, cache_index)  # [batch, max_length, heads, head_size]
+            k = write_cache(cache[0], new_k, cache_index)  # [batch, heads, max_length, head_size]
             v = write_cache(cache[1], new_v, cache_index)
             # Causal mask over the cache: query t (absolute position
             # cache_index + t) sees slots <= cache_index + t.
-            slots = ops.arange(ops.shape(k)[1], dtype="int32")  # [max_length]
-            query_positions = ops.cast(cache_index, "int32") + ops.arange(ops.shape(q)[1], dtype="int32")
+            slots = ops.arange(ops.shape(k)[2], dtype="int32")  # [max_length]
+            query_positions = ops.cast(cache_index, "int32") + ops.arange(ops.shape(q)[2], dtype="int32")
             causal = ops.expand_dims(ops.expand_dims(slots, 0) <= ops.expand_dims(query_positions, 1),
                                      0)  # [1, T_q, max_length]
             attention_mask = causal if attention_mask is None else ops.logical_and(attention_mask, causal)
 
         # Scores in float32 so that NEG_INF and the softmax are exact under
         # mixed precision.
-        scores = ops.einsum("bqhd,bkhd->bhqk", q, k)  # [batch, heads, T_q, T_k]
+        scores = ops.einsum("bhqd,bhkd->bhqk", q, k)  # [batch, heads, T_q, T_k]
         scores = ops.cast(scores, "float32") / math.sqrt(self.head_size)
         if attention_bias is not None:
             scores = scores + ops.cast(attention_bias, "float32")
@@ -199,7 +203,7 @@ class MultiHeadAttention(keras.layers.Layer):
             scores = ops.where(mask, scores, NEG_INF)
         weights = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
         weights = self.dropout_layer(weights, training=training)
-        context = ops.einsum("bhqk,bkhd->bqhd", weights, v)  # [batch, T_q, heads, head_size]
+        context = ops.einsum("bhqk,bhkd->bqhd", weights, v)  # [batch, T_q, heads, head_size]
         batch, length = ops.shape(context)[0], ops.shape(context)[1]
         context = ops.reshape(context, (batch, length, self.d_model))  # [batch, T_q, d_model]
         output = self.output_dense(context)

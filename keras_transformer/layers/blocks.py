@@ -129,7 +129,7 @@ class DecoderBlock(_BlockBase):
             `cross_attention_cache` is given.
         encoder_padding_mask: bool `[batch, S]`, True on real source tokens.
         self_attention_bias: optional additive bias for self-attention.
-        self_attention_cache: `(key, value)` `[batch, max_length, heads,
+        self_attention_cache: `(key, value)` `[batch, heads, max_length,
             head_size]` for incremental decoding; the call writes its keys and
             values at `cache_index`.
         cache_index: int32 scalar, absolute position of `inputs[:, 0]`.
