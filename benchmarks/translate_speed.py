@@ -20,9 +20,13 @@ What it measures, in one process, on the same weights and the same sentences:
   `max_decoding_length` = that source + 50: CTranslate2 has one limit per
   call where ours is per sentence).
 
-Both sides get `--threads` threads (TensorFlow: intra-op and inter-op pools
-of that size; CTranslate2: `intra_threads`). Batches of `--batch-sizes`
-sentences in input order.
+Each variant runs in its own worker process (the main process only
+exports, converts and coordinates): in one process CTranslate2 ran 3-9x
+slower once TensorFlow had run, and a CTranslate2 measured that way would
+flatter us. Both sides get `--threads` threads (TensorFlow: intra-op and
+inter-op pools of that size; CTranslate2: `intra_threads`, one translator).
+Batches of `--batch-sizes` sentences in input order; the worker times its
+whole pass over the batches.
 
 Target tokens/s counts, on both sides by the same rule, the SentencePiece
 pieces of each returned translation (re-encoded: the signature returns only
@@ -102,6 +106,8 @@ def parse_args(argv=None):
                              "its own default 1 stops earlier, see export/ctranslate2.py)")
     parser.add_argument("--quantizations", default="float32,int8",
                         help="CTranslate2 compute types to compare (default float32,int8)")
+    parser.add_argument("--pause", type=float, default=1.0,
+                        help="seconds of idle time before each variant's timed pass (default 1)")
     parser.add_argument("--vocab-size", type=int, default=32000,
                         help="--shape: upper bound of the vocabulary trained on the fly (default 32000)")
     parser.add_argument("--source-tokens", type=int, default=None,
@@ -172,60 +178,113 @@ def shaped_model(args, work):
         f"sources of exactly {wanted} pieces, EOS embedding row zeroed"
 
 
+def _serve_worker(connection, kind, path, threads, options):
+    """One variant in its own process: receives lists of batches, times them, sends back
+    `(seconds, translations)`. A separate process per variant keeps the runtimes apart:
+    in one process, CTranslate2 ran 3-9x slower after TensorFlow had run (both bring
+    their own thread pools; measured with this script before it used workers)."""
+    import sentencepiece as spm
+
+    if kind == "saved_model":
+        import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
+        import tensorflow as tf
+        import tensorflow_text  # noqa: F401  (the tokenizer ops, as a user loads the export)
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        signature = tf.saved_model.load(path).signatures["serving_default"]
+
+        def translate(texts):
+            out = signature(text=tf.constant(texts, tf.string))["translation"].numpy()
+            return [t.decode("utf-8") for t in out]
+    else:
+        import ctranslate2
+
+        translator = ctranslate2.Translator(path, device="cpu", compute_type=kind, inter_threads=1,
+                                            intra_threads=threads)
+        processor = spm.SentencePieceProcessor(model_file=str(pathlib.Path(path) / "tokenizer.model"))
+
+        def translate(texts):
+            # Pieces without EOS: the converted model adds it (add_source_eos).
+            sources = [processor.encode(t, out_type=str) for t in texts]
+            longest = max(len(s) for s in sources)
+            results = translator.translate_batch(sources, max_batch_size=len(texts), return_scores=False,
+                                                 **options(longest))
+            return [processor.decode_pieces(r.hypotheses[0]) for r in results]
+
+    connection.send("ready")
+    while (batches := connection.recv()) is not None:
+        start = time.perf_counter()
+        translations = [t for batch in batches for t in translate(batch)]
+        connection.send((time.perf_counter() - start, translations))
+
+
+class _Options:
+    """Picklable `source_length -> translate_batch options` (export.ctranslate2.translation_options)."""
+
+    def __init__(self, config, beam_size, patience):
+        self.config, self.beam_size, self.patience = config, beam_size, patience
+
+    def __call__(self, source_length):
+        from export.ctranslate2 import translation_options
+
+        return translation_options(self.config, source_length, self.beam_size, patience=self.patience)
+
+
 class Variants:
-    """name -> callable(list of str) -> list of str, all on the same weights."""
+    """name -> a worker process translating lists of batches, all on the same weights."""
 
     def __init__(self, model, config, tokenizer, work, args):
-        import ctranslate2
+        import multiprocessing
+
         import sentencepiece as spm
-        import tensorflow as tf
 
         from export.ctranslate2 import convert
         from export.saved_model import export_model
 
-        self.args = args
+        self.args, self.config = args, config
         self.processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
-        saved = export_model(model, config, tokenizer, work / "export")
-        self.signature = tf.saved_model.load(str(saved)).signatures["serving_default"]
-        self.calls = {OURS: self._ours}
-        self.translators = {}
+        self.options = _Options(config, args.beam_size, args.patience)
+        paths = {OURS: ("saved_model", str(export_model(model, config, tokenizer, work / "export")))}
         for quantization in args.quantizations:
             path = convert(model, config, tokenizer, work / f"ctranslate2-{quantization}",
                            quantization=None if quantization == "float32" else quantization)
-            self.translators[quantization] = ctranslate2.Translator(
-                str(path), device="cpu", compute_type=quantization, inter_threads=1,
-                intra_threads=args.threads)
-            self.calls[f"ctranslate2 {quantization}"] = (
-                lambda texts, q=quantization: self._ctranslate2(q, texts))
-        self.config = config
+            paths[f"ctranslate2 {quantization}"] = (quantization, str(path))
+        self.paths = paths
+        context = multiprocessing.get_context("spawn")
+        self.workers = {}
+        for name, (kind, path) in paths.items():
+            parent, child = context.Pipe()
+            process = context.Process(target=_serve_worker, args=(child, kind, path, args.threads, self.options),
+                                      daemon=True)
+            process.start()
+            self.workers[name] = (parent, process)
+        for name, (connection, _) in self.workers.items():
+            if connection.recv() != "ready":
+                raise RuntimeError(f"worker {name} did not start")
+        self.calls = list(paths)
 
-    def _ours(self, texts):
-        import tensorflow as tf
+    def run(self, name, batches):
+        """Translates `batches` (lists of str) in the variant's process: `(seconds, translations)`."""
+        connection, _ = self.workers[name]
+        connection.send(batches)
+        return connection.recv()
 
-        out = self.signature(text=tf.constant(texts, tf.string))["translation"].numpy()
-        return [t.decode("utf-8") for t in out]
-
-    def _ctranslate2(self, quantization, texts):
-        from export.ctranslate2 import translation_options
-
-        # Pieces without EOS: the converted model adds it (add_source_eos).
-        sources = [self.processor.encode(t, out_type=str) for t in texts]
-        options = translation_options(self.config, max(len(s) for s in sources), self.args.beam_size,
-                                      patience=self.args.patience)
-        results = self.translators[quantization].translate_batch(
-            sources, max_batch_size=len(texts), return_scores=False, **options)
-        return [self.processor.decode_pieces(r.hypotheses[0]) for r in results]
+    def close(self):
+        for connection, process in self.workers.values():
+            connection.send(None)
+            process.join(timeout=30)
 
     def generated_lengths(self, texts, batch_size):
-        """Ids generated per sentence by CTranslate2 float32 (EOS counted when produced)."""
-        from export.ctranslate2 import translation_options
+        """Ids generated per sentence by CTranslate2 float32 (EOS counted when produced); untimed."""
+        import ctranslate2
 
+        translator = ctranslate2.Translator(self.paths["ctranslate2 float32"][1], intra_threads=self.args.threads)
         lengths = []
         for i in range(0, len(texts), batch_size):
             sources = [self.processor.encode(t, out_type=str) for t in texts[i:i + batch_size]]
-            options = translation_options(self.config, max(len(s) for s in sources), self.args.beam_size,
-                                          patience=self.args.patience)
-            results = self.translators["float32"].translate_batch(sources, return_end_token=True, **options)
+            results = translator.translate_batch(sources, return_end_token=True,
+                                                 **self.options(max(len(s) for s in sources)))
             lengths += [len(r.hypotheses[0]) for r in results]
         return lengths
 
@@ -234,10 +293,10 @@ class Variants:
         return sum(len(self.processor.encode(t)) + 1 for t in translations)
 
 
-def run_batch_size(variants, sentences, batch_size, rounds):
+def run_batch_size(variants, sentences, batch_size, rounds, pause):
     batches = [sentences[i:i + batch_size] for i in range(0, len(sentences), batch_size)]
     names = list(variants.calls)
-    outputs = {name: [t for b in batches for t in variants.calls[name](b)] for name in names}  # warm-up
+    outputs = {name: variants.run(name, batches)[1] for name in names}  # warm-up
     tokens = {name: variants.tokens(outputs[name]) for name in names}
     lines = []
     for name in names[1:]:
@@ -251,10 +310,10 @@ def run_batch_size(variants, sentences, batch_size, rounds):
     for round_index in range(rounds):
         order = names[round_index % len(names):] + names[:round_index % len(names)]
         for name in order:
-            start = time.perf_counter()
-            for batch in batches:
-                variants.calls[name](batch)
-            seconds[name].append(time.perf_counter() - start)
+            # Let the previous variant's threads go idle first (CTranslate2's
+            # OpenMP threads spin for a while after a call).
+            time.sleep(pause)
+            seconds[name].append(variants.run(name, batches)[0])
     rate = {name: [tokens[name] / s for s in seconds[name]] for name in names}
     lines.append(f"| batch {batch_size} | target tokens/s, median (min-max) | ratio to {BASELINE}, median (min-max) |")
     lines.append("|---|---|---|")
@@ -294,11 +353,14 @@ def main(argv=None):
         print(f"# {len(sentences)} sentences, beam {args.beam_size}, alpha {config.length_penalty_alpha}, "
               f"+{config.decode_extra_length}, {args.threads} threads per side, {args.rounds} timed rounds\n")
         headline = None
-        for batch_size in args.batch_sizes:
-            subset = sentences if batch_size > 1 else sentences[:args.batch_one_count]
-            lines, ratios = run_batch_size(variants, subset, batch_size, args.rounds)
-            print("\n".join(lines) + "\n", flush=True)
-            headline = headline or (batch_size, ratios[OURS])
+        try:
+            for batch_size in args.batch_sizes:
+                subset = sentences if batch_size > 1 else sentences[:args.batch_one_count]
+                lines, ratios = run_batch_size(variants, subset, batch_size, args.rounds, args.pause)
+                print("\n".join(lines) + "\n", flush=True)
+                headline = headline or (batch_size, ratios[OURS])
+        finally:
+            variants.close()
     print(f"# total {time.time() - started:.0f} s; load average {os.getloadavg()[0]:.2f} at end")
     print(f"serving_default_vs_ctranslate2_float32_batch{headline[0]}: {headline[1]:.2f}")
     return 0
