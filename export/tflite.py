@@ -1,6 +1,6 @@
 """LiteRT (TFLite) conversion of an exported SavedModel.
 
-    python -m export.tflite --saved-model EXPORT/1 --output model.tflite
+    python -m export.tflite --saved-model EXPORT/1 --output model.tflite [--quantize float16|dynamic_int8]
 
 Converts the SavedModel's `translate_litert` signature (tokenizer, model,
 beam search, detokenizer) with TFLite builtins plus the TF Text custom ops
@@ -45,14 +45,31 @@ class ConversionError(RuntimeError):
 
 from keras_transformer.console import OneLineArgumentParser  # noqa: E402
 
-def convert(saved_model_dir, output) -> pathlib.Path:
-    """Converts `saved_model_dir`'s LiteRT signature to `output` (written atomically)."""
+# --quantize choices: weights as trained; float16 weights (dequantized to
+# float32 when the model loads); int8 weights with dynamic-range
+# quantization (LiteRT's hybrid kernels quantize activations on the fly in
+# the matmuls; everything else stays float32). Neither needs calibration data.
+QUANTIZATIONS = ("none", "float16", "dynamic_int8")
+
+
+def convert(saved_model_dir, output, quantize: str = "none") -> pathlib.Path:
+    """Converts `saved_model_dir`'s LiteRT signature to `output` (written atomically).
+
+    Args:
+        quantize: one of `QUANTIZATIONS`.
+    """
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the TF Text ops the SavedModel uses)
 
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[LITERT_SIGNATURE])
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     converter.allow_custom_ops = True  # the TF Text ops; anything else is caught by the audit
+    if quantize != "none":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if quantize == "float16":
+        converter.target_spec.supported_types = [tf.float16]
     flatbuffer = converter.convert()
     report = audit_tflite(flatbuffer)
     if report["unsupported"]:
@@ -93,6 +110,9 @@ def main(argv=None) -> int:
     parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
     parser.add_argument("--output", required=True, help="the .tflite file to write")
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, default="none",
+                        help="weight quantization (default none; float16 halves the file, dynamic_int8 "
+                             "stores int8 weights; BLEU and speed changes are in BENCHMARKS.md)")
     parser.add_argument("--translate", action="store_true",
                         help="after converting, translate stdin lines with the LiteRT model")
     parser.add_argument("--verbose", action="store_true",
@@ -102,7 +122,7 @@ def main(argv=None) -> int:
         print(f"export.tflite: error: {args.saved_model} holds no saved_model.pb", file=sys.stderr)
         return 2
     try:
-        path = convert(args.saved_model, args.output)
+        path = convert(args.saved_model, args.output, args.quantize)
     except ConversionError as error:
         print(f"export.tflite: error: {error}", file=sys.stderr)
         return 2
