@@ -1,0 +1,90 @@
+"""LiteRT size, speed and BLEU per `export.tflite --quantize` option.
+
+    python benchmarks/litert_quantize.py --saved-model runs/multi30k/export/1 \\
+        --source ../shared/data/multi30k/test2016.en --reference ../shared/data/multi30k/test2016.de
+
+For each option (`none`, `float16`, `dynamic_int8`): converts the export's
+`translate_litert` signature with `python -m export.tflite --quantize ...`,
+translates every line of `--source` with the LiteRT interpreter in a fresh
+subprocess (LiteRT checks run in subprocesses; one untimed warm-up call of 64
+sentences first, then one timed pass over all lines, 64 per call), and scores
+the output with sacreBLEU against `--reference` (cased, raw text). Prints the
+file size, the conversion time, the translation time and BLEU, and the ratios
+to `none`. The options run one after the other (one pass each, not
+interleaved): the speed ratios are indicative on a shared machine; the sizes
+and BLEU are exact. Last line: `dynamic_int8_bleu_change: X`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+OPTIONS = ("none", "float16", "dynamic_int8")
+
+TRANSLATE = """
+import json, sys, time
+from export.tflite import load_interpreter, translate_lines
+lines = [line.rstrip("\\n") for line in open(sys.argv[2], encoding="utf-8")]
+interpreter = load_interpreter(sys.argv[1])
+translate_lines(interpreter, lines[:64])  # warm-up
+start = time.perf_counter()
+hypotheses, _ = translate_lines(interpreter, lines)
+seconds = time.perf_counter() - start
+open(sys.argv[3], "w", encoding="utf-8").write("\\n".join(hypotheses) + "\\n")
+print(json.dumps({"seconds": seconds}))
+"""
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. RUN/export/1")
+    parser.add_argument("--source", required=True, help="source sentences, one per line")
+    parser.add_argument("--reference", required=True, help="reference translations, one per line")
+    parser.add_argument("--options", default=",".join(OPTIONS), help="comma-separated --quantize options")
+    args = parser.parse_args(argv)
+    import sacrebleu
+
+    options = [o.strip() for o in args.options.split(",") if o.strip()]
+    references = pathlib.Path(args.reference).read_text(encoding="utf-8").splitlines()
+    env = dict(os.environ, KERAS_TRANSFORMER_QUIET="1", TF_CPP_MIN_LOG_LEVEL="3")
+    print(f"# LiteRT quantization: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU(s), load average "
+          f"{os.getloadavg()[0]:.2f} at start; {args.saved_model} on {args.source}")
+    results = {}
+    with tempfile.TemporaryDirectory() as work:
+        for option in options:
+            model = pathlib.Path(work) / f"{option}.tflite"
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "export.tflite", "--saved-model", args.saved_model,
+                            "--output", str(model), "--quantize", option], cwd=REPO_ROOT, env=env, check=True,
+                           capture_output=True)
+            convert_seconds = time.perf_counter() - start
+            hypotheses = pathlib.Path(work) / f"{option}.hyp"
+            out = subprocess.run([sys.executable, "-c", TRANSLATE, str(model), args.source, str(hypotheses)],
+                                 cwd=REPO_ROOT, env=env, check=True, capture_output=True, text=True)
+            seconds = json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
+            metric = sacrebleu.BLEU()
+            bleu = metric.corpus_score(hypotheses.read_text(encoding="utf-8").splitlines(), [references])
+            results[option] = dict(size=model.stat().st_size, seconds=seconds, bleu=bleu.score)
+            print(f"| {option} | {model.stat().st_size / 2**20:.2f} MiB | convert {convert_seconds:.0f} s | "
+                  f"translate {seconds:.1f} s | BLEU {bleu.score:.2f} |", flush=True)
+    base = results.get("none")
+    if base:
+        for option, r in list(results.items())[1:]:
+            print(f"# {option} vs none: size {r['size'] / base['size']:.2f}x, time {r['seconds'] / base['seconds']:.2f}x, "
+                  f"BLEU {r['bleu'] - base['bleu']:+.2f}")
+    print(f"# BLEU signature: {metric.get_signature()}")
+    if base and "dynamic_int8" in results:
+        print(f"dynamic_int8_bleu_change: {results['dynamic_int8']['bleu'] - base['bleu']:+.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
