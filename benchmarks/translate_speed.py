@@ -180,7 +180,8 @@ def shaped_model(args, work):
 
 def _serve_worker(connection, kind, path, threads, options):
     """One variant in its own process: receives lists of batches, times them, sends back
-    `(seconds, translations)`. A separate process per variant keeps the runtimes apart:
+    `(seconds, translations, generated)`, `generated` the ids generated per sentence (EOS
+    included when produced; CTranslate2 only, None for the SavedModel). A separate process per variant keeps the runtimes apart:
     in one process, CTranslate2 ran 3-9x slower after TensorFlow had run (both bring
     their own thread pools; measured with this script before it used workers)."""
     import sentencepiece as spm
@@ -196,27 +197,35 @@ def _serve_worker(connection, kind, path, threads, options):
 
         def translate(texts):
             out = signature(text=tf.constant(texts, tf.string))["translation"].numpy()
-            return [t.decode("utf-8") for t in out]
+            return [t.decode("utf-8") for t in out], None
     else:
         import ctranslate2
+
+        from keras_transformer.constants import EOS_ID
 
         translator = ctranslate2.Translator(path, device="cpu", compute_type=kind, inter_threads=1,
                                             intra_threads=threads)
         processor = spm.SentencePieceProcessor(model_file=str(pathlib.Path(path) / "tokenizer.model"))
+        eos = processor.id_to_piece(EOS_ID)
 
         def translate(texts):
             # Pieces without EOS: the converted model adds it (add_source_eos).
             sources = [processor.encode(t, out_type=str) for t in texts]
             longest = max(len(s) for s in sources)
             results = translator.translate_batch(sources, max_batch_size=len(texts), return_scores=False,
-                                                 **options(longest))
-            return [processor.decode_pieces(r.hypotheses[0]) for r in results]
+                                                 return_end_token=True, **options(longest))
+            hypotheses = [r.hypotheses[0] for r in results]  # EOS last when it was produced
+            return ([processor.decode_pieces(h[:-1] if h and h[-1] == eos else h) for h in hypotheses],
+                    [len(h) for h in hypotheses])
 
     connection.send("ready")
     while (batches := connection.recv()) is not None:
         start = time.perf_counter()
-        translations = [t for batch in batches for t in translate(batch)]
-        connection.send((time.perf_counter() - start, translations))
+        results = [translate(batch) for batch in batches]
+        seconds = time.perf_counter() - start
+        translations = [t for texts, _ in results for t in texts]
+        generated = None if results[0][1] is None else [n for _, lengths in results for n in lengths]
+        connection.send((seconds, translations, generated))
 
 
 class _Options:
@@ -242,20 +251,18 @@ class Variants:
         from export.ctranslate2 import convert
         from export.saved_model import export_model
 
-        self.args, self.config = args, config
         self.processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
-        self.options = _Options(config, args.beam_size, args.patience)
+        options = _Options(config, args.beam_size, args.patience)
         paths = {OURS: ("saved_model", str(export_model(model, config, tokenizer, work / "export")))}
         for quantization in args.quantizations:
             path = convert(model, config, tokenizer, work / f"ctranslate2-{quantization}",
                            quantization=None if quantization == "float32" else quantization)
             paths[f"ctranslate2 {quantization}"] = (quantization, str(path))
-        self.paths = paths
         context = multiprocessing.get_context("spawn")
         self.workers = {}
         for name, (kind, path) in paths.items():
             parent, child = context.Pipe()
-            process = context.Process(target=_serve_worker, args=(child, kind, path, args.threads, self.options),
+            process = context.Process(target=_serve_worker, args=(child, kind, path, args.threads, options),
                                       daemon=True)
             process.start()
             self.workers[name] = (parent, process)
@@ -265,7 +272,8 @@ class Variants:
         self.calls = list(paths)
 
     def run(self, name, batches):
-        """Translates `batches` (lists of str) in the variant's process: `(seconds, translations)`."""
+        """Translates `batches` (lists of str) in the variant's process: `(seconds, translations,
+        generated)`, see `_serve_worker`."""
         connection, _ = self.workers[name]
         connection.send(batches)
         return connection.recv()
@@ -275,19 +283,6 @@ class Variants:
             connection.send(None)
             process.join(timeout=30)
 
-    def generated_lengths(self, texts, batch_size):
-        """Ids generated per sentence by CTranslate2 float32 (EOS counted when produced); untimed."""
-        import ctranslate2
-
-        translator = ctranslate2.Translator(self.paths["ctranslate2 float32"][1], intra_threads=self.args.threads)
-        lengths = []
-        for i in range(0, len(texts), batch_size):
-            sources = [self.processor.encode(t, out_type=str) for t in texts[i:i + batch_size]]
-            results = translator.translate_batch(sources, return_end_token=True,
-                                                 **self.options(max(len(s) for s in sources)))
-            lengths += [len(r.hypotheses[0]) for r in results]
-        return lengths
-
     def tokens(self, translations):
         """Target tokens by one rule for every variant: pieces of the translation + EOS."""
         return sum(len(self.processor.encode(t)) + 1 for t in translations)
@@ -296,14 +291,15 @@ class Variants:
 def run_batch_size(variants, sentences, batch_size, rounds, pause):
     batches = [sentences[i:i + batch_size] for i in range(0, len(sentences), batch_size)]
     names = list(variants.calls)
-    outputs = {name: variants.run(name, batches)[1] for name in names}  # warm-up
+    warm_up = {name: variants.run(name, batches) for name in names}
+    outputs = {name: result[1] for name, result in warm_up.items()}
     tokens = {name: variants.tokens(outputs[name]) for name in names}
     lines = []
     for name in names[1:]:
         same = sum(a == b for a, b in zip(outputs[OURS], outputs[name]))
         lines.append(f"# {OURS} vs {name}: {same} of {len(sentences)} translations identical; "
                      f"target tokens {tokens[OURS]} vs {tokens[name]}")
-    lengths = sorted(variants.generated_lengths(sentences, batch_size))
+    lengths = sorted(warm_up[BASELINE][2])
     lines.append(f"# generated tokens per sentence (CTranslate2 float32's ids, EOS included if produced): "
                  f"{lengths[0]}..{lengths[-1]}")
     seconds = {name: [] for name in names}
