@@ -70,11 +70,15 @@ def test_cached_step_by_step_decoding_equals_full_pass(norm_first):
     source[0, 4:] = PAD_ID  # a padded source in the batch
     target = np.concatenate([np.full((3, 1), BOS_ID, "int32"), random_ids(rng, (3, 7))], axis=1)
     full = np.asarray(model([source, target]))  # [3, 8, vocab]
+    assert_cached_decoding_matches(IncrementalDecoder(model, config), source, target, full, buffer=12)
 
-    decoder = IncrementalDecoder(model, config)
+
+def assert_cached_decoding_matches(decoder, source, target, full, buffer):
+    """Decodes `target` one position at a time with `buffer` cache slots; every step's
+    logits must equal the full pass's `full` at that position."""
     encoder_output, source_mask = decoder.encode(source)
     cross = decoder.cross_attention_caches(encoder_output)
-    caches = decoder.initial_self_attention_cache(3, 12)
+    caches = decoder.initial_self_attention_cache(source.shape[0], buffer)
     for t in range(target.shape[1]):
         logits, caches = decoder.decode(target[:, t:t + 1], t, caches, cross, source_mask)
         np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=1e-5)
@@ -149,13 +153,7 @@ def test_loaded_keras_file_decodes_through_the_same_wiring(tmp_path):
     source = random_ids(rng, (2, 5))
     target = np.concatenate([np.full((2, 1), BOS_ID, "int32"), random_ids(rng, (2, 3))], axis=1)
     full = np.asarray(model([source, target]))
-    decoder = IncrementalDecoder(loaded, config)
-    encoded, mask = decoder.encode(source)
-    cross = decoder.cross_attention_caches(encoded)
-    caches = decoder.initial_self_attention_cache(2, 6)
-    for t in range(target.shape[1]):
-        logits, caches = decoder.decode(target[:, t:t + 1], t, caches, cross, mask)
-        np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=1e-5)
+    assert_cached_decoding_matches(IncrementalDecoder(loaded, config), source, target, full, buffer=6)
     # A plain functional model has no encode/decode: refused in one line.
     with pytest.raises(TypeError, match="needs a Transformer from build_transformer"):
         IncrementalDecoder(keras.Model.from_config(model.get_config()), config)
