@@ -10,6 +10,9 @@ What it measures, in one process, on the same weights and the same sentences:
   `tf.saved_model.load(path).signatures["serving_default"](text=...)`,
   strings in, strings out (tokenizer, encoder, beam 4 with alpha 0.6 and the
   +50 rule, detokenizer all inside the graph; no XLA);
+* `translate_xla`: the same export's XLA signature (the search compiled, on
+  inputs padded to batch and length buckets; what `export.translate` and
+  training's BLEU run); its untimed warm-up pass compiles the programs;
 * `ctranslate2 float32` / `ctranslate2 int8`: the same weights converted by
   `export.ctranslate2` and run by `ctranslate2.Translator` (CPU,
   `intra_threads=--threads`, one translator thread), strings in, strings out
@@ -84,6 +87,7 @@ SHAPE_TOKENIZER_TEXT = [SHARED_DATA / "multi30k" / f"train.{lang}" for lang in (
 SHAPE_SENTENCES = SHARED_DATA / "newstest2014" / "newstest2014.en-de.en"
 BASELINE = "ctranslate2 float32"
 OURS = "serving_default"
+XLA = "translate_xla"
 
 
 def parse_args(argv=None):
@@ -106,6 +110,7 @@ def parse_args(argv=None):
                              "its own default 1 stops earlier, see export/ctranslate2.py)")
     parser.add_argument("--quantizations", default="float32,int8",
                         help="CTranslate2 compute types to compare (default float32,int8)")
+    parser.add_argument("--no-xla", action="store_true", help="skip the translate_xla variant")
     parser.add_argument("--pause", type=float, default=1.0,
                         help="seconds of idle time before each variant's timed pass (default 1)")
     parser.add_argument("--vocab-size", type=int, default=32000,
@@ -186,14 +191,14 @@ def _serve_worker(connection, kind, path, threads, options):
     their own thread pools; measured with this script before it used workers)."""
     import sentencepiece as spm
 
-    if kind == "saved_model":
+    if kind.startswith("saved_model:"):
         import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
         import tensorflow as tf
         import tensorflow_text  # noqa: F401  (the tokenizer ops, as a user loads the export)
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
-        signature = tf.saved_model.load(path).signatures["serving_default"]
+        signature = tf.saved_model.load(path).signatures[kind.split(":", 1)[1]]
 
         def translate(texts):
             out = signature(text=tf.constant(texts, tf.string))["translation"].numpy()
@@ -253,7 +258,10 @@ class Variants:
 
         self.processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
         options = _Options(config, args.beam_size, args.patience)
-        paths = {OURS: ("saved_model", str(export_model(model, config, tokenizer, work / "export")))}
+        export = str(export_model(model, config, tokenizer, work / "export"))
+        paths = {OURS: (f"saved_model:{OURS}", export)}
+        if not args.no_xla:
+            paths[XLA] = (f"saved_model:{XLA}", export)
         for quantization in args.quantizations:
             path = convert(model, config, tokenizer, work / f"ctranslate2-{quantization}",
                            quantization=None if quantization == "float32" else quantization)
@@ -295,10 +303,13 @@ def run_batch_size(variants, sentences, batch_size, rounds, pause):
     outputs = {name: result[1] for name, result in warm_up.items()}
     tokens = {name: variants.tokens(outputs[name]) for name in names}
     lines = []
-    for name in names[1:]:
+    for name in [n for n in names if n.startswith("ctranslate2")]:
         same = sum(a == b for a, b in zip(outputs[OURS], outputs[name]))
         lines.append(f"# {OURS} vs {name}: {same} of {len(sentences)} translations identical; "
                      f"target tokens {tokens[OURS]} vs {tokens[name]}")
+    if XLA in outputs:
+        same = sum(a == b for a, b in zip(outputs[OURS], outputs[XLA]))
+        lines.append(f"# {OURS} vs {XLA}: {same} of {len(sentences)} translations identical")
     lengths = sorted(warm_up[BASELINE][2])
     lines.append(f"# generated tokens per sentence (CTranslate2 float32's ids, EOS included if produced): "
                  f"{lengths[0]}..{lengths[-1]}")

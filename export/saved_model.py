@@ -11,6 +11,14 @@ asset file to lose), the averaged weights and the beam search:
 * `translate_litert`: as `serving_default`, built from ops LiteRT has
   (`python -m export.tflite` converts it): no input hygiene, at most 64
   sentences per call;
+* `translate_xla`: as `serving_default`, with the search XLA-compiled
+  (`Translator.search_xla`: inputs padded to a few batch and length buckets,
+  same translations). Only for processes where XLA JIT runs: Python (what
+  `export.translate` uses) or a TF Serving started with
+  `--xla_cpu_compilation_enabled` (experimental); a default TF Serving fails
+  on a request to it. `--xla-warmup` adds one warm-up request per bucket
+  for it (only for such servers: TF Serving fails the load when a warm-up
+  request fails);
 * `translate_options`: `text` string `[None]`, `beam_size` int32 scalar
   (1..8), `alpha` float32 scalar, `extra_length` int32 scalar (0..50),
   `num_results` int32 scalar (1..beam_size) -> `translations` string
@@ -37,7 +45,7 @@ if __name__ == "__main__":
 
 from keras_transformer.config import TransformerConfig  # noqa: E402  (first: quiet TensorFlow import)
 from keras_transformer.constants import NEG_INF  # noqa: E402
-from keras_transformer.translator import Translator  # noqa: E402
+from keras_transformer.translator import XLA_BATCH_BUCKETS, Translator  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
@@ -51,6 +59,7 @@ WARMUP_SENTENCES = ("Hello.", "This is a warm-up request for the translation mod
 SERVING_DEFAULT = "serving_default"
 OPTIONS_SIGNATURE = "translate_options"
 LITERT_SIGNATURE = "translate_litert"
+XLA_SIGNATURE = "translate_xla"
 
 
 class TranslationModule(tf.Module):
@@ -84,6 +93,8 @@ class TranslationModule(tf.Module):
         ])
         self.serve_litert = tf.function(self._serve_litert, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
+        self.serve_xla = tf.function(self._serve_xla, input_signature=[
+            tf.TensorSpec([None], tf.string, name="text")])
 
     def _serve(self, text):
         config = self._config
@@ -96,6 +107,12 @@ class TranslationModule(tf.Module):
         strings, scores = self._translator.translate_graph(
             text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1,
             litert_batch=LITERT_MAX_BATCH)
+        return {"translation": strings[:, 0], "score": scores[:, 0]}
+
+    def _serve_xla(self, text):
+        config = self._config
+        strings, scores = self._translator.translate_graph(
+            text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1, xla=True)
         return {"translation": strings[:, 0], "score": scores[:, 0]}
 
     def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results):
@@ -116,7 +133,8 @@ class TranslationModule(tf.Module):
     def signatures(self):
         return {SERVING_DEFAULT: self.serve.get_concrete_function(),
                 OPTIONS_SIGNATURE: self.serve_with_options.get_concrete_function(),
-                LITERT_SIGNATURE: self.serve_litert.get_concrete_function()}
+                LITERT_SIGNATURE: self.serve_litert.get_concrete_function(),
+                XLA_SIGNATURE: self.serve_xla.get_concrete_function()}
 
 
 from keras_transformer.console import OneLineArgumentParser  # noqa: E402
@@ -126,22 +144,54 @@ def next_version(output: pathlib.Path) -> int:
     return max(versions, default=0) + 1
 
 
-def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator") -> pathlib.Path:
-    """Writes `assets.extra/tf_serving_warmup_requests` (PredictionLog TFRecords)."""
+def bucket_warmup_texts(tokenizer_model: bytes, config: TransformerConfig) -> list[tuple[int, str]]:
+    """One sentence per source-length bucket of the XLA search: `(bucket, text)` with
+    text that tokenizes to more tokens than the previous bucket holds and at most this
+    one's (its EOS included), so that it is compiled for exactly that bucket."""
+    import sentencepiece as spm
+
+    from keras_transformer.translator import length_buckets
+
+    processor = spm.SentencePieceProcessor(model_proto=tokenizer_model)
+    texts, smaller = [], 0
+    for bucket in length_buckets(config.max_length):
+        words = ["the"]
+        while len(processor.encode(" ".join(words))) + 1 < bucket:  # + 1: EOS
+            words.append(("the", "warm", "up", "request")[len(words) % 4])
+        while len(processor.encode(" ".join(words))) + 1 > bucket:
+            words.pop()
+        if len(processor.encode(" ".join(words))) + 1 > smaller:
+            texts.append((bucket, " ".join(words)))
+        smaller = bucket
+    return texts
+
+
+def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator",
+                          xla_texts: list[str] | None = None) -> pathlib.Path:
+    """Writes `assets.extra/tf_serving_warmup_requests` (PredictionLog TFRecords).
+
+    Args:
+        xla_texts: if given, also one `translate_xla` request per text and
+            batch bucket (`XLA_BATCH_BUCKETS`): each compiles one program.
+    """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     path = directory / "assets.extra" / "tf_serving_warmup_requests"
     path.parent.mkdir(parents=True, exist_ok=True)
+    requests = [(SERVING_DEFAULT, list(WARMUP_SENTENCES))]
+    requests += [(XLA_SIGNATURE, [text] * batch) for text in xla_texts or () for batch in XLA_BATCH_BUCKETS]
     with tf.io.TFRecordWriter(str(path)) as writer:
-        request = predict_pb2.PredictRequest(
-            model_spec=model_pb2.ModelSpec(name=model_name, signature_name=SERVING_DEFAULT))
-        request.inputs["text"].CopyFrom(tf.make_tensor_proto(list(WARMUP_SENTENCES), dtype=tf.string))
-        log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
-        writer.write(log.SerializeToString())
+        for signature, texts in requests:
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature))
+            request.inputs["text"].CopyFrom(tf.make_tensor_proto(texts, dtype=tf.string))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
     return path
 
 
-def export_model(model, config: TransformerConfig, tokenizer, output, version: int | None = None) -> pathlib.Path:
+def export_model(model, config: TransformerConfig, tokenizer, output, version: int | None = None,
+                 xla_warmup: bool = False) -> pathlib.Path:
     """Exports `model` to `output/<version>` atomically; returns that path.
 
     Args:
@@ -150,6 +200,9 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
         tokenizer: a `keras_transformer.data.Tokenizer` (or raw model bytes).
         output: the model base path TF Serving watches.
         version: integer version; default one more than the largest present.
+        xla_warmup: also write warm-up requests for `translate_xla`, one per
+            (length bucket, batch bucket); only for a TF Serving started with
+            `--xla_cpu_compilation_enabled` (a default one fails the load).
     """
     output = pathlib.Path(output)
     output.mkdir(parents=True, exist_ok=True)
@@ -163,7 +216,8 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
     shutil.rmtree(staging, ignore_errors=True)
     try:
         tf.saved_model.save(module, str(staging), signatures=module.signatures())
-        write_warmup_requests(staging)
+        xla_texts = [text for _, text in bucket_warmup_texts(tokenizer_model, config)] if xla_warmup else None
+        write_warmup_requests(staging, xla_texts=xla_texts)
         os.rename(staging, final)  # atomic on one file system
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -176,6 +230,10 @@ def main(argv=None) -> int:
     parser.add_argument("--model-dir", required=True, help="a model directory written by train.py")
     parser.add_argument("--output", required=True, help="export base directory; the version goes below it")
     parser.add_argument("--version", type=int, default=None, help="version number (default: next free)")
+    parser.add_argument("--xla-warmup", action="store_true",
+                        help="also warm up translate_xla, one request per length and batch bucket; only for "
+                             "a TF Serving started with --xla_cpu_compilation_enabled (a default one fails the "
+                             "load on these requests)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
@@ -184,7 +242,7 @@ def main(argv=None) -> int:
 
     try:
         model, config, tokenizer = load_trained(args.model_dir)
-        path = export_model(model, config, tokenizer, args.output, args.version)
+        path = export_model(model, config, tokenizer, args.output, args.version, xla_warmup=args.xla_warmup)
     except (RunError, TokenizerError, FileExistsError) as error:
         print(f"export.saved_model: error: {error}", file=sys.stderr)
         return 2

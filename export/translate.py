@@ -3,8 +3,12 @@
     echo "Today the man sees the dog." | python -m export.translate --saved-model runs/default/export/1
 
 Only TensorFlow and tensorflow-text are needed to run the export (the
-project's own code is not imported by the model); `--beam-size`,
-`--alpha`, `--n-best` use the `translate_options` signature.
+project's own code is not imported by the model). With the export's
+defaults it calls the `translate_xla` signature (the search XLA-compiled:
+this is our own Python process, where XLA runs; same translations as
+`serving_default`, which `--no-xla` calls, and which exports older than
+that signature fall back to); `--beam-size`, `--alpha`, `--n-best` use the
+`translate_options` signature.
 """
 
 import argparse
@@ -34,6 +38,9 @@ def main(argv=None) -> int:
                         help=f"length penalty exponent (default {DEFAULTS.length_penalty_alpha})")
     parser.add_argument("--n-best", type=int, default=1, help="print the n best, tab-separated with scores")
     parser.add_argument("--batch-size", type=int, default=64, help="lines per request")
+    parser.add_argument("--no-xla", action="store_true",
+                        help="call serving_default (plain TensorFlow, as TF Serving runs it) instead of "
+                             "translate_xla")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
@@ -46,7 +53,8 @@ def main(argv=None) -> int:
               f"(pass a version directory such as EXPORT/1)", file=sys.stderr)
         return 2
     loaded = tf.saved_model.load(args.saved_model)
-    default = loaded.signatures["serving_default"]
+    xla = not args.no_xla and "translate_xla" in loaded.signatures
+    default = loaded.signatures["translate_xla" if xla else "serving_default"]
     options = loaded.signatures["translate_options"]
 
     def flush(batch):

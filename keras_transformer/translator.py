@@ -8,6 +8,24 @@
 
 Training (`keras_transformer.training`) computes its BLEU through the same `Translator` that the
 SavedModel exports, so evaluation and serving cannot drift apart.
+
+Two ways to run the search (same translations):
+
+* plain TensorFlow graph (`xla=False`): what TF Serving runs by default
+  (it disables XLA JIT unless started with `--xla_cpu_compilation_enabled`);
+  the buffers are sized to each request.
+* XLA-compiled (`xla=True`): only the search (encoder, decoder steps, beam
+  bookkeeping) is one `jit_compile=True` function; the string ops stay
+  outside, since they have no XLA kernels. XLA compiles one program per
+  input shape, so the source ids are padded to a few *buckets*: the batch to
+  a power of two (`XLA_BATCH_BUCKETS`, then multiples of the largest), the
+  source width to `length_buckets(max_length)`; the buffer holds
+  `width - 1 + decode_extra_length` positions. Padding is masked (source
+  columns) or finished at the first step (batch rows), so the translations
+  do not change; what they cost is computing the padded rows, at most twice
+  the batch. Everything that runs in our own process uses it: `translate`,
+  hence training's BLEU, and the export's `translate_xla` signature, which
+  `export.translate` and the speed benchmark call.
 """
 
 from __future__ import annotations
@@ -26,6 +44,36 @@ from keras_transformer.incremental import IncrementalDecoder
 # shortens what the model would see, and a megabyte-long request costs no
 # more than a long sentence.
 CHARS_PER_TOKEN_BOUND = 16
+
+# Batch sizes the XLA-compiled search is compiled for: a request is padded
+# to the next one; larger requests to the next multiple of the last one.
+XLA_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Smallest source-width bucket (tokens, EOS included); the others double up to max_length.
+XLA_MIN_LENGTH_BUCKET = 16
+
+
+def length_buckets(max_length: int) -> tuple[int, ...]:
+    """Source widths (tokens including EOS) the XLA-compiled search is compiled for.
+
+    Powers of two from `XLA_MIN_LENGTH_BUCKET` below `max_length`, then
+    `max_length` itself: `length_buckets(256) == (16, 32, 64, 128, 256)`,
+    `length_buckets(100) == (16, 32, 64, 100)`.
+    """
+    buckets, width = [], XLA_MIN_LENGTH_BUCKET
+    while width < max_length:
+        buckets.append(width)
+        width *= 2
+    return (*buckets, max_length)
+
+
+def _bucket(value, buckets, multiple_of_last=False):
+    """The smallest bucket >= `value` (int32 scalar); beyond the last one, the last one
+    (or, with `multiple_of_last`, the next multiple of it)."""
+    table = tf.constant(buckets, tf.int32)
+    index = tf.reduce_sum(tf.cast(table < value, tf.int32))
+    last = buckets[-1]
+    beyond = (value + last - 1) // last * last if multiple_of_last else tf.constant(last, tf.int32)
+    return tf.where(index < len(buckets), tf.gather(table, tf.minimum(index, len(buckets) - 1)), beyond)
 
 
 class Translator:
@@ -49,7 +97,9 @@ class Translator:
         self.sentencepiece = tf_text.FastSentencepieceTokenizer(tokenizer_model)
         # Largest buffer of the search: the longest source plus the paper's +50.
         self.max_decode_length = config.max_length + config.decode_extra_length
+        self.length_buckets = length_buckets(config.max_length)
         self._functions = {}
+        self._compiled = {}
 
     # -- pieces ------------------------------------------------------------
     def clean_text(self, text):
@@ -122,6 +172,60 @@ class Translator:
                            beam_size=beam_size, alpha=alpha,
                            max_decode_length=buffer_length, num_results=num_results)
 
+    def compiled_search(self, beam_size, num_results):
+        """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha) -> (ids, scores)`.
+
+        One `tf.function(jit_compile=True)` per `(beam_size, num_results)`;
+        XLA compiles one program per `(b, S)`. The buffer holds
+        `S - 1 + decode_extra_length` positions (a constant for XLA, which
+        sees the shape of `source_ids`): the longest source `S` can hold
+        (`S - 1` tokens, then EOS) plus the most extra length a request may ask.
+        """
+        key = (beam_size, num_results)
+        if key not in self._compiled:
+            extra = self.config.decode_extra_length
+
+            def search(source_ids, max_lengths, alpha):
+                batch = tf.shape(source_ids)[0]
+                buffer_length = tf.shape(source_ids)[1] - 1 + extra
+                step_fn = self.decoder.make_step_fn(source_ids, beam_size)
+                cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
+                return beam_search(step_fn, cache, batch, max_lengths, beam_size=beam_size, alpha=alpha,
+                                   max_decode_length=buffer_length, num_results=num_results)
+
+            self._compiled[key] = tf.function(search, jit_compile=True, input_signature=[
+                tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
+                tf.TensorSpec([], tf.float32)])
+        return self._compiled[key]
+
+    def bucketed_shape(self, batch, width):
+        """The `(batch, width)` a request of that size is padded to for the compiled search
+        (int32 scalars): see `XLA_BATCH_BUCKETS` and `length_buckets`."""
+        return (_bucket(batch, XLA_BATCH_BUCKETS, multiple_of_last=True),
+                _bucket(width, self.length_buckets))
+
+    def search_xla(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results):
+        """`search` through the XLA-compiled function, on inputs padded to a bucket.
+
+        Padded source columns are PAD (masked by the encoder and cross-attention);
+        padded rows are an empty source (EOS) with a limit of one token, so
+        they finish at the first step. Same results as `search`; the ids have
+        `bucket_width - 1 + decode_extra_length` positions.
+        """
+        extra_length = tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
+        batch, width = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+        padded_batch, padded_width = self.bucketed_shape(batch, width)
+        source = tf.pad(source_ids, [[0, padded_batch - batch], [0, padded_width - width]],
+                        constant_values=PAD_ID)  # [padded_batch, padded_width]
+        padding_rows = tf.range(padded_batch) >= batch  # [padded_batch]
+        first_column = tf.range(padded_width) == 0  # [padded_width]
+        source = tf.where(tf.logical_and(padding_rows[:, None], first_column[None, :]), EOS_ID, source)
+        max_lengths = tf.concat([source_lengths + extra_length,
+                                 tf.ones([padded_batch - batch], tf.int32)], axis=0)  # [padded_batch]
+        ids, scores = self.compiled_search(beam_size, num_results)(
+            source, max_lengths, tf.cast(alpha, tf.float32))
+        return ids[:batch], scores[:batch]
+
     def decode_ids(self, ids, static_batch=None):
         """ids int32 `[n, L]` (text tokens, then EOS and PAD) -> strings `[n]`.
 
@@ -144,7 +248,8 @@ class Translator:
         padded = tf.reshape(padded, [static_batch, self.max_decode_length])  # [static_batch, L]
         return self.sentencepiece.detokenize(padded)[:count]
 
-    def translate_graph(self, text, beam_size, alpha, extra_length, num_results, litert_batch=None):
+    def translate_graph(self, text, beam_size, alpha, extra_length, num_results, litert_batch=None,
+                        xla=False):
         """The whole translation as graph ops.
 
         Args:
@@ -158,6 +263,8 @@ class Translator:
                 tokenizer, which maps it to unknown tokens, and long inputs
                 are tokenized whole before the cut) and the detokenizer runs
                 on a static batch (see `decode_ids`).
+            xla: run the search XLA-compiled (`search_xla`); the rest of the
+                graph stays plain TensorFlow.
 
         Returns:
             translations string `[batch, num_results]`, scores float32
@@ -167,8 +274,11 @@ class Translator:
         if litert_batch is None:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
-        ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                  static_buffer=litert_batch is not None)
+        if xla:
+            ids, scores = self.search_xla(source_ids, lengths, beam_size, alpha, extra_length, num_results)
+        else:
+            ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
+                                      static_buffer=litert_batch is not None)
         # Empty inputs: all-PAD ids decode to "" (no `where` on strings, which
         # LiteRT lacks).
         empty = tf.expand_dims(lengths == 0, 1)  # [batch, 1]
@@ -180,16 +290,20 @@ class Translator:
         return strings, scores
 
     # -- eager convenience -----------------------------------------------
-    def translate(self, texts, beam_size=None, alpha=None, num_results=1):
+    def translate(self, texts, beam_size=None, alpha=None, num_results=1, xla=True):
         """Translates a list (or string tensor) of sentences; returns a list of str
-        (or, with `num_results > 1`, a list of lists)."""
+        (or, with `num_results > 1`, a list of lists).
+
+        `xla=True` (the default here, in our own process) runs the search
+        XLA-compiled, `xla=False` as the SavedModel's `serving_default` does:
+        same translations."""
         beam_size = beam_size or self.config.beam_size
         alpha = self.config.length_penalty_alpha if alpha is None else alpha
-        key = (beam_size, num_results)
+        key = (beam_size, num_results, bool(xla))
         if key not in self._functions:
             self._functions[key] = tf.function(
                 lambda t, a: self.translate_graph(t, beam_size, a, self.config.decode_extra_length,
-                                                  num_results),
+                                                  num_results, xla=xla),
                 input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32)])
         strings, _ = self._functions[key](tf.constant(texts, tf.string) if not tf.is_tensor(texts) else texts,
                                           tf.constant(alpha, tf.float32))

@@ -24,8 +24,9 @@ def test_translate_speed_runs_both_sides_on_the_same_weights(tmp_path):
     # Same weights, same search: CTranslate2 returns the same translations as the SavedModel.
     assert re.search(r"serving_default vs ctranslate2 float32: 4 of 4 translations identical; "
                      r"target tokens (\d+) vs \1\n", out), out
+    assert "serving_default vs translate_xla: 4 of 4 translations identical\n" in out, out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert "serving_default" in rows and "ctranslate2 float32" in rows
+    assert {"serving_default", "translate_xla", "ctranslate2 float32"} <= set(rows)
     assert "| 1.00 (1.00-1.00) |" in rows["ctranslate2 float32"]  # the baseline of every ratio
     name, value = out.strip().splitlines()[-1].split(": ")
     assert name == "serving_default_vs_ctranslate2_float32_batch4" and float(value) > 0

@@ -185,6 +185,61 @@ def test_warmup_requests_run_through_the_signature(exported, loaded):
     assert out["translation"].shape == (len(text),)
 
 
+def test_xla_signature_translates_like_serving_default(loaded):
+    """translate_xla pads to batch and length buckets and compiles the search: the same
+    translations and scores as serving_default, for every bucket it pads to."""
+    serve, xla = loaded.signatures["serving_default"], loaded.signatures["translate_xla"]
+    rng = np.random.default_rng(1)
+    words = "the a man woman dog cat sees buys red big small house book today".split()
+    many = [" ".join(rng.choice(words, size=rng.integers(0, 30))) for _ in range(70)]  # 70 -> 128 rows
+    batches = [GOLDEN, GOLDEN[:1], ["", b"\xff\xfe", "the man sees the dog " * 20, "book"], many]
+    for batch in batches:
+        want, got = serve(text=tf.constant(batch)), xla(text=tf.constant(batch))
+        assert got["translation"].shape == (len(batch),)
+        assert got["translation"].numpy().tolist() == want["translation"].numpy().tolist()
+        np.testing.assert_allclose(got["score"].numpy(), want["score"].numpy(), rtol=0, atol=1e-5)
+
+
+def test_xla_buckets():
+    from keras_transformer.translator import length_buckets
+
+    assert length_buckets(256) == (16, 32, 64, 128, 256)
+    assert length_buckets(100) == (16, 32, 64, 100)
+    assert length_buckets(16) == (16,) and length_buckets(10) == (10,)
+    translator = Translator.__new__(Translator)
+    translator.length_buckets = (16, 24)
+    shapes = [[int(v) for v in translator.bucketed_shape(tf.constant(b), tf.constant(w))]
+              for b, w in [(1, 1), (3, 16), (5, 17), (64, 24), (65, 2), (130, 9)]]
+    assert shapes == [[1, 16], [4, 16], [8, 24], [64, 24], [128, 16], [192, 16]]
+
+
+def test_xla_warmup_requests_cover_every_bucket(exported, loaded, tmp_path):
+    """--xla-warmup: one translate_xla request per (length bucket, batch bucket), each
+    padded to exactly its bucket; the serving_default request stays first."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    from export.saved_model import bucket_warmup_texts, write_warmup_requests
+    from keras_transformer.translator import XLA_BATCH_BUCKETS
+
+    translator, config = exported["translator"], exported["config"]
+    texts = bucket_warmup_texts(exported["tokenizer"].model_bytes, config)
+    assert [bucket for bucket, _ in texts] == list(translator.length_buckets) == [16, 24]
+    path = write_warmup_requests(tmp_path, xla_texts=[text for _, text in texts])
+    requests = [prediction_log_pb2.PredictionLog.FromString(r).predict_log.request
+                for r in tf.data.TFRecordDataset(str(path)).as_numpy_iterator()]
+    assert [r.model_spec.signature_name for r in requests] == (
+        ["serving_default"] + ["translate_xla"] * len(texts) * len(XLA_BATCH_BUCKETS))
+    shapes = set()
+    for request in requests[1:]:
+        text = tf.make_ndarray(request.inputs["text"])
+        source_ids, _ = translator.encode_text(tf.constant(text))
+        shapes.add(tuple(int(v) for v in translator.bucketed_shape(*tf.shape(source_ids))))
+        assert len(text) in XLA_BATCH_BUCKETS
+    assert shapes == {(b, w) for b in XLA_BATCH_BUCKETS for w in (16, 24)}
+    out = loaded.signatures["translate_xla"](text=tf.constant(tf.make_ndarray(requests[-1].inputs["text"])))
+    assert out["translation"].shape == (XLA_BATCH_BUCKETS[-1],) and np.isfinite(out["score"].numpy()).all()
+
+
 def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch):
     output = tmp_path / "serving"
     model, config, tokenizer = exported["model"], exported["config"], exported["tokenizer"]
