@@ -45,7 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     batch_tokens = ", ".join(f"{name} {value}" for name, value in BATCH_TOKENS.items())
     parser.add_argument("--config", default="tiny", choices=sorted(PRESETS), metavar="PRESET",
-                        help="model preset: tiny (default, CPU minutes), small, base or big (paper Table 3)")
+                        help="model preset: tiny (default, CPU minutes), small, base or big (paper Table 3), or "
+                             "multi30k (the Multi30k recipe for a 60-minute CPU budget)")
     parser.add_argument("--data", default="embedded",
                         help="'embedded' (default: generated En->De corpus shipped with the package), "
                              "a directory of train.SRC/train.TGT, valid.*, test*.* text files, "
@@ -75,6 +76,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--average", type=int, default=None,
                         help="average the last K checkpoints into the final weights "
                              "(default: 5 for base/tiny/small, 20 for big, as in the paper)")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="wall-clock budget for training, in minutes: at a checkpoint, stop if the next "
+                             "round would end past it, then average, evaluate and export as usual "
+                             "(default: none; 60 for --config multi30k)")
     parser.add_argument("--beam-size", type=int, default=None, help="beam for BLEU (default 4)")
     parser.add_argument("--bleu-every-sentences", type=int, default=None,
                         help="validation sentences translated greedily at every checkpoint for the "
@@ -103,7 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             average=args.average, beam_size=args.beam_size,
             bleu_every_sentences=args.bleu_every_sentences, jit_compile=args.jit_compile,
             mixed_precision=args.mixed_precision, seed=args.seed,
-            allow_data_change=args.allow_data_change)
+            allow_data_change=args.allow_data_change, max_minutes=args.max_minutes)
     except ValueError as error:  # e.g. "steps must be a positive integer, got -1"
         field, _, rest = str(error).partition(" ")
         parser.error(f"--{field.replace('_', '-')} {rest}")

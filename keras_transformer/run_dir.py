@@ -25,7 +25,7 @@ from keras_transformer.config import SCHEDULE_ONLY_FIELDS, TransformerConfig
 
 RUN_FILE = "run.json"
 HISTORY_FILE = "history.csv"
-HISTORY_COLUMNS = ("step", "loss", "val_loss", "accuracy", "val_accuracy", "bleu")
+HISTORY_COLUMNS = ("step", "loss", "val_loss", "accuracy", "val_accuracy", "bleu", "minutes")
 CURVE_FILE = "curves.png"
 CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "logs"
@@ -153,11 +153,15 @@ def append_history(model_dir, row: dict) -> None:
     """Appends one row (keys from `HISTORY_COLUMNS`) to `history.csv`."""
     path = pathlib.Path(model_dir) / HISTORY_FILE
     new = not path.exists()
+    columns = list(HISTORY_COLUMNS)
+    if not new:  # a run started by an older version keeps its own columns
+        with path.open(newline="") as f:
+            columns = next(csv.reader(f), columns)
     with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(HISTORY_COLUMNS))
+        writer = csv.DictWriter(f, fieldnames=columns)
         if new:
             writer.writeheader()
-        writer.writerow({column: row.get(column, "") for column in HISTORY_COLUMNS})
+        writer.writerow({column: row.get(column, "") for column in columns})
 
 
 def read_history(model_dir) -> list[dict]:

@@ -281,8 +281,10 @@ class CheckpointAndBleu(keras.callbacks.Callback):
     validation subset, one row of `history.csv` (for the curves) and one
     line of console output. Never checkpoints non-finite weights."""
 
-    def __init__(self, store, translator, valid_pairs, bleu_sentences, model_dir, progress=None):
+    def __init__(self, store, translator, valid_pairs, bleu_sentences, model_dir, progress=None,
+                 started=None):
         super().__init__()
+        self.started = started
         self.store = store
         self.translator = translator
         self.valid_pairs = valid_pairs
@@ -303,6 +305,8 @@ class CheckpointAndBleu(keras.callbacks.Callback):
             score, _, _ = compute_bleu(self.translator, self.valid_pairs,
                                        limit=self.bleu_sentences, beam_size=1)
             row["bleu"] = f"{score.score:.2f}"
+        if self.started is not None:
+            row["minutes"] = f"{(time.time() - self.started) / 60:.2f}"
         run_dir.append_history(self.model_dir, row)
         parts = [f"step {step}" + (f"/{self.progress.total_steps}" if self.progress else "")]
         for key in ("loss", "val_loss"):
@@ -321,12 +325,40 @@ class CheckpointAndBleu(keras.callbacks.Callback):
         print(", ".join(parts), flush=True)
 
 
+class TimeBudget(keras.callbacks.Callback):
+    """Stops `fit` at the end of a round (after the callbacks before it wrote the
+    round's checkpoint) when the next round, as long as this one took, would end
+    more than `seconds` after `started`."""
+
+    def __init__(self, seconds, started):
+        super().__init__()
+        self.seconds = seconds
+        self.started = started
+        self.exhausted = False
+        self._round_started = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._round_started = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        now = time.time()
+        round_seconds = now - (self._round_started or now)
+        if now - self.started + round_seconds > self.seconds:
+            self.exhausted = True
+            self.model.stop_training = True
+            step = int(self.model.optimizer.iterations.numpy())
+            print(f"time budget: {self.seconds / 60:g} min; stopping at step {step}, after "
+                  f"{(now - self.started) / 60:.1f} min (the next round would end past the budget)",
+                  flush=True)
+
+
 # -- the run -----------------------------------------------------------------------
 
-def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every):
+def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every, stopped=lambda: False):
     """Runs `fit` from `start_step` to `steps` in rounds ending at multiples of
     `every` (and at `steps`), so checkpoints fall on the same steps whether or
-    not the run was interrupted in between."""
+    not the run was interrupted in between. `stopped()` true after a part:
+    the time budget ran out, no further part runs."""
     step = start_step
     offset = step % every
     if offset and step < steps:
@@ -337,7 +369,7 @@ def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every):
                   callbacks=callbacks, verbose=0, shuffle=False)
         train_ds = train_ds.skip(first)
         step += first
-    if step >= steps:
+    if step >= steps or stopped():
         return
     full_rounds, last = divmod(steps - step, every)
     if full_rounds:
@@ -345,7 +377,7 @@ def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every):
                   steps_per_epoch=every, validation_data=valid_ds, callbacks=callbacks, verbose=0,
                   shuffle=False)  # the dataset shuffles itself
         train_ds = train_ds.skip(full_rounds * every)
-    if last:
+    if last and not stopped():
         model.fit(train_ds, epochs=1, steps_per_epoch=last, validation_data=valid_ds,
                   callbacks=callbacks, verbose=0, shuffle=False)
 
@@ -419,12 +451,16 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
         StepGuard(signals),
         progress,
         CheckpointAndBleu(store, translator, corpus.splits[valid_split] if valid_split else None,
-                          run.bleu_every_sentences, model_dir, progress),
+                          run.bleu_every_sentences, model_dir, progress, started),
         keras.callbacks.TensorBoard(log_dir=str(model_dir / run_dir.LOG_DIR), update_freq=max(1, every // 4)),
     ]
+    budget = TimeBudget(run.max_minutes * 60, started) if run.max_minutes else None
+    if budget:
+        callbacks.append(budget)  # last: after the round's checkpoint
     with signals:
         try:
-            _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, run.steps, every)
+            _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, run.steps, every,
+                        stopped=lambda: bool(budget and budget.exhausted))
             if signals.received:  # arrived during the last round's checkpoint: stop before evaluating
                 raise _Interrupted(signals.received)
         except _Interrupted:
@@ -450,7 +486,10 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     average_checkpoints(model, averaged)
     model.save_weights(model_dir / run_dir.FINAL_WEIGHTS)
 
-    results = {"steps": int(model.optimizer.iterations.numpy()), "averaged_checkpoints": len(averaged)}
+    results = {"steps": int(model.optimizer.iterations.numpy()), "averaged_checkpoints": len(averaged),
+               "train_minutes": round((time.time() - started) / 60, 2)}
+    if budget and budget.exhausted:
+        results["stopped_by_time_budget"] = run.max_minutes
     for split in [s for s in ("valid", "test") if s in corpus.splits]:
         score, signature, hyps = compute_bleu(translator, corpus.splits[split], beam_size=run.beam_size)
         results[f"{split}_bleu"] = round(score.score, 2)

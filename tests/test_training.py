@@ -17,7 +17,7 @@ from keras_transformer.config import TrainingConfig
 from keras_transformer.constants import PAD_ID
 from keras_transformer.run_dir import RunError
 from keras_transformer.training import (NonFiniteLossError, Progress, StepGuard, StopSignals, TargetTokens,
-                                        _Interrupted, averaged_checkpoints, train_and_evaluate)
+                                        TimeBudget, _Interrupted, averaged_checkpoints, train_and_evaluate)
 
 
 def write_train_only(directory, pairs=160, seed=0):
@@ -61,6 +61,51 @@ def test_training_config_defaults_come_from_the_preset():
         TrainingConfig.create("huge")
     with pytest.raises(ValueError, match="^steps must be a positive integer, got 0$"):
         TrainingConfig.create("tiny", steps=0)
+
+
+def test_multi30k_recipe_preset():
+    from keras_transformer.config import TransformerConfig
+
+    run = TrainingConfig.create("multi30k")
+    assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size) == (
+        4096, 200, 5, 60.0, 8000)
+    config = run.model_config(8000)
+    assert (config.num_layers, config.d_model, config.d_ff, config.num_heads, config.dropout,
+            config.warmup_steps) == (4, 128, 256, 4, 0.3, 400)
+    assert TrainingConfig.create("multi30k", max_minutes=5, checkpoint_every=50).max_minutes == 5
+    assert TrainingConfig.create("tiny").max_minutes == 0
+    with pytest.raises(ValueError, match="^max_minutes must be >= 0, got -1$"):
+        TrainingConfig.create("tiny", max_minutes=-1)
+    assert TransformerConfig.from_preset("multi30k").max_length == 64
+
+
+def test_time_budget_stops_when_the_next_round_would_end_past_it(monkeypatch):
+    class Model:
+        stop_training = False
+        optimizer = type("Optimizer", (), {"iterations": keras.Variable(0)})()
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    budget = TimeBudget(100, started=0.0)
+    budget.set_model(Model())
+    for begin, end, stops in [(10, 40, False), (40, 70, False), (70, 71, False), (71, 86, True)]:
+        clock[0] = begin
+        budget.on_epoch_begin(0)
+        clock[0] = end
+        budget.on_epoch_end(0)
+        # round 2 ends at 70 and took 30: 100, not past; round 4 ends at 86 + 15 > 100
+        assert (budget.exhausted, budget.model.stop_training) == (stops, stops)
+
+
+def test_time_budget_ends_the_run_at_a_round_and_finishes_it(toy_data, tmp_path):
+    """A budget shorter than one round: the run stops after the first round's
+    checkpoint, averages it and finishes (results, no interruption)."""
+    trained = train_and_evaluate(run_config(toy_data, tmp_path / "a", steps=8, max_minutes=1e-4))
+    assert not trained.interrupted
+    assert trained.results["steps"] == 2 and trained.results["stopped_by_time_budget"] == 1e-4
+    assert trained.results["averaged_checkpoints"] == 1
+    rows = run_dir.read_history(tmp_path / "a")
+    assert [int(r["step"]) for r in rows] == [2] and float(rows[0]["minutes"]) > 0
 
 
 def test_seed_gives_identical_runs_from_scratch(toy_data, tmp_path):

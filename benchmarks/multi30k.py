@@ -1,0 +1,154 @@
+"""Multi30k En->De quality for a wall-clock budget: the `multi30k` recipe end to end.
+
+    python benchmarks/multi30k.py --minutes 60 --model-dir runs/multi30k-60min
+
+What it does, as a user would:
+
+1. `python train.py --config multi30k --data ../shared/data/multi30k
+   --max-minutes N --model-dir D` (a subprocess): the recipe preset trains
+   until the budget (stopping at a checkpoint boundary), averages the last 5
+   checkpoints, scores valid/test2016 and exports the SavedModel to
+   `D/export/<version>`. A model directory holding a finished run is
+   evaluated again without training.
+2. Loads that export (`tf.saved_model.load`, the `translate_xla` signature:
+   beam 4, alpha 0.6, +50, the search XLA-compiled) and translates
+   test2016.en in batches of 64.
+3. Prints cased sacreBLEU on the raw references (the project's figure) and
+   lowercased (`-lc`, closer to how the literature reports Multi30k), each
+   with its signature, and writes `D/bleu_minutes.png`: the greedy BLEU on
+   100 validation sentences at every checkpoint against minutes of
+   training, with the final test2016 BLEU.
+
+The last line is `test2016_bleu: X` (cased). The data is read from
+`../shared/data/multi30k` at run time and never copied into the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=60.0, help="training budget in minutes (default 60)")
+    parser.add_argument("--model-dir", required=True, help="the run directory (resumed if it exists)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA),
+                        help="a directory with train/valid/test2016 .en/.de files (default: the shared Multi30k)")
+    parser.add_argument("--config", default="multi30k", help="train.py preset (default: the multi30k recipe)")
+    parser.add_argument("--test", default="test2016", help="test file stem in --data (default test2016)")
+    parser.add_argument("--train-args", default="",
+                        help="extra train.py flags, e.g. '--steps 20 --checkpoint-every 10' (smoke tests)")
+    args = parser.parse_args(argv)
+    if args.minutes <= 0:
+        parser.error("--minutes must be > 0")
+    for lang in ("en", "de"):
+        if not (pathlib.Path(args.data) / f"{args.test}.{lang}").exists():
+            parser.error(f"--data {args.data} has no {args.test}.{lang}")
+    return args
+
+
+def train(args):
+    """Runs train.py (skipped when the run directory holds a finished run with an export)."""
+    model_dir = pathlib.Path(args.model_dir)
+    results_path = model_dir / "results.json"
+    if results_path.exists() and "export" in json.loads(results_path.read_text()):
+        print(f"# {model_dir} holds a finished run: evaluating it without training", flush=True)
+        return json.loads(results_path.read_text())
+    command = [sys.executable, "train.py", "--config", args.config, "--data", args.data,
+               "--model-dir", str(model_dir), "--max-minutes", f"{args.minutes:g}", *args.train_args.split()]
+    print("# " + " ".join(command), flush=True)
+    started = time.time()
+    result = subprocess.run(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    for line in result.stdout.splitlines():
+        print(f"#   {line}")
+    if result.returncode != 0:
+        sys.exit(f"multi30k: train.py failed with exit code {result.returncode}")
+    print(f"# train.py took {(time.time() - started) / 60:.1f} min (training, averaging, BLEU, export)", flush=True)
+    return json.loads(results_path.read_text())
+
+
+def translate(export, sources, batch_size=64):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the tokenizer ops)
+
+    signatures = tf.saved_model.load(str(export)).signatures
+    signature = signatures["translate_xla" if "translate_xla" in signatures else "serving_default"]
+    hypotheses = []
+    for i in range(0, len(sources), batch_size):
+        out = signature(text=tf.constant(sources[i:i + batch_size]))["translation"].numpy()
+        hypotheses.extend(t.decode("utf-8") for t in out)
+    return hypotheses
+
+
+def plot(model_dir, test_bleu, minutes):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from keras_transformer.run_dir import read_history
+
+    rows = [r for r in read_history(model_dir) if r.get("minutes") and r.get("bleu")]
+    figure, axis = plt.subplots(figsize=(6, 4))
+    axis.plot([float(r["minutes"]) for r in rows], [float(r["bleu"]) for r in rows], "o-",
+              label="greedy BLEU, 100 valid sentences (checkpoint)")
+    axis.plot([minutes], [test_bleu], "r*", markersize=12, label="test2016, beam 4, averaged model")
+    axis.set_xlabel("minutes of training (this process)")
+    axis.set_ylabel("sacreBLEU (cased)")
+    axis.grid(True, alpha=0.3)
+    axis.legend(loc="lower right")
+    path = pathlib.Path(model_dir) / "bleu_minutes.png"
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import sacrebleu
+
+    print(f"# multi30k: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {os.cpu_count()} CPU(s), "
+          f"load average {os.getloadavg()[0]:.2f} at start; budget {args.minutes:g} min, preset {args.config}",
+          flush=True)
+    results = train(args)
+    data = pathlib.Path(args.data)
+    sources = (data / f"{args.test}.en").read_text(encoding="utf-8").splitlines()
+    references = (data / f"{args.test}.de").read_text(encoding="utf-8").splitlines()
+    started = time.time()
+    hypotheses = translate(results["export"], sources)
+    seconds = time.time() - started
+    cased = sacrebleu.metrics.BLEU()
+    lowercased = sacrebleu.metrics.BLEU(lowercase=True)
+    score = cased.corpus_score(hypotheses, [references])
+    lower = lowercased.corpus_score(hypotheses, [references])
+    (pathlib.Path(args.model_dir) / f"{args.test}.export.hyp.de").write_text("\n".join(hypotheses) + "\n",
+                                                                              encoding="utf-8")
+    minutes = results.get("train_minutes", float("nan"))
+    png = plot(args.model_dir, score.score, minutes)
+    print(f"# trained {results['steps']} steps in {minutes} min"
+          + (" (stopped by the time budget)" if results.get("stopped_by_time_budget") else "")
+          + f"; {results.get('averaged_checkpoints')} checkpoints averaged; export {results['export']}")
+    print(f"# {len(sources)} {args.test} sentences translated by the export in {seconds:.1f} s")
+    print(f"# {args.test} cased BLEU {score.score:.2f} [{cased.get_signature()}]")
+    print(f"# {args.test} lowercased BLEU {lower.score:.2f} [{lowercased.get_signature()}]")
+    print(f"# curve: {png}")
+    print(f"{args.test}_bleu: {score.score:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
