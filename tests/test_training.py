@@ -68,10 +68,10 @@ def test_multi30k_recipe_preset():
 
     run = TrainingConfig.create("multi30k")
     assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size) == (
-        4096, 200, 5, 60.0, 8000)
+        4096, 250, 5, 60.0, 8000)
     config = run.model_config(8000)
     assert (config.num_layers, config.d_model, config.d_ff, config.num_heads, config.dropout,
-            config.warmup_steps) == (4, 128, 256, 4, 0.3, 400)
+            config.warmup_steps) == (2, 128, 512, 4, 0.2, 200)
     assert TrainingConfig.create("multi30k", max_minutes=5, checkpoint_every=50).max_minutes == 5
     assert TrainingConfig.create("tiny").max_minutes == 0
     with pytest.raises(ValueError, match="^max_minutes must be >= 0, got -1$"):

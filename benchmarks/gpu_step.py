@@ -1,0 +1,134 @@
+"""Training-step throughput and MFU of a preset on any Keras backend (written for JAX on a GPU).
+
+    KERAS_BACKEND=jax python benchmarks/gpu_step.py --preset base --batch-tokens 25000
+
+Imports no TensorFlow: it builds the preset with `build_transformer`, compiles
+it with the paper's optimizer and label-smoothed loss, and times
+`train_on_batch` on synthetic token-budget batches (random ids, every
+sentence `--length` tokens on both sides, `batch_tokens // length`
+sentences, so no padding and an exact FLOP count), for float32 and
+mixed_bfloat16 (`--precisions`).
+
+FLOPs per step are counted from the shapes (matmuls only, multiply-add = 2
+FLOPs, backward = 2x forward): per layer and sentence, the Q/K/V/O
+projections, the attention scores and weighted sums, the feed-forward
+network, and the output projection over the vocabulary. MFU = those FLOP/s
+divided by the matmul peak measured in the same run (an 8192^3 product in
+the step's precision, `keras.ops.matmul`), and by `--datasheet-tflops`
+(H100 SXM dense bf16: 989) for reference. The last line is `name: value`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--vocab-size", type=int, default=37000, help="the paper's ~37k shared vocabulary")
+    parser.add_argument("--batch-tokens", type=int, default=25000, help="tokens per side per step (paper: 25000)")
+    parser.add_argument("--length", type=int, default=32, help="tokens per sentence on each side (default 32)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per round (default 20)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precisions", default="float32,mixed_bfloat16")
+    parser.add_argument("--peak-size", type=int, default=8192, help="matmul size of the peak measurement")
+    parser.add_argument("--datasheet-tflops", type=float, default=989.0,
+                        help="the GPU's dense bf16 peak from its datasheet (H100 SXM: 989)")
+    return parser.parse_args(argv)
+
+
+def step_flops(config, sentences, length):
+    """Matmul FLOPs of one training step (forward x 3) for `sentences` pairs of `length` tokens."""
+    d, f, n, v = config.d_model, config.d_ff, config.num_layers, config.vocab_size
+    attention = 4 * length * d * d + 2 * length * length * d  # projections, scores + weighted sum
+    encoder = attention + 2 * length * d * f
+    decoder = 2 * attention + 2 * length * d * f  # self- and cross-attention
+    macs = n * (encoder + decoder) + length * d * v  # + output projection
+    return 3 * 2 * macs * sentences
+
+
+def matmul_peak(dtype, size=8192, repeats=20):
+    import keras
+    from keras import ops
+
+    a = ops.cast(keras.random.normal((size, size)), dtype)
+    b = ops.cast(keras.random.normal((size, size)), dtype)
+    ops.convert_to_numpy(ops.cast(ops.matmul(a, b)[0, 0], "float32"))  # compile / warm up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        c = ops.matmul(a, b)
+    ops.convert_to_numpy(ops.cast(c[0, 0], "float32"))
+    return 2 * size ** 3 * repeats / (time.perf_counter() - start)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import keras
+    import numpy as np
+
+    from keras_transformer import LabelSmoothedCrossEntropy, TransformerConfig, build_transformer, make_optimizer
+
+    devices = "?"
+    if keras.backend.backend() == "jax":
+        import jax
+
+        devices = ", ".join(str(d.device_kind) for d in jax.devices())
+    print(f"# gpu_step: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, backend "
+          f"{keras.backend.backend()}, devices {devices}, Keras {keras.__version__}")
+    config = TransformerConfig.from_preset(args.preset, vocab_size=args.vocab_size)
+    sentences = args.batch_tokens // args.length
+    flops = step_flops(config, sentences, args.length)
+    print(f"# preset {args.preset}: {config.num_layers} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
+          f"vocab {config.vocab_size}; {sentences} sentences x {args.length} tokens per side "
+          f"({sentences * args.length} target tokens) per step; {flops / 1e12:.2f} TFLOP per step (matmuls)")
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, config.vocab_size, size=(sentences, args.length)).astype("int32")
+    target_in = rng.integers(4, config.vocab_size, size=(sentences, args.length)).astype("int32")
+    target_out = np.concatenate([target_in[:, 1:], np.full((sentences, 1), 3, "int32")], axis=1)
+    headline = None
+    print("| precision | target tokens/s, median (min-max) | step ms | TFLOP/s | matmul peak TFLOP/s (measured) "
+          "| MFU vs measured | MFU vs datasheet |")
+    print("|---|---|---|---|---|---|---|")
+    for precision in [p.strip() for p in args.precisions.split(",") if p.strip()]:
+        keras.mixed_precision.set_global_policy(precision)
+        keras.utils.set_random_seed(0)
+        model = build_transformer(config)
+        model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy(config.label_smoothing),
+                      jit_compile=True)
+        start = time.perf_counter()
+        for _ in range(3):
+            loss = model.train_on_batch([source, target_in], target_out)
+        compile_seconds = time.perf_counter() - start
+        rates = []
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                loss = model.train_on_batch([source, target_in], target_out)
+            seconds = (time.perf_counter() - start) / args.steps  # train_on_batch returns host floats: synced
+            rates.append(sentences * args.length / seconds)
+        step_seconds = sentences * args.length / statistics.median(rates)
+        achieved = flops / step_seconds
+        peak = matmul_peak("bfloat16" if "bfloat16" in precision else "float32", args.peak_size)
+        mfu, datasheet = achieved / peak, achieved / (args.datasheet_tflops * 1e12)
+        print(f"| {precision} | {statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | "
+              f"{step_seconds * 1000:.1f} | {achieved / 1e12:.2f} | {peak / 1e12:.2f} | {mfu:.0%} | {datasheet:.0%} |",
+              flush=True)
+        print(f"#   {precision}: first 3 steps (compilation) {compile_seconds:.1f} s; last loss {float(np.ravel(loss)[0]):.3f}")
+        headline = (precision, statistics.median(rates))
+        del model
+    keras.mixed_precision.set_global_policy("float32")
+    print(f"{headline[0]}_target_tokens_per_second: {headline[1]:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

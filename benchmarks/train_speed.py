@@ -1,0 +1,191 @@
+"""Training-step throughput: our model against the same architecture assembled from keras-hub.
+
+    python -m pip install -e ".[bench]"          # keras-hub (not a runtime dependency)
+    python benchmarks/train_speed.py --preset base --batch-tokens 2048
+
+Two models of the same preset, compiled the same way (the paper's Adam and
+schedule, label-smoothed loss, `train.py`'s `jit_compile` default off), on
+the same token-budget batches (`keras_transformer.data.make_batches` on
+Multi30k train from `../shared/data`, or the embedded corpus when absent):
+
+* `ours`: `build_transformer(config)`;
+* `keras-hub`: `keras_hub.layers.ReversibleEmbedding` (embedding shared with
+  the output projection, scaled by sqrt(d_model) as the paper), plus
+  `keras_hub.layers.SinePositionEncoding`, dropout, `num_layers`
+  `keras_hub.layers.TransformerEncoder` / `TransformerDecoder` (post-norm,
+  ReLU, the preset's sizes, dropout and LayerNorm epsilon) with padding masks.
+
+Same parameter count up to the biases keras-hub adds; the script prints both.
+Each variant is warmed up (traced for every batch shape) before timing; then
+`--rounds` rounds, each timing every variant over all batches, in an order
+that alternates between rounds. Reported: real (non-PAD) target tokens/s,
+median (min-max), and the per-round ratio ours / keras-hub.
+
+MFU: our step's matmul FLOPs (counted from the shapes as in `gpu_step.py`,
+with each batch's padded shape) per second against a float32 matmul peak
+measured in the same run (`--peak-size` square matmul, the same threads).
+The last line is `ours_vs_keras_hub: X`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+
+SHARED = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--data", default=str(SHARED), help="text-directory corpus (default: shared Multi30k)")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--batch-tokens", type=int, default=2048, help="padded tokens per side per batch")
+    parser.add_argument("--batches", type=int, default=4, help="batches per timed pass (default 4)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--peak-size", type=int, default=2048, help="size of the peak matmul (default 2048)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def keras_hub_transformer(config):
+    """The preset's architecture from keras-hub layers; inputs `[source, target_in]`, logits out."""
+    import keras
+    import keras_hub
+    from keras import ops
+
+    source = keras.Input((None,), dtype="int32", name="source")
+    target = keras.Input((None,), dtype="int32", name="target_in")
+    embedding = keras_hub.layers.ReversibleEmbedding(config.vocab_size, config.d_model, tie_weights=True,
+                                                     embeddings_initializer=keras.initializers.RandomNormal(
+                                                         stddev=config.d_model ** -0.5))
+    positions = keras_hub.layers.SinePositionEncoding()
+    scale = config.d_model ** 0.5
+
+    def embed(ids):
+        x = embedding(ids) * scale
+        return keras.layers.Dropout(config.dropout)(x + positions(x))
+
+    source_mask, target_mask = ops.not_equal(source, 0), ops.not_equal(target, 0)
+    x = embed(source)
+    for _ in range(config.num_layers):
+        x = keras_hub.layers.TransformerEncoder(config.d_ff, config.num_heads, dropout=config.dropout,
+                                                layer_norm_epsilon=config.layer_norm_epsilon)(
+            x, padding_mask=source_mask)
+    y = embed(target)
+    for _ in range(config.num_layers):
+        y = keras_hub.layers.TransformerDecoder(config.d_ff, config.num_heads, dropout=config.dropout,
+                                                layer_norm_epsilon=config.layer_norm_epsilon)(
+            y, x, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask)
+    logits = embedding(y, reverse=True)
+    return keras.Model([source, target], logits, name="keras_hub_transformer")
+
+
+def batch_flops(config, source_shape, target_shape):
+    """Matmul FLOPs of one training step (forward x 3) on padded shapes."""
+    d, f, n, v = config.d_model, config.d_ff, config.num_layers, config.vocab_size
+    (b, s), (_, t) = source_shape, target_shape
+    encoder = 4 * s * d * d + 2 * s * s * d + 2 * s * d * f
+    decoder = 4 * t * d * d + 2 * t * t * d + (2 * t * d * d + 2 * s * d * d + 2 * t * s * d) + 2 * t * d * f
+    return 3 * 2 * b * (n * (encoder + decoder) + t * d * v)
+
+
+def matmul_peak(size, repeats=10):
+    import tensorflow as tf
+
+    a = tf.random.normal((size, size))
+    b = tf.random.normal((size, size))
+    matmul = tf.function(lambda a, b: tf.matmul(a, b))
+    matmul(a, b).numpy()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        c = matmul(a, b)
+    c.numpy()
+    return 2 * size ** 3 * repeats / (time.perf_counter() - start)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    import keras
+    import keras_hub
+    import numpy as np
+
+    from keras_transformer import LabelSmoothedCrossEntropy, TransformerConfig, build_transformer, make_optimizer
+    from keras_transformer.constants import PAD_ID
+    from keras_transformer.data import Tokenizer, load_corpus, make_batches, train_tokenizer
+
+    data = args.data if pathlib.Path(args.data).is_dir() else "embedded"
+    corpus = load_corpus(data, "en", "de", seed=args.seed)
+    with tempfile.TemporaryDirectory() as work:
+        tokenizer = Tokenizer.load(train_tokenizer(corpus.texts("train"), pathlib.Path(work) / "sp",
+                                                   args.vocab_size, seed=args.seed))
+    config = TransformerConfig.from_preset(args.preset, vocab_size=tokenizer.vocab_size)
+    ds = make_batches(corpus.splits["train"], tokenizer, batch_tokens=args.batch_tokens,
+                      max_length=config.max_length, shuffle=True, seed=args.seed, repeat=True)
+    batches = [((s, ti), to) for (s, ti), to in ds.take(args.batches)]
+    tokens = int(sum(np.count_nonzero(to.numpy() != PAD_ID) for _, to in batches))
+    flops = sum(batch_flops(config, s.shape, ti.shape) for (s, ti), _ in batches)
+
+    models = {}
+    for name, build in (("ours", build_transformer), ("keras-hub", keras_hub_transformer)):
+        keras.utils.set_random_seed(args.seed)
+        model = build(config)
+        model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy(config.label_smoothing))
+        models[name] = model
+    print(f"# train speed: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {os.cpu_count()} CPU(s), "
+          f"load average {os.getloadavg()[0]:.2f} at start; TF {tf.__version__}, Keras {keras.__version__}, "
+          f"keras-hub {keras_hub.__version__}; {args.threads} threads")
+    print(f"# preset {args.preset}: {config.num_layers} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
+          f"vocab {config.vocab_size}; data {corpus.name}; {len(batches)} batches of <= {args.batch_tokens} "
+          f"padded tokens per side ({tokens} real target tokens, {flops / 1e12:.3f} TFLOP of matmuls per pass)")
+    print("# parameters: " + ", ".join(f"{n} {m.count_params():,}" for n, m in models.items()))
+
+    def run_pass(model):
+        start = time.perf_counter()
+        for inputs, targets in batches:
+            model.train_on_batch(inputs, targets)
+        return time.perf_counter() - start
+
+    for name, model in models.items():  # warm-up: trace every batch shape
+        start = time.perf_counter()
+        run_pass(model)
+        print(f"# {name}: warm-up pass {time.perf_counter() - start:.1f} s")
+    seconds = {name: [] for name in models}
+    names = list(models)
+    for round_index in range(args.rounds):
+        for name in (names if round_index % 2 == 0 else names[::-1]):
+            seconds[name].append(run_pass(models[name]))
+    peak = matmul_peak(args.peak_size)
+    print("| model | target tokens/s, median (min-max) | ratio ours / keras-hub per round, median (min-max) "
+          "| matmul TFLOP/s | MFU vs measured float32 peak |")
+    print("|---|---|---|---|---|")
+    ratios = [h / o for o, h in zip(seconds["ours"], seconds["keras-hub"])]
+    for name in names:
+        rates = [tokens / s for s in seconds[name]]
+        achieved = flops / statistics.median(seconds[name])
+        ratio = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if name == "ours" else ""
+        print(f"| {name} | {statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | {ratio} | "
+              f"{achieved / 1e12:.3f} | {achieved / peak:.0%} |")
+    print(f"# float32 matmul peak measured: {peak / 1e9:.0f} GFLOP/s ({args.peak_size}^3, {args.threads} threads); "
+          f"load average {os.getloadavg()[0]:.2f} at end")
+    print(f"ours_vs_keras_hub: {statistics.median(ratios):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
