@@ -62,6 +62,64 @@ class TrainedRun:
 
 # -- pieces ----------------------------------------------------------------
 
+def is_multi_worker(strategy) -> bool:
+    """Whether `strategy` spans several worker processes (MultiWorkerMirroredStrategy)."""
+    extended = getattr(strategy, "extended", None)
+    return bool(getattr(extended, "_in_multi_worker_mode", lambda: False)())
+
+
+def enable_multi_worker_fit(model, strategy) -> None:
+    """Makes `model.fit` run under `MultiWorkerMirroredStrategy` (Keras 3.15, TF 2.21).
+
+    Keras's TensorFlow trainer fails there in two places (keras-team/keras#20585):
+
+    1. before the first step, `_maybe_symbolic_build` reduces the first
+       distributed batch with `strategy.reduce("MEAN", ...)` to get shapes,
+       which the collective strategy cannot do on a per-replica int batch
+       ("Attempt to convert a value (PerReplica...) to a Tensor"): here the
+       model is built from this worker's first local batch instead (shapes
+       are all it needs);
+    2. after every step, the step's logs are reduced with
+       `strategy.reduce("MEAN", v, axis=0)`, which fails for the scalar loss
+       and metrics ("Invalid reduction dimension 0 for input with 0
+       dimensions"): here multi-worker "auto"/"mean" reductions of logs use
+       `axis=None`. This patches Keras's module function (private API,
+       checked against Keras 3.15.1), only once a multi-worker strategy is used.
+
+    Gradients are all-reduced by the optimizer as usual; with these two
+    changes two workers on localhost give the same losses as one process on
+    the same global batch (tests/test_training.py).
+    """
+    if not is_multi_worker(strategy):
+        return
+    from keras import tree
+    from keras.src.backend.tensorflow import trainer as keras_trainer
+
+    def local_first(x):
+        return strategy.experimental_local_results(x)[0] if isinstance(x, tf.distribute.DistributedValues) else x
+
+    def build_from_local_batch(iterator=None, data_batch=None):
+        if iterator is not None:
+            for _, _, batches in iterator:
+                data_batch = tree.map_structure(local_first, next(batches))
+                break
+        with strategy.scope():
+            model._symbolic_build(data_batch=data_batch)
+
+    model._maybe_symbolic_build = build_from_local_batch
+    original = keras_trainer.reduce_per_replica
+    if getattr(original, "_keras_transformer_patch", False):
+        return
+
+    def reduce_per_replica(values, strategy_, reduction):
+        if keras_trainer._collective_all_reduce_multi_worker(strategy_) and reduction in ("auto", "mean"):
+            return tree.map_structure(lambda v: strategy_.reduce("MEAN", v, axis=None), values)
+        return original(values, strategy_, reduction)
+
+    reduce_per_replica._keras_transformer_patch = True
+    keras_trainer.reduce_per_replica = reduce_per_replica
+
+
 def make_strategy():
     """MirroredStrategy over all visible GPUs; the default strategy on one device."""
     gpus = tf.config.list_logical_devices("GPU")

@@ -92,3 +92,20 @@ def test_gpu_step_runs_on_the_cpu_backend_too():
     assert len(rows) == 1
     name, value = result.stdout.strip().splitlines()[-1].split(": ")
     assert name == "float32_target_tokens_per_second" and float(value) > 0
+
+
+@pytest.mark.slow
+def test_train_speed_compares_the_same_architecture_from_keras_hub():
+    result = subprocess.run(
+        [sys.executable, "benchmarks/train_speed.py", "--preset", "tiny", "--data", "embedded",
+         "--vocab-size", "200", "--batch-tokens", "256", "--batches", "2", "--rounds", "1",
+         "--peak-size", "256"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = result.stdout
+    # The same architecture: keras-hub's assembly has exactly our parameter count.
+    counts = re.search(r"# parameters: ours ([\d,]+), keras-hub ([\d,]+)", out)
+    assert counts and counts.group(1) == counts.group(2), out
+    rows = {line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")}
+    assert {"ours", "keras-hub"} <= rows
+    name, value = out.strip().splitlines()[-1].split(": ")
+    assert name == "ours_vs_keras_hub" and float(value) > 0
