@@ -125,7 +125,7 @@ def main(argv=None) -> int:
 
     try:
         trained = train_and_evaluate(args.run)
-        if trained.interrupted:
+        if trained.interrupted or not trained.chief:
             return 0
         results = trained.results
         if not args.no_export:

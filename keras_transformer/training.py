@@ -58,6 +58,7 @@ class TrainedRun:
     results: dict
     model_dir: pathlib.Path
     interrupted: bool = False
+    chief: bool = True  # False for a multi-worker non-chief: nothing to evaluate or export
 
 
 # -- pieces ----------------------------------------------------------------
@@ -120,12 +121,62 @@ def enable_multi_worker_fit(model, strategy) -> None:
     keras_trainer.reduce_per_replica = reduce_per_replica
 
 
+def _cluster_tasks():
+    """The number of worker tasks `TF_CONFIG` names (0 when unset or malformed)."""
+    import json
+
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG", "") or "{}").get("cluster", {})
+    except (ValueError, AttributeError):
+        return 0
+    return sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
+
+
 def make_strategy():
-    """MirroredStrategy over all visible GPUs; the default strategy on one device."""
+    """MultiWorkerMirroredStrategy when `TF_CONFIG` names several workers (create it
+    before any other TensorFlow op); MirroredStrategy over all visible GPUs; else the
+    default strategy on one device."""
+    if _cluster_tasks() > 1:
+        return tf.distribute.MultiWorkerMirroredStrategy()
     gpus = tf.config.list_logical_devices("GPU")
     if len(gpus) > 1:
         return tf.distribute.MirroredStrategy([gpu.name for gpu in gpus])
     return tf.distribute.get_strategy()
+
+
+def is_chief(strategy) -> bool:
+    """The task that writes the run directory: the only one, or the multi-worker chief."""
+    if not is_multi_worker(strategy):
+        return True
+    resolver = strategy.cluster_resolver
+    return resolver.task_type == "chief" or (
+        resolver.task_type == "worker" and resolver.task_id == 0
+        and "chief" not in resolver.cluster_spec().as_dict())
+
+
+def any_worker(strategy, flag: bool) -> bool:
+    """`flag` OR-ed over all workers (a collective: every worker must call it at the same point)."""
+    if not is_multi_worker(strategy):
+        return bool(flag)
+    value = strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+        "MAX", tf.constant(1.0 if flag else 0.0)))
+    return bool(strategy.experimental_local_results(value)[0].numpy() > 0)
+
+
+def wait_for_tokenizer(model_dir, timeout_seconds=600):
+    """A non-chief worker's tokenizer: the chief's `tokenizer.model` in the shared `model_dir`."""
+    from keras_transformer.data import Tokenizer, tokenizer_path
+
+    path = tokenizer_path(model_dir)
+    deadline = time.time() + timeout_seconds
+    while not path.exists():
+        if time.time() > deadline:
+            raise run_dir.RunError(
+                f"{path} did not appear within {timeout_seconds} s: the chief writes it; give every worker "
+                f"the same --model-dir on a shared file system (or copy the chief's tokenizer.model there)")
+        time.sleep(1)
+    time.sleep(1)  # written atomically by the chief; settle
+    return Tokenizer.load(path)
 
 
 def prepare_tokenizer(model_dir, corpus, vocab_size, seed):
@@ -245,11 +296,18 @@ class StopSignals:
 
 class StepGuard(keras.callbacks.Callback):
     """After every step: stop on a signal (`_Interrupted`) or on a NaN or
-    infinite loss (`NonFiniteLossError`), before any checkpoint is written."""
+    infinite loss (`NonFiniteLossError`), before any checkpoint is written.
 
-    def __init__(self, signals: StopSignals):
+    With several workers (`strategy` multi-worker) a signal is acted on only at
+    a round's end, after its checkpoint, and by all workers together (a worker
+    leaving alone would leave the others waiting in a collective); the loss is
+    the same on every worker, so all stop together on a NaN."""
+
+    def __init__(self, signals: StopSignals, strategy=None):
         super().__init__()
         self.signals = signals
+        self.multi_worker = strategy is not None and is_multi_worker(strategy)
+        self.strategy = strategy
 
     def on_train_batch_end(self, batch, logs=None):
         loss = float((logs or {}).get("loss", 0.0))
@@ -259,11 +317,14 @@ class StepGuard(keras.callbacks.Callback):
         # The last step of a round goes on to its own checkpoint (and history
         # row); the stop then comes at the next round's start.
         last_of_round = batch + 1 >= (self.params or {}).get("steps", 0)
-        if self.signals.received and not last_of_round:
+        if self.signals.received and not last_of_round and not self.multi_worker:
             raise _Interrupted(self.signals.received)
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self.signals.received:
+        if self.multi_worker:
+            if any_worker(self.strategy, bool(self.signals.received)):
+                raise _Interrupted(self.signals.received or "a stop signal on another worker")
+        elif self.signals.received:
             raise _Interrupted(self.signals.received)
 
 
@@ -340,9 +401,10 @@ class CheckpointAndBleu(keras.callbacks.Callback):
     line of console output. Never checkpoints non-finite weights."""
 
     def __init__(self, store, translator, valid_pairs, bleu_sentences, model_dir, progress=None,
-                 started=None):
+                 started=None, chief=True):
         super().__init__()
         self.started = started
+        self.chief = chief
         self.store = store
         self.translator = translator
         self.valid_pairs = valid_pairs
@@ -355,6 +417,8 @@ class CheckpointAndBleu(keras.callbacks.Callback):
         if not weights_are_finite(self.model):
             raise NonFiniteLossError(f"the weights hold NaN or infinite values at step {step}")
         path = self.store.save(step)
+        if not self.chief:  # a multi-worker non-chief saves (every worker must) to its own directory, silently
+            return
         row = {"step": step}
         for key in ("loss", "val_loss", "accuracy", "val_accuracy"):
             if logs and key in logs:
@@ -388,10 +452,11 @@ class TimeBudget(keras.callbacks.Callback):
     round's checkpoint) when the next round, as long as this one took, would end
     more than `seconds` after `started`."""
 
-    def __init__(self, seconds, started):
+    def __init__(self, seconds, started, strategy=None):
         super().__init__()
         self.seconds = seconds
         self.started = started
+        self.strategy = strategy
         self.exhausted = False
         self._round_started = None
 
@@ -401,7 +466,10 @@ class TimeBudget(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         now = time.time()
         round_seconds = now - (self._round_started or now)
-        if now - self.started + round_seconds > self.seconds:
+        over = now - self.started + round_seconds > self.seconds
+        if self.strategy is not None:  # several workers stop together or not at all
+            over = any_worker(self.strategy, over)
+        if over:
             self.exhausted = True
             self.model.stop_training = True
             step = int(self.model.optimizer.iterations.numpy())
@@ -460,6 +528,9 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     from keras_transformer.translator import Translator
 
     started = time.time()
+    # Several workers (TF_CONFIG): the collective strategy must exist before any other op.
+    strategy = make_strategy() if _cluster_tasks() > 1 else None
+    chief = strategy is None or is_chief(strategy)
     model_dir = pathlib.Path(run.model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     keras.utils.set_random_seed(run.seed)
@@ -470,15 +541,18 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     corpus = load_corpus(run.data, run.source_lang, run.target_lang, seed=run.seed)
     log.info("data %s (%s -> %s): %s", corpus.name, corpus.source_lang, corpus.target_lang,
              dict(corpus.sizes))
-    tokenizer = prepare_tokenizer(model_dir, corpus, run.vocab_size, run.seed)
+    tokenizer = (prepare_tokenizer(model_dir, corpus, run.vocab_size, run.seed) if chief
+                 else wait_for_tokenizer(model_dir))
     config = run.model_config(tokenizer.vocab_size)
     data_args = {"data": corpus.name, "source_lang": corpus.source_lang, "target_lang": corpus.target_lang}
-    run_dir.check_run_file(model_dir, config, tokenizer, data_args, fingerprint=corpus.fingerprint(),
-                           allow_data_change=run.allow_data_change)
+    if chief:
+        run_dir.check_run_file(model_dir, config, tokenizer, data_args, fingerprint=corpus.fingerprint(),
+                               allow_data_change=run.allow_data_change)
     log.info("config %s: %s", run.preset, config)
     log.info("training split: %s", count_overlong(corpus.splits["train"], tokenizer, config.max_length))
 
-    strategy = make_strategy()
+    strategy = strategy or make_strategy()
+    multi_worker = is_multi_worker(strategy)
     replicas = strategy.num_replicas_in_sync
     train_ds = make_batches(corpus.splits["train"], tokenizer, batch_tokens=run.batch_tokens,
                             max_length=config.max_length, shuffle=True, seed=run.seed, repeat=True,
@@ -495,9 +569,20 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
                       loss=LabelSmoothedCrossEntropy(config.label_smoothing),
                       metrics=[MaskedAccuracy(), TargetTokens()], jit_compile=run.jit_compile)
         model.optimizer.build(model.trainable_variables)
-    store = CheckpointStore(model_dir / run_dir.CHECKPOINT_DIR, model, model.optimizer, tokenizer.sha256,
-                            max_to_keep=run.keep_checkpoints + 1)
-    start_step = store.restore_latest()
+    enable_multi_worker_fit(model, strategy)
+    chief_checkpoints = model_dir / run_dir.CHECKPOINT_DIR
+    if chief:
+        store = CheckpointStore(chief_checkpoints, model, model.optimizer, tokenizer.sha256,
+                                max_to_keep=run.keep_checkpoints + 1)
+        start_step = store.restore_latest()
+    else:
+        # Every worker saves (TensorFlow's rule for multi-worker checkpoints), a
+        # non-chief into its own directory, removed at the end; all resume from
+        # the chief's checkpoints.
+        worker_dir = model_dir / f".worker-{strategy.cluster_resolver.task_id}"
+        store = CheckpointStore(worker_dir / run_dir.CHECKPOINT_DIR, model, model.optimizer, tokenizer.sha256,
+                                max_to_keep=1)
+        start_step = CheckpointStore(chief_checkpoints, model, model.optimizer, tokenizer.sha256).restore_latest()
     every = run.checkpoint_every
     log.info("%d replica(s); %d steps in rounds of %d; resuming at step %d",
              replicas, run.steps, every, start_step)
@@ -505,22 +590,26 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     translator = Translator(model, config, tokenizer.model_bytes)
     progress = Progress(run.steps)
     signals = StopSignals()
-    callbacks = [
-        StepGuard(signals),
-        progress,
-        CheckpointAndBleu(store, translator, corpus.splits[valid_split] if valid_split else None,
-                          run.bleu_every_sentences, model_dir, progress, started),
-        keras.callbacks.TensorBoard(log_dir=str(model_dir / run_dir.LOG_DIR), update_freq=max(1, every // 4)),
-    ]
-    budget = TimeBudget(run.max_minutes * 60, started) if run.max_minutes else None
+    if chief:
+        callbacks = [
+            StepGuard(signals, strategy),
+            progress,
+            CheckpointAndBleu(store, translator, corpus.splits[valid_split] if valid_split else None,
+                              run.bleu_every_sentences, model_dir, progress, started),
+            keras.callbacks.TensorBoard(log_dir=str(model_dir / run_dir.LOG_DIR), update_freq=max(1, every // 4)),
+        ]
+    else:
+        callbacks = [StepGuard(signals, strategy), CheckpointAndBleu(store, None, None, 0, model_dir, chief=False)]
+    budget = (TimeBudget(run.max_minutes * 60, started, strategy if multi_worker else None)
+              if run.max_minutes else None)
     if budget:
         callbacks.append(budget)  # last: after the round's checkpoint
     with signals:
         try:
             _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, run.steps, every,
                         stopped=lambda: bool(budget and budget.exhausted))
-            if signals.received:  # arrived during the last round's checkpoint: stop before evaluating
-                raise _Interrupted(signals.received)
+            if any_worker(strategy, bool(signals.received)):  # arrived during the last round's checkpoint
+                raise _Interrupted(signals.received or "a stop signal on another worker")
         except _Interrupted:
             progress.end_live_line()
             step = int(model.optimizer.iterations.numpy())
@@ -538,6 +627,15 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
             raise NonFiniteLossError(f"{error}; training stopped and {kept}. Lower the learning rate "
                                      f"(--config's warmup_steps) or check the data, then rerun to "
                                      f"resume from the last checkpoint") from None
+
+    if not chief:  # the chief averages, evaluates and exports
+        import shutil
+
+        step = int(model.optimizer.iterations.numpy())
+        shutil.rmtree(worker_dir, ignore_errors=True)
+        print(f"worker {strategy.cluster_resolver.task_id}: trained to step {step}; the chief averages, "
+              f"evaluates and exports", flush=True)
+        return TrainedRun(model, config, tokenizer, {"steps": step}, model_dir, chief=False)
 
     averaged = averaged_checkpoints(store, every, run.steps, run.average)
     log.info("averaging %d checkpoint(s): %s", len(averaged), ", ".join(os.path.basename(p) for p in averaged))

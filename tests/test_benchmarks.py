@@ -63,12 +63,13 @@ def test_multi30k_benchmark_trains_within_the_budget_and_scores_the_export(tmp_p
     assert (model_dir / "bleu_minutes.png").stat().st_size > 0
 
 
-def test_gpu_step_counts_the_flops_of_the_model_it_times():
+def test_gpu_step_counts_the_flops_of_the_model_it_times(capsys):
     """The benchmark's FLOP count equals 6 x the model's matmul parameters x tokens
-    (the standard estimate) up to the attention-score terms it adds."""
+    (the standard estimate) up to the attention-score terms it adds; and it runs
+    (here on the TensorFlow backend, tiny)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        from gpu_step import step_flops
+        import gpu_step
     finally:
         sys.path.pop(0)
     from keras_transformer import TransformerConfig, build_transformer
@@ -77,20 +78,14 @@ def test_gpu_step_counts_the_flops_of_the_model_it_times():
     params = build_transformer(config).count_params()  # embedding = output projection (shared)
     sentences, length = 781, 32
     estimate = 6 * params * sentences * length
-    assert step_flops(config, sentences, length) == pytest.approx(estimate, rel=0.02)
-    assert step_flops(config, sentences, length) > estimate  # + attention scores and sums
+    assert gpu_step.step_flops(config, sentences, length) == pytest.approx(estimate, rel=0.02)
+    assert gpu_step.step_flops(config, sentences, length) > estimate  # + attention scores and sums
 
-
-@pytest.mark.slow
-def test_gpu_step_runs_on_the_cpu_backend_too():
-    result = subprocess.run(
-        [sys.executable, "benchmarks/gpu_step.py", "--preset", "tiny", "--vocab-size", "100",
-         "--batch-tokens", "128", "--length", "8", "--steps", "2", "--rounds", "1", "--peak-size", "64",
-         "--precisions", "float32"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| float32 |")]
-    assert len(rows) == 1
-    name, value = result.stdout.strip().splitlines()[-1].split(": ")
+    assert gpu_step.main(["--preset", "tiny", "--vocab-size", "100", "--batch-tokens", "64", "--length", "8",
+                          "--steps", "1", "--rounds", "1", "--peak-size", "32", "--precisions", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert len([line for line in out.splitlines() if line.startswith("| float32 |")]) == 1
+    name, value = out.strip().splitlines()[-1].split(": ")
     assert name == "float32_target_tokens_per_second" and float(value) > 0
 
 

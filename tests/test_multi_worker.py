@@ -75,3 +75,40 @@ def test_two_workers_train_like_one_process_on_the_same_global_batch():
     assert first["loss"] == second["loss"]
     assert first["loss"] == pytest.approx(alone["loss"], rel=1e-5)
     assert first["loss"][-1] < first["loss"][0]
+
+
+@pytest.mark.slow
+def test_train_py_as_two_workers_writes_the_run_once(tmp_path):
+    """`train.py` run twice with TF_CONFIG (two workers on localhost): one run directory,
+    written by the chief only (checkpoints, history, averaged weights, results); the
+    time budget stops both workers at the same round. (Train split only: no BLEU;
+    --no-export: the export comes after the non-chief has returned.)"""
+    from helpers import write_corpus
+
+    data = write_corpus(tmp_path / "data", pairs=120, valid=4)
+    for lang in ("en", "de"):
+        (data / f"valid.{lang}").unlink()
+    model_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    cluster = [f"localhost:{port}" for port in free_ports(2)]
+    command = [sys.executable, "train.py", "--data", str(data), "--model-dir", str(model_dir), "--steps", "9",
+               "--checkpoint-every", "3", "--vocab-size", "60", "--batch-tokens", "256",
+               "--bleu-every-sentences", "0", "--max-minutes", "0.0001", "--no-export"]
+    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
+                                                                    "task": {"type": "worker", "index": i}})))
+               for i in range(2)]
+    outputs = [process.communicate(timeout=400) for process in workers]
+    for process, (out, err) in zip(workers, outputs):
+        assert process.returncode == 0, out[-2000:] + err[-3000:]
+    chief_out, worker_out = outputs[0][0], outputs[1][0]
+    assert "worker 1: trained to step 3; the chief averages, evaluates and exports" in worker_out
+    results = json.loads((model_dir / "results.json").read_text())
+    assert results["steps"] == 3 and results["stopped_by_time_budget"] == 0.0001
+    assert (model_dir / "final.weights.h5").exists() and results["averaged_checkpoints"] == 1
+    assert sorted(p.name for p in (model_dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-3.index"]
+    assert not list(model_dir.glob(".worker-*"))
+    history = (model_dir / "history.csv").read_text().splitlines()
+    assert len(history) == 2 and history[1].startswith("3,")  # one row, from the chief
+    assert '"steps": 3' in chief_out and '"steps"' not in worker_out  # results printed by the chief only
