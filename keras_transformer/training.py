@@ -83,8 +83,8 @@ def enable_multi_worker_fit(model, strategy) -> None:
     2. after every step, the step's logs are reduced with
        `strategy.reduce("MEAN", v, axis=0)`, which fails for the scalar loss
        and metrics ("Invalid reduction dimension 0 for input with 0
-       dimensions"): here multi-worker "auto"/"mean" reductions of logs use
-       `axis=None`. This patches Keras's module function (private API,
+       dimensions"): here multi-worker "auto"/"mean" reductions of per-replica
+       logs use `axis=None` (logs that are plain tensors pass as they are). This patches Keras's module function (private API,
        checked against Keras 3.15.1), only once a multi-worker strategy is used.
 
     Gradients are all-reduced by the optimizer as usual; with these two
@@ -114,7 +114,9 @@ def enable_multi_worker_fit(model, strategy) -> None:
 
     def reduce_per_replica(values, strategy_, reduction):
         if keras_trainer._collective_all_reduce_multi_worker(strategy_) and reduction in ("auto", "mean"):
-            return tree.map_structure(lambda v: strategy_.reduce("MEAN", v, axis=None), values)
+            return tree.map_structure(
+                lambda v: strategy_.reduce("MEAN", v, axis=None) if keras_trainer._is_per_replica_instance(v)
+                else v, values)
         return original(values, strategy_, reduction)
 
     reduce_per_replica._keras_transformer_patch = True
@@ -159,7 +161,7 @@ def any_worker(strategy, flag: bool) -> bool:
     if not is_multi_worker(strategy):
         return bool(flag)
     value = strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
-        "MAX", tf.constant(1.0 if flag else 0.0)))
+        "SUM", tf.constant(1.0 if flag else 0.0)))
     return bool(strategy.experimental_local_results(value)[0].numpy() > 0)
 
 
