@@ -28,7 +28,8 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0")
+if __name__ == "__main__":  # (not when a test imports it: the variable would reach its other subprocesses)
+    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0")
 
 
 def parse_args(argv=None):

@@ -240,6 +240,37 @@ def test_xla_warmup_requests_cover_every_bucket(exported, loaded, tmp_path):
     assert out["translation"].shape == (XLA_BATCH_BUCKETS[-1],) and np.isfinite(out["score"].numpy()).all()
 
 
+@pytest.mark.slow
+def test_multi30k_benchmark_scores_a_finished_runs_export(exported, tmp_path):
+    """benchmarks/multi30k.py on a finished run (it then skips training): the export's
+    translations of the test file, scored cased and lowercased, equal the in-process
+    model's; the plot is written; the last line is the cased BLEU."""
+    import sacrebleu
+
+    data = exported["path"].parent.parent / "data"
+    sources = (data / "valid.en").read_text(encoding="utf-8").splitlines()
+    references = (data / "valid.de").read_text(encoding="utf-8").splitlines()
+    want = in_process(exported["translator"], sources)[0]
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    (model_dir / "results.json").write_text(json.dumps(
+        {"steps": 250, "train_minutes": 1.5, "averaged_checkpoints": 1, "export": str(exported["path"])}))
+    (model_dir / "history.csv").write_text("step,loss,bleu,minutes\n100,3.0,10.00,0.60\n250,2.0,20.00,1.50\n")
+    result = subprocess.run([sys.executable, "benchmarks/multi30k.py", "--model-dir", str(model_dir),
+                             "--data", str(data), "--test", "valid"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "holds a finished run: evaluating it without training" in out
+    assert (model_dir / "valid.export.hyp.de").read_text(encoding="utf-8").splitlines() == want
+    cased = sacrebleu.corpus_bleu(want, [references]).score
+    lower = sacrebleu.corpus_bleu(want, [references], lowercase=True).score
+    assert f"# valid cased BLEU {cased:.2f} [nrefs:1|case:mixed|" in out, out
+    assert f"# valid lowercased BLEU {lower:.2f} [nrefs:1|case:lc|" in out, out
+    assert out.strip().splitlines()[-1] == f"valid_bleu: {cased:.2f}"
+    assert (model_dir / "bleu_minutes.png").stat().st_size > 0
+
+
 def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch):
     output = tmp_path / "serving"
     model, config, tokenizer = exported["model"], exported["config"], exported["tokenizer"]
