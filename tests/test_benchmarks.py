@@ -17,16 +17,15 @@ def test_translate_speed_runs_both_sides_on_the_same_weights(tmp_path):
     result = subprocess.run(
         [sys.executable, "benchmarks/translate_speed.py", "--shape", "tiny", "--vocab-size", "60",
          "--tokenizer-text", f"{data}/train.en,{data}/train.de", "--sentences", str(data / "train.en"),
-         "--count", "4", "--batch-sizes", "4", "--rounds", "1", "--quantizations", "float32"],
+         "--count", "4", "--batch-sizes", "4", "--rounds", "1", "--quantizations", "float32", "--no-xla"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = result.stdout
     # Same weights, same search: CTranslate2 returns the same translations as the SavedModel.
     assert re.search(r"serving_default vs ctranslate2 float32: 4 of 4 translations identical; "
                      r"target tokens (\d+) vs \1\n", out), out
-    assert "serving_default vs translate_xla: 4 of 4 translations identical\n" in out, out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert {"serving_default", "translate_xla", "ctranslate2 float32"} <= set(rows)
+    assert {"serving_default", "ctranslate2 float32"} <= set(rows)  # (--no-xla: test_export checks translate_xla)
     assert "| 1.00 (1.00-1.00) |" in rows["ctranslate2 float32"]  # the baseline of every ratio
     name, value = out.strip().splitlines()[-1].split(": ")
     assert name == "serving_default_vs_ctranslate2_float32_batch4" and float(value) > 0
@@ -44,9 +43,9 @@ def test_gpu_step_counts_the_flops_of_the_model_it_times(capsys):
         sys.path.pop(0)
     from keras_transformer import TransformerConfig, build_transformer
 
-    config = TransformerConfig.from_preset("base", vocab_size=37000)
+    config = TransformerConfig.from_preset("small", vocab_size=8000)
     params = build_transformer(config).count_params()  # embedding = output projection (shared)
-    sentences, length = 781, 32
+    sentences, length = 128, 32
     estimate = 6 * params * sentences * length
     assert gpu_step.step_flops(config, sentences, length) == pytest.approx(estimate, rel=0.02)
     assert gpu_step.step_flops(config, sentences, length) > estimate  # + attention scores and sums
@@ -63,7 +62,7 @@ def test_gpu_step_counts_the_flops_of_the_model_it_times(capsys):
 def test_train_speed_compares_the_same_architecture_from_keras_hub():
     result = subprocess.run(
         [sys.executable, "benchmarks/train_speed.py", "--preset", "tiny", "--data", "embedded",
-         "--vocab-size", "200", "--batch-tokens", "256", "--batches", "2", "--rounds", "1",
+         "--vocab-size", "200", "--batch-tokens", "256", "--batches", "1", "--rounds", "1",
          "--peak-size", "256"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = result.stdout

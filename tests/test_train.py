@@ -202,7 +202,7 @@ def test_sigterm_checkpoints_exits_0_and_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"resuming at step {step}" in resumed.stderr
     history = [int(row["step"]) for row in read_history(model_dir)]
-    boundaries = list(range(10, step + 15, 10)) + ([step + 15] if (step + 15) % 10 else [])
+    boundaries = list(range(10, step + 16, 10)) + ([step + 15] if (step + 15) % 10 else [])
     assert history == boundaries  # rounds stay on multiples of 10; a signal's checkpoint is extra
     results = json.loads((model_dir / "results.json").read_text())
     assert results["steps"] == step + 15
