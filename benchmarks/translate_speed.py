@@ -183,7 +183,7 @@ def shaped_model(args, work):
         f"sources of exactly {wanted} pieces, EOS embedding row zeroed"
 
 
-def _serve_worker(connection, kind, path, threads, options):
+def _serve_worker(connection, kind, path, threads, options, eos_id):
     """One variant in its own process: receives lists of batches, times them, sends back
     `(seconds, translations, generated)`, `generated` the ids generated per sentence (EOS
     included when produced; CTranslate2 only, None for the SavedModel). A separate process per variant keeps the runtimes apart:
@@ -204,14 +204,12 @@ def _serve_worker(connection, kind, path, threads, options):
             out = signature(text=tf.constant(texts, tf.string))["translation"].numpy()
             return [t.decode("utf-8") for t in out], None
     else:
-        import ctranslate2
-
-        from keras_transformer.constants import EOS_ID
+        import ctranslate2  # (no keras_transformer import here: it would load Keras and TensorFlow)
 
         translator = ctranslate2.Translator(path, device="cpu", compute_type=kind, inter_threads=1,
                                             intra_threads=threads)
         processor = spm.SentencePieceProcessor(model_file=str(pathlib.Path(path) / "tokenizer.model"))
-        eos = processor.id_to_piece(EOS_ID)
+        eos = processor.id_to_piece(eos_id)
 
         def translate(texts):
             # Pieces without EOS: the converted model adds it (add_source_eos).
@@ -234,15 +232,19 @@ def _serve_worker(connection, kind, path, threads, options):
 
 
 class _Options:
-    """Picklable `source_length -> translate_batch options` (export.ctranslate2.translation_options)."""
+    """Picklable `source_length -> translate_batch options`
+    (`export.ctranslate2.translation_options`), computed in the main process for
+    every source length, so that the CTranslate2 worker imports neither Keras
+    nor TensorFlow."""
 
     def __init__(self, config, beam_size, patience):
-        self.config, self.beam_size, self.patience = config, beam_size, patience
-
-    def __call__(self, source_length):
         from export.ctranslate2 import translation_options
 
-        return translation_options(self.config, source_length, self.beam_size, patience=self.patience)
+        self.table = {length: translation_options(config, length, beam_size, patience=patience)
+                      for length in range(0, config.max_length + 1)}
+
+    def __call__(self, source_length):
+        return self.table[min(source_length, max(self.table))]
 
 
 class Variants:
@@ -255,10 +257,14 @@ class Variants:
 
         from export.ctranslate2 import convert
         from export.saved_model import export_model
+        from keras_transformer.constants import EOS_ID
 
         self.processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
         options = _Options(config, args.beam_size, args.patience)
-        export = str(export_model(model, config, tokenizer, work / "export"))
+        # Only the signatures timed here (serving_default, translate_xla): the same
+        # graphs as a full export's, without tracing the options and LiteRT ones.
+        export = str(export_model(model, config, tokenizer, work / "export",
+                                  only_signatures=() if args.no_xla else (XLA,)))
         paths = {OURS: (f"saved_model:{OURS}", export)}
         if not args.no_xla:
             paths[XLA] = (f"saved_model:{XLA}", export)
@@ -270,7 +276,7 @@ class Variants:
         self.workers = {}
         for name, (kind, path) in paths.items():
             parent, child = context.Pipe()
-            process = context.Process(target=_serve_worker, args=(child, kind, path, args.threads, options),
+            process = context.Process(target=_serve_worker, args=(child, kind, path, args.threads, options, EOS_ID),
                                       daemon=True)
             process.start()
             self.workers[name] = (parent, process)

@@ -191,7 +191,7 @@ def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator
 
 
 def export_model(model, config: TransformerConfig, tokenizer, output, version: int | None = None,
-                 xla_warmup: bool = False) -> pathlib.Path:
+                 xla_warmup: bool = False, only_signatures=None) -> pathlib.Path:
     """Exports `model` to `output/<version>` atomically; returns that path.
 
     Args:
@@ -203,6 +203,9 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
         xla_warmup: also write warm-up requests for `translate_xla`, one per
             (length bucket, batch bucket); only for a TF Serving started with
             `--xla_cpu_compilation_enabled` (a default one fails the load).
+        only_signatures: if given, export only these signature names
+            (`serving_default` always): for benchmarks that time one
+            signature and need not trace the others. Not a serving export.
     """
     output = pathlib.Path(output)
     output.mkdir(parents=True, exist_ok=True)
@@ -215,7 +218,11 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
     staging = output / f".tmp-{version}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        tf.saved_model.save(module, str(staging), signatures=module.signatures())
+        signatures = module.signatures()
+        if only_signatures is not None:
+            signatures = {name: function for name, function in signatures.items()
+                          if name in {SERVING_DEFAULT, *only_signatures}}
+        tf.saved_model.save(module, str(staging), signatures=signatures)
         xla_texts = [text for _, text in bucket_warmup_texts(tokenizer_model, config)] if xla_warmup else None
         write_warmup_requests(staging, xla_texts=xla_texts)
         os.rename(staging, final)  # atomic on one file system
