@@ -47,17 +47,24 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def step_flops(config, sentences, length):
-    """Matmul FLOPs of one training step (forward x 3) for `sentences` pairs of `length` tokens."""
+def matmul_flops(config, sentences, source_length, target_length):
+    """Matmul FLOPs of one training step (forward x 3) on `sentences` pairs of the given lengths."""
     d, f, n, v = config.d_model, config.d_ff, config.num_layers, config.vocab_size
-    attention = 4 * length * d * d + 2 * length * length * d  # projections, scores + weighted sum
-    encoder = attention + 2 * length * d * f
-    decoder = 2 * attention + 2 * length * d * f  # self- and cross-attention
-    macs = n * (encoder + decoder) + length * d * v  # + output projection
-    return 3 * 2 * macs * sentences
+    s, t = source_length, target_length
+    encoder = 4 * s * d * d + 2 * s * s * d + 2 * s * d * f  # projections, scores + weighted sums, FFN
+    decoder = (4 * t * d * d + 2 * t * t * d  # self-attention
+               + 2 * t * d * d + 2 * s * d * d + 2 * t * s * d  # cross-attention (Q, O on t; K, V on s)
+               + 2 * t * d * f)
+    return 3 * 2 * sentences * (n * (encoder + decoder) + t * d * v)  # + output projection
 
 
-def matmul_peak(dtype, size=8192, repeats=20):
+def step_flops(config, sentences, length):
+    """`matmul_flops` with `length` tokens on both sides."""
+    return matmul_flops(config, sentences, length, length)
+
+
+def matmul_peak(dtype="float32", size=8192, repeats=20):
+    """FLOP/s of a `size`^3 matmul in `dtype` (`keras.ops`, the current backend)."""
     import keras
     from keras import ops
 

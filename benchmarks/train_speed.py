@@ -21,8 +21,8 @@ Each variant is warmed up (traced for every batch shape) before timing; then
 that alternates between rounds. Reported: real (non-PAD) target tokens/s,
 median (min-max), and the per-round ratio ours / keras-hub.
 
-MFU: our step's matmul FLOPs (counted from the shapes as in `gpu_step.py`,
-with each batch's padded shape) per second against a float32 matmul peak
+MFU: our step's matmul FLOPs (`gpu_step.matmul_flops`, on each batch's
+padded shape) per second against a float32 matmul peak
 measured in the same run (`--peak-size` square matmul, the same threads).
 The last line is `ours_vs_keras_hub: X`.
 """
@@ -91,29 +91,6 @@ def keras_hub_transformer(config):
     return keras.Model([source, target], logits, name="keras_hub_transformer")
 
 
-def batch_flops(config, source_shape, target_shape):
-    """Matmul FLOPs of one training step (forward x 3) on padded shapes."""
-    d, f, n, v = config.d_model, config.d_ff, config.num_layers, config.vocab_size
-    (b, s), (_, t) = source_shape, target_shape
-    encoder = 4 * s * d * d + 2 * s * s * d + 2 * s * d * f
-    decoder = 4 * t * d * d + 2 * t * t * d + (2 * t * d * d + 2 * s * d * d + 2 * t * s * d) + 2 * t * d * f
-    return 3 * 2 * b * (n * (encoder + decoder) + t * d * v)
-
-
-def matmul_peak(size, repeats=10):
-    import tensorflow as tf
-
-    a = tf.random.normal((size, size))
-    b = tf.random.normal((size, size))
-    matmul = tf.function(lambda a, b: tf.matmul(a, b))
-    matmul(a, b).numpy()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        c = matmul(a, b)
-    c.numpy()
-    return 2 * size ** 3 * repeats / (time.perf_counter() - start)
-
-
 def main(argv=None):
     args = parse_args(argv)
     import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
@@ -128,6 +105,7 @@ def main(argv=None):
     from keras_transformer import LabelSmoothedCrossEntropy, TransformerConfig, build_transformer, make_optimizer
     from keras_transformer.constants import PAD_ID
     from keras_transformer.data import Tokenizer, load_corpus, make_batches, train_tokenizer
+    from gpu_step import matmul_flops, matmul_peak  # (beside this script: the same FLOP count and peak)
 
     data = args.data if pathlib.Path(args.data).is_dir() else "embedded"
     corpus = load_corpus(data, "en", "de", seed=args.seed)
@@ -139,7 +117,7 @@ def main(argv=None):
                       max_length=config.max_length, shuffle=True, seed=args.seed, repeat=True)
     batches = [((s, ti), to) for (s, ti), to in ds.take(args.batches)]
     tokens = int(sum(np.count_nonzero(to.numpy() != PAD_ID) for _, to in batches))
-    flops = sum(batch_flops(config, s.shape, ti.shape) for (s, ti), _ in batches)
+    flops = sum(matmul_flops(config, s.shape[0], s.shape[1], ti.shape[1]) for (s, ti), _ in batches)
 
     models = {}
     for name, build in (("ours", build_transformer), ("keras-hub", keras_hub_transformer)):
@@ -170,7 +148,7 @@ def main(argv=None):
     for round_index in range(args.rounds):
         for name in (names if round_index % 2 == 0 else names[::-1]):
             seconds[name].append(run_pass(models[name]))
-    peak = matmul_peak(args.peak_size)
+    peak = matmul_peak("float32", args.peak_size, repeats=10)
     print("| model | target tokens/s, median (min-max) | ratio ours / keras-hub per round, median (min-max) "
           "| matmul TFLOP/s | MFU vs measured float32 peak |")
     print("|---|---|---|---|---|")

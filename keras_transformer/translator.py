@@ -157,8 +157,7 @@ class Translator:
             ids int32 `[batch, num_results, L]` (EOS, then PAD), with `L`
             the buffer size above, and scores float32 `[batch, num_results]`.
         """
-        extra_length = tf.clip_by_value(tf.cast(extra_length, tf.int32), 0,
-                                        self.config.decode_extra_length)
+        extra_length = self._clip_extra_length(extra_length)
         max_lengths = source_lengths + extra_length  # [batch]
         if static_buffer:
             buffer_length = self.max_decode_length
@@ -171,6 +170,10 @@ class Translator:
         return beam_search(step_fn, cache, batch, max_lengths,
                            beam_size=beam_size, alpha=alpha,
                            max_decode_length=buffer_length, num_results=num_results)
+
+    def _clip_extra_length(self, extra_length):
+        """int32 scalar in `[0, decode_extra_length]`, the most the buffers were made for."""
+        return tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
 
     def compiled_search(self, beam_size, num_results):
         """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha) -> (ids, scores)`.
@@ -212,7 +215,7 @@ class Translator:
         they finish at the first step. Same results as `search`; the ids have
         `bucket_width - 1 + decode_extra_length` positions.
         """
-        extra_length = tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
+        extra_length = self._clip_extra_length(extra_length)
         batch, width = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
         padded_batch, padded_width = self.bucketed_shape(batch, width)
         source = tf.pad(source_ids, [[0, padded_batch - batch], [0, padded_width - width]],
