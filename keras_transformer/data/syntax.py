@@ -45,6 +45,8 @@ class AnnotatedSentence:
     """One sentence's words with their tags and dependency tree.
 
     `heads[i]` is the 0-based index of word `i`'s head, -1 for the root.
+    `tree` is the sentence's constituency tree, bracketed (`parse_bracketed`'s
+    format, its leaves the words), where one is known ("" otherwise).
     """
 
     words: tuple[str, ...]
@@ -53,6 +55,7 @@ class AnnotatedSentence:
     heads: tuple[int, ...]
     text: str = ""
     sent_id: str = ""
+    tree: str = ""
 
 
 def read_conllu(path: str | os.PathLike) -> list[AnnotatedSentence]:
@@ -80,8 +83,25 @@ def read_conllu(path: str | os.PathLike) -> list[AnnotatedSentence]:
         out.append(AnnotatedSentence(
             words=tuple(t["form"] for t in tokens), upos=tuple(t["upos"] or "_" for t in tokens),
             deprel=tuple(t["deprel"] or "_" for t in tokens), heads=tuple(heads),
-            text=sentence.metadata.get("text", ""), sent_id=sentence.metadata.get("sent_id", "")))
+            text=sentence.metadata.get("text", ""), sent_id=sentence.metadata.get("sent_id", ""),
+            tree=sentence.metadata.get("tree", "")))
     return out
+
+
+def to_conllu(sentence: AnnotatedSentence) -> str:
+    """One sentence as a CoNLL-U block (10 tab-separated columns per word, a
+    `# text` comment, and `# tree` when a constituency tree is known); no
+    trailing blank line. `read_conllu` reads it back."""
+    lines = []
+    if sentence.sent_id:
+        lines.append(f"# sent_id = {sentence.sent_id}")
+    lines.append(f"# text = {sentence.text or ' '.join(sentence.words)}")
+    if sentence.tree:
+        lines.append(f"# tree = {sentence.tree}")
+    for i, (word, upos, deprel, head) in enumerate(
+            zip(sentence.words, sentence.upos, sentence.deprel, sentence.heads), 1):
+        lines.append("\t".join([str(i), word, "_", upos, "_", "_", str(head + 1), deprel, "_", "_"]))
+    return "\n".join(lines)
 
 
 def _distances_in_tree(nodes: int, edges: list[tuple[int, int]], leaves: list[int]) -> np.ndarray:
