@@ -42,6 +42,12 @@ a model cannot get a good BLEU by translating word for word.  Covered:
   "the kitchen door" → "die Küchentür", "wine glasses" → "Weingläser").
 * **Lexical choice**: *eat* is *essen* for people but *fressen* for animals.
 
+Because the generator knows each sentence's structure, it also gives **gold
+syntactic annotations** of the English side (`embedded_annotations`: words,
+UD UPOS tags, a UD dependency tree and a Penn-style constituency tree per
+sentence; conventions in the table before `annotate`), and
+`write_embedded_conllu` writes the corpus as a directory of CoNLL-U sources.
+
 The generator is deterministic for a seed (it only uses its own
 ``random.Random(seed)``) and takes well under a second.  English sentences are
 distinct across the whole corpus, and no German sentence of the valid/test
@@ -52,8 +58,12 @@ generalisation to unseen sentences built from the same vocabulary and rules.
 from __future__ import annotations
 
 import functools
+import os
+import pathlib
 import random
 from dataclasses import dataclass
+
+from keras_transformer.data.syntax import AnnotatedSentence, to_conllu
 
 SOURCE_LANG = "en"
 TARGET_LANG = "de"
@@ -461,22 +471,25 @@ def _en_present(c: Clause) -> str:
     return s3 if _person(c.subject) == 2 else base
 
 
-def _en_clause(c: Clause, question: bool = False) -> list[str]:
-    """English words of the clause; a question inverts the auxiliary and the subject."""
-    verb = VERBS[c.verb]
-    base, _, past, pp = verb.en
+def _en_verb_group(c: Clause, question: bool = False) -> tuple[str | None, str]:
+    """(auxiliary or None, main verb form) of the clause's English verb group."""
+    base, _, past, pp = VERBS[c.verb].en
     third = _person(c.subject) == 2
     if c.tense == "present":
         if c.negated or question:
-            aux, main = ("does" if third else "do"), base
-        else:
-            aux, main = None, _en_present(c)
-    elif c.tense == "past":
-        aux, main = ("did", base) if (c.negated or question) else (None, past)
-    elif c.tense == "perfect":
-        aux, main = ("has" if third else "have"), pp
-    else:
-        aux, main = "will", base
+            return ("does" if third else "do"), base
+        return None, _en_present(c)
+    if c.tense == "past":
+        return ("did", base) if (c.negated or question) else (None, past)
+    if c.tense == "perfect":
+        return ("has" if third else "have"), pp
+    return "will", base
+
+
+def _en_clause(c: Clause, question: bool = False) -> list[str]:
+    """English words of the clause; a question inverts the auxiliary and the subject."""
+    verb = VERBS[c.verb]
+    aux, main = _en_verb_group(c, question)
     subj = _subject_en(c.subject)
     tail = [main] + ([verb.particle] if verb.particle else []) + [_np_en(c.obj)]
     if c.place:
@@ -591,6 +604,7 @@ _DET_CUM_WEIGHTS = (5, 7, 9, 10)
 class _Generator:
     def __init__(self, seed: int):
         self.r = random.Random(seed)
+        self.last: tuple | None = None  # (builder kind, builder args) of the last sentence
 
     def np(self, noun: str, adj_p: float) -> NP:
         r = self.r
@@ -623,6 +637,12 @@ class _Generator:
             if not (tense == "past" and not negated and v.en[2] == _en_present(c)):
                 return c
 
+    def _build(self, kind: str, *args) -> tuple[str, str]:
+        """The sentence builder `kind` applied to `args`; remembers both in `last`
+        (what `annotate` needs to annotate the sentence)."""
+        self.last = (kind, args)
+        return _BUILDERS[kind](*args)
+
     def sentence(self) -> tuple[str, str]:
         r = self.r
         kind = r.choices(("simple", "question", "sub", "fronted", "reported"),
@@ -632,34 +652,43 @@ class _Generator:
             adverb = None
             if c.tense != "perfect" and r.random() < 0.35:
                 adverb = r.choice(list(TIME_ADVERBS[c.tense]))
-            return simple(c, adverb)
+            return self._build("simple", c, adverb)
         if kind == "question":
-            return question(self.clause(neg_p=0.0))
+            return self._build("question", self.clause(neg_p=0.0))
         if kind == "sub":
             conj = r.choice(("because", "because", "although", "while", "if", "when"))
             sub_tenses = TENSES if conj in ("because", "although") else ("present",)
             main_tenses = ("present", "future") if conj in ("if", "when", "while") else TENSES
             main = self.clause(0.15, 0.1, 0.1, main_tenses)
             sub = self.clause(0.15, 0.1, 0.15, sub_tenses)
-            return with_subordinate(main, conj, sub)
+            return self._build("with_subordinate", main, conj, sub)
         if kind == "fronted":
             conj = r.choice(("if", "when", "because", "although"))
             sub_tenses = TENSES if conj in ("because", "although") else ("present",)
             main_tenses = ("present", "future") if conj in ("if", "when") else TENSES
             sub = self.clause(0.15, 0.1, 0.1, sub_tenses)
             main = self.clause(0.15, 0.1, 0.1, main_tenses)
-            return fronted_subordinate(conj, sub, main)
+            return self._build("fronted_subordinate", conj, sub, main)
         speaker = r.choice(_PRONOUN_KEYS) if r.random() < 0.4 else self.np(r.choice(_PEOPLE), 0.15)
-        return reported(speaker, r.choice(list(SPEECH_VERBS)), self.clause(0.2, 0.1, 0.15))
+        return self._build("reported", speaker, r.choice(list(SPEECH_VERBS)), self.clause(0.2, 0.1, 0.15))
+
+
+_BUILDERS = {"simple": simple, "question": question, "with_subordinate": with_subordinate,
+             "fronted_subordinate": fronted_subordinate, "reported": reported}
 
 
 def _n_words(sentence: str) -> int:
     return len(sentence.split())
 
 
-@functools.lru_cache(maxsize=4)
-def _generate(seed: int, train_size: int = TRAIN_SIZE) -> tuple[tuple, tuple, tuple]:
-    """(train, valid, test); a smaller ``train_size`` gives a prefix of the same stream."""
+def _generate_records(seed: int, train_size: int = TRAIN_SIZE, keep=None) -> tuple[list, list, list]:
+    """(train, valid, test): the generation and selection of `_generate`.
+
+    Each split holds, per sentence, ``keep(split, index, english, german,
+    (builder kind, builder args))`` -- by default ``(english, german)``, so
+    that no sentence structure stays alive (thousands of them would slow the
+    generation down through garbage-collector passes).
+    """
     gen = _Generator(seed)
     seen_en: set[str] = set()
     heldout_de: set[str] = set()
@@ -671,11 +700,20 @@ def _generate(seed: int, train_size: int = TRAIN_SIZE) -> tuple[tuple, tuple, tu
         if len(test) < TEST_SIZE or len(valid) < VALID_SIZE:
             seen_en.add(en)
             heldout_de.add(de)
-            (test if len(test) < TEST_SIZE else valid).append((en, de))
+            split, name = (test, "test") if len(test) < TEST_SIZE else (valid, "valid")
         elif de not in heldout_de:
             seen_en.add(en)
-            train.append((en, de))
-    return tuple(train), tuple(valid), tuple(test)
+            split, name = train, "train"
+        else:
+            continue
+        split.append((en, de) if keep is None else keep(name, len(split), en, de, gen.last))
+    return train, valid, test
+
+
+@functools.lru_cache(maxsize=4)
+def _generate(seed: int, train_size: int = TRAIN_SIZE) -> tuple[tuple, tuple, tuple]:
+    """(train, valid, test); a smaller ``train_size`` gives a prefix of the same stream."""
+    return tuple(tuple(split) for split in _generate_records(seed, train_size))
 
 
 def embedded_corpus(seed: int = 0) -> dict[str, list[tuple[str, str]]]:
@@ -688,4 +726,304 @@ def embedded_corpus(seed: int = 0) -> dict[str, list[tuple[str, str]]]:
     return {"train": list(train), "valid": list(valid), "test": list(test)}
 
 
-__all__ = ["embedded_corpus", "SOURCE_LANG", "TARGET_LANG"]
+# --------------------------------------------------------------------------
+# Gold syntactic annotations of the English side
+# --------------------------------------------------------------------------
+#
+# The grammar knows every sentence's structure, so it can annotate the English
+# side exactly: words (punctuation split off), UD v2 UPOS tags, a UD basic
+# dependency tree with universal relations (content words as heads), and a
+# Penn-style constituency tree with the words as leaves directly under phrase
+# labels.  The annotation is built alongside the words by the same steps as
+# `_en_clause` and the sentence builders -- nothing is parsed.  Conventions:
+#
+#   construction                     dependency                      constituents
+#   the/a/an/this/these + noun       DET det -> noun                 (NP the dog )
+#   my + noun                        PRON nmod:poss -> noun          (NP my dog )
+#   adjective                        ADJ amod -> noun                (NP the red ball )
+#   "apple tree"                     NOUN compound -> tree           (NP the apple tree )
+#   subject NP / pronoun             nsubj -> main verb              (S (NP ..) (VP ..) )
+#   object NP                        obj -> main verb                (VP sees (NP ..) )
+#   does/do/did/has/have/will        AUX aux -> main verb            (VP has (VP seen ..) )
+#   not                              PART advmod -> main verb        (VP does not (VP see ..) )
+#   particle "picks up"              ADP|ADV compound:prt -> verb    (VP picks (PRT up ) (NP ..) )
+#   "looks at/for the dog"           ADP case -> dog, dog obl -> verb (VP looks (PP at (NP ..) ) )
+#   place "in the garden"            ADP case, DET det -> garden,    (PP in (NP the garden ) ),
+#                                    garden NOUN obl -> main verb    inside the main verb's VP
+#   today/now/soon/...               ADV advmod -> main verb         (ADVP Today )
+#   "every day"/"last week"          DET det / ADJ amod -> day,      (NP Every day )
+#                                    day NOUN obl:tmod -> main verb
+#   "in the morning"                 as a place: case, det, obl      (PP In (NP the morning ) )
+#   because/although/while/if/when   SCONJ mark -> subordinate verb  (SBAR because (S ..) ), in the
+#                                    subordinate verb advcl -> main  main verb's VP (or fronted
+#                                    verb                            under S, before the comma)
+#   says/thinks/knows/hopes that     speech verb VERB; "that" SCONJ  (VP says (SBAR that (S ..) ) )
+#                                    mark; its verb ccomp -> speech verb
+#   . ? ,                            PUNCT punct -> the root verb    directly under S / SQ
+#   question                         Does AUX aux -> main verb       (SQ Does (NP ..) (VP see ..) ? )
+#
+# The root is the main clause's main verb (the speech verb in reported speech).
+
+_PARTICLE_UPOS = {"up": "ADP", "on": "ADP", "off": "ADP", "away": "ADV", "back": "ADV"}
+_PREPOSITIONAL_PARTICLES = {"at", "for"}  # "looks at/for X": X is an oblique with its preposition
+# The words of TIME_ADVERBS and PLACES.
+_ADVERBIAL_UPOS = {
+    "in": "ADP", "at": "ADP", "the": "DET", "every": "DET", "this": "DET", "last": "ADJ", "next": "ADJ",
+    "today": "ADV", "now": "ADV", "sometimes": "ADV", "yesterday": "ADV", "tomorrow": "ADV", "soon": "ADV",
+    "day": "NOUN", "week": "NOUN", "year": "NOUN", "morning": "NOUN", "evening": "NOUN", "garden": "NOUN",
+    "kitchen": "NOUN", "park": "NOUN", "school": "NOUN", "home": "NOUN", "city": "NOUN", "station": "NOUN",
+    "forest": "NOUN"}
+_MODIFIER_DEPREL = {"ADP": "case", "DET": "det", "ADJ": "amod"}
+_NO_SPACE_BEFORE = frozenset(",.?")
+
+
+class _Annotation:
+    """One sentence being annotated: parallel per-word lists (heads as 0-based
+    indices, filled in once the head is known).  Constituents are
+    `(label, children)` with children word indices or constituents."""
+
+    __slots__ = ("words", "upos", "deprel", "heads")
+
+    def __init__(self):
+        self.words: list[str] = []
+        self.upos: list[str] = []
+        self.deprel: list[str] = []
+        self.heads: list[int] = []
+
+    def add(self, word: str, upos: str, deprel: str = "", head: int = -1) -> int:
+        self.words.append(word)
+        self.upos.append(upos)
+        self.deprel.append(deprel)
+        self.heads.append(head)
+        return len(self.words) - 1
+
+    def attach(self, dependent: int, head: int, deprel: str | None = None) -> None:
+        self.heads[dependent] = head
+        if deprel is not None:
+            self.deprel[dependent] = deprel
+
+    def bracketed(self, node) -> str:
+        label, children = node
+        return " ".join([f"({label}"] + [self.words[c] if isinstance(c, int) else self.bracketed(c)
+                                          for c in children] + [")"])
+
+    def finish(self, root: int, label: str, children: list, punct: str, sent_id: str) -> AnnotatedSentence:
+        children.append(self.add(punct, "PUNCT", "punct", root))
+        self.attach(root, -1, "root")
+        first = self.words[0]
+        self.words[0] = first[0].upper() + first[1:]
+        text = "".join(w if (i == 0 or w in _NO_SPACE_BEFORE) else " " + w for i, w in enumerate(self.words))
+        return AnnotatedSentence(words=tuple(self.words), upos=tuple(self.upos), deprel=tuple(self.deprel),
+                                 heads=tuple(self.heads), text=text, sent_id=sent_id,
+                                 tree=self.bracketed((label, children)))
+
+
+def _np_ann(a: _Annotation, np: NP) -> tuple[int, tuple]:
+    """Adds the noun phrase's words (as `_np_en`); returns (its noun, its constituent)."""
+    noun = NOUNS[np.noun]
+    noun_words = (noun.en_pl if np.plural else noun.en_sg).split()
+    dependents = []
+    if np.det == "a":
+        if not np.plural:
+            following = np.adj or noun_words[0]
+            dependents.append(a.add("an" if following[0] in "aeio" else "a", "DET", "det"))
+    elif np.det == "this":
+        dependents.append(a.add("these" if np.plural else "this", "DET", "det"))
+    elif np.det == "my":
+        dependents.append(a.add("my", "PRON", "nmod:poss"))
+    else:
+        dependents.append(a.add(np.det, "DET", "det"))
+    if np.adj:
+        dependents.append(a.add(np.adj, "ADJ", "amod"))
+    dependents += [a.add(w, "NOUN", "compound") for w in noun_words[:-1]]  # "apple tree"
+    head = a.add(noun_words[-1], "NOUN")
+    for d in dependents:
+        a.attach(d, head)
+    return head, ("NP", dependents + [head])
+
+
+def _subject_ann(a: _Annotation, subject: NP | str) -> tuple[int, tuple]:
+    if isinstance(subject, str):
+        i = a.add(subject, "PRON")
+        return i, ("NP", [i])
+    return _np_ann(a, subject)
+
+
+def _adverbial_ann(a: _Annotation, phrase: str) -> tuple[int, tuple, str]:
+    """A time adverbial or place: (its head word, its constituent, the head's relation to the verb)."""
+    words = phrase.split()
+    tags = [_ADVERBIAL_UPOS[w] for w in words]
+    if tags[-1] == "ADV":
+        i = a.add(words[0], "ADV")
+        return i, ("ADVP", [i]), "advmod"
+    indices = [a.add(w, t, _MODIFIER_DEPREL.get(t, "")) for w, t in zip(words, tags)]
+    head = indices[-1]
+    for i in indices[:-1]:
+        a.attach(i, head)
+    if tags[0] == "ADP":
+        return head, ("PP", [indices[0], ("NP", indices[1:])]), "obl"
+    return head, ("NP", indices), "obl:tmod"
+
+
+def _clause_ann(a: _Annotation, c: Clause, question: bool = False) -> tuple[int, list, list]:
+    """Adds the clause's words (as `_en_clause`).
+
+    Returns (its main verb, the children of its S -- SQ for a question --,
+    the children of the main verb's VP, where a subordinate clause goes)."""
+    verb = VERBS[c.verb]
+    aux, main_form = _en_verb_group(c, question)
+    dependents = []  # (word, relation) of the main verb
+    if question:
+        dependents.append((a.add(aux, "AUX"), "aux"))
+    subject, subject_node = _subject_ann(a, c.subject)
+    dependents.append((subject, "nsubj"))
+    if not question and aux:
+        dependents.append((a.add(aux, "AUX"), "aux"))
+    if c.negated:
+        dependents.append((a.add("not", "PART"), "advmod"))
+    main = a.add(main_form, "VERB")
+    vp = [main]
+    preposition = None
+    if verb.particle in _PREPOSITIONAL_PARTICLES:
+        preposition = a.add(verb.particle, "ADP", "case")
+    elif verb.particle:
+        particle = a.add(verb.particle, _PARTICLE_UPOS[verb.particle])
+        dependents.append((particle, "compound:prt"))
+        vp.append(("PRT", [particle]))
+    obj, obj_node = _np_ann(a, c.obj)
+    if preposition is None:
+        dependents.append((obj, "obj"))
+        vp.append(obj_node)
+    else:
+        a.attach(preposition, obj)
+        dependents.append((obj, "obl"))
+        vp.append(("PP", [preposition, obj_node]))
+    if c.place:
+        place, place_node, relation = _adverbial_ann(a, c.place)
+        dependents.append((place, relation))
+        vp.append(place_node)
+    for word, relation in dependents:
+        a.attach(word, main, relation)
+    if question:
+        return main, [dependents[0][0], subject_node, ("VP", vp)], vp
+    verb_phrase = ("VP", vp)
+    if aux:
+        verb_phrase = ("VP", [dependents[1][0]] + ([dependents[2][0]] if c.negated else []) + [verb_phrase])
+    return main, [subject_node, verb_phrase], vp
+
+
+def _subordinate_ann(a: _Annotation, conj: str, sub: Clause) -> tuple[int, tuple]:
+    """conj + clause: (the clause's verb, the SBAR); the conjunction is its mark."""
+    mark = a.add(conj, "SCONJ")
+    verb, children, _ = _clause_ann(a, sub)
+    a.attach(mark, verb, "mark")
+    return verb, ("SBAR", [mark, ("S", children)])
+
+
+def _annotate_simple(a, sent_id, c, adverb=None):
+    front = _adverbial_ann(a, adverb) if adverb else None
+    verb, children, _ = _clause_ann(a, c)
+    if front:
+        a.attach(front[0], verb, front[2])
+        children.insert(0, front[1])
+    return a.finish(verb, "S", children, ".", sent_id)
+
+
+def _annotate_question(a, sent_id, c):
+    verb, children, _ = _clause_ann(a, c, question=True)
+    return a.finish(verb, "SQ", children, "?", sent_id)
+
+
+def _annotate_with_subordinate(a, sent_id, main, conj, sub, adverb=None):
+    front = _adverbial_ann(a, adverb) if adverb else None
+    verb, children, vp = _clause_ann(a, main)
+    if front:
+        a.attach(front[0], verb, front[2])
+        children.insert(0, front[1])
+    sub_verb, sbar = _subordinate_ann(a, conj, sub)
+    a.attach(sub_verb, verb, "advcl")
+    vp.append(sbar)
+    return a.finish(verb, "S", children, ".", sent_id)
+
+
+def _annotate_fronted_subordinate(a, sent_id, conj, sub, main):
+    sub_verb, sbar = _subordinate_ann(a, conj, sub)
+    comma = a.add(",", "PUNCT")
+    verb, children, _ = _clause_ann(a, main)
+    a.attach(sub_verb, verb, "advcl")
+    a.attach(comma, verb, "punct")
+    return a.finish(verb, "S", [sbar, comma] + children, ".", sent_id)
+
+
+def _annotate_reported(a, sent_id, subject, speech_verb, sub):
+    (base, s3), _ = SPEECH_VERBS[speech_verb]
+    subj, subject_node = _subject_ann(a, subject)
+    verb = a.add(s3 if _person(subject) == 2 else base, "VERB")
+    a.attach(subj, verb, "nsubj")
+    sub_verb, sbar = _subordinate_ann(a, "that", sub)
+    a.attach(sub_verb, verb, "ccomp")
+    return a.finish(verb, "S", [subject_node, ("VP", [verb, sbar])], ".", sent_id)
+
+
+_ANNOTATORS = {"simple": _annotate_simple, "question": _annotate_question,
+               "with_subordinate": _annotate_with_subordinate,
+               "fronted_subordinate": _annotate_fronted_subordinate, "reported": _annotate_reported}
+
+
+def annotate(kind: str, *args, sent_id: str = "") -> AnnotatedSentence:
+    """Gold annotation of the English sentence that the builder `kind` makes of `args`.
+
+    `kind` names a sentence builder -- "simple", "question", "with_subordinate",
+    "fronted_subordinate" or "reported" -- and `args` are that builder's
+    arguments: `annotate("simple", c, "today").text == simple(c, "today")[0]`.
+    """
+    return _ANNOTATORS[kind](_Annotation(), sent_id, *args)
+
+
+@functools.lru_cache(maxsize=2)
+def _annotated(seed: int, train_size: int) -> dict[str, tuple]:
+    """{split: ((AnnotatedSentence, german), ...)}, the order of `_generate(seed, train_size)`."""
+
+    def keep(split, index, en, de, structure):
+        kind, args = structure
+        return annotate(kind, *args, sent_id=f"{split}-{index}"), de
+
+    train, valid, test = _generate_records(seed, train_size, keep)
+    return {"train": tuple(train), "valid": tuple(valid), "test": tuple(test)}
+
+
+def embedded_annotations(seed: int = 0, train_size: int = TRAIN_SIZE) -> dict[str, list[AnnotatedSentence]]:
+    """Gold annotations of the English side of `embedded_corpus(seed)`.
+
+    Returns {"train", "valid", "test"} lists of `AnnotatedSentence`, one per
+    pair of the corpus split, in its order (`sent_id` "train-0", ...); a
+    smaller ``train_size`` annotates a prefix of the train split (valid and
+    test are the same).  Conventions: the table before `annotate`.
+    """
+    return {name: [sentence for sentence, _ in items] for name, items in _annotated(seed, train_size).items()}
+
+
+def write_embedded_conllu(directory: str | os.PathLike, seed: int = 0,
+                          limit: int | None = None) -> list[pathlib.Path]:
+    """Writes the corpus as a directory of CoNLL-U sources: `{split}.en.conllu`
+    (`to_conllu` blocks, each followed by a blank line) and `{split}.de` (one
+    German sentence a line) for train, valid and test.
+
+    ``limit`` keeps the first ``limit`` sentences of each split.  Returns the
+    paths written.
+    """
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    train_size = TRAIN_SIZE if limit is None else max(1, min(limit, TRAIN_SIZE))
+    paths = []
+    for name, items in _annotated(seed, train_size).items():
+        items = items[:limit]
+        conllu_path, de_path = directory / f"{name}.{SOURCE_LANG}.conllu", directory / f"{name}.{TARGET_LANG}"
+        conllu_path.write_text("".join(to_conllu(sentence) + "\n\n" for sentence, _ in items), encoding="utf-8")
+        de_path.write_text("".join(de + "\n" for _, de in items), encoding="utf-8")
+        paths += [conllu_path, de_path]
+    return paths
+
+
+__all__ = ["embedded_corpus", "embedded_annotations", "write_embedded_conllu", "annotate",
+           "SOURCE_LANG", "TARGET_LANG"]
