@@ -33,7 +33,7 @@ if __name__ == "__main__":
     os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
 
 from keras_transformer import console  # noqa: E402  (imports TensorFlow quietly when asked)
-from keras_transformer.config import BATCH_TOKENS, PRESETS, TrainingConfig  # noqa: E402
+from keras_transformer.config import BATCH_TOKENS, PRESETS, SYNTAX_FIELDS, TrainingConfig  # noqa: E402
 
 log = logging.getLogger("train")
 
@@ -98,7 +98,30 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="skip the SavedModel export at the end")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's and Keras's own log lines and warnings")
+    syntax = parser.add_argument_group(
+        "syntax-aware models (survey section 3; README 'Syntax-aware models'): the source side must be "
+        "CoNLL-U (SPLIT.SRC.conllu in a --data directory, or the embedded corpus's gold trees)")
+    syntax.add_argument("--source-tags", default=None, metavar="upos,deprel",
+                        help="tag factors added to each source word's embedding (comma-separated)")
+    syntax.add_argument("--tag-combination", default=None, choices=("sum", "ffn"),
+                        help="sum of the embeddings (default) or one feed-forward layer over them")
+    syntax.add_argument("--syntax-attention", default=None, choices=("none", "hard", "soft"),
+                        help="tree-distance masking of encoder self-attention: hard (omega <= "
+                             "--syntax-max-distance) or soft (DNorm of omega)")
+    syntax.add_argument("--syntax-form", default=None, choices=("additive", "multiplicative"),
+                        help="how the mask enters the scores (default additive)")
+    syntax.add_argument("--syntax-max-distance", type=int, default=None, help="omega_max of hard masking (1)")
+    syntax.add_argument("--syntax-dnorm", default=None, choices=("zscore", "inverse"),
+                        help="soft masking's normalisation (default zscore)")
+    syntax.add_argument("--syntax-layers", default=None, metavar="0,1",
+                        help="encoder layers (0 = lowest) with syntax attention (default all)")
+    syntax.add_argument("--syntax-heads", default=None, metavar="0,1",
+                        help="heads with syntax attention in those layers (default all)")
     args = parser.parse_args(argv)
+    try:
+        options = _syntax_options(args)
+    except ValueError as error:
+        parser.error(str(error))
     try:
         args.run = TrainingConfig.create(
             args.config, data=args.data, source_lang=args.source_lang, target_lang=args.target_lang,
@@ -108,11 +131,33 @@ def parse_args(argv=None) -> argparse.Namespace:
             average=args.average, beam_size=args.beam_size,
             bleu_every_sentences=args.bleu_every_sentences, jit_compile=args.jit_compile,
             mixed_precision=args.mixed_precision, seed=args.seed,
-            allow_data_change=args.allow_data_change, max_minutes=args.max_minutes)
+            allow_data_change=args.allow_data_change, max_minutes=args.max_minutes, syntax=options)
     except ValueError as error:  # e.g. "steps must be a positive integer, got -1"
+        if options and any(name in str(error) for name in SYNTAX_FIELDS):
+            parser.error(f"syntax-aware options: {error}")
         field, _, rest = str(error).partition(" ")
         parser.error(f"--{field.replace('_', '-')} {rest}")
     return args
+
+
+def _syntax_options(args) -> dict:
+    """The syntax-aware flags that were given, as `TrainingConfig.syntax`."""
+    def integers(flag, text):
+        try:
+            return tuple(int(item) for item in text.split(",") if item.strip())
+        except ValueError:
+            raise ValueError(f"--{flag} {text!r}: expected comma-separated integers such as 0,1") from None
+
+    options = {}
+    if args.source_tags is not None:
+        options["source_tags"] = tuple(item.strip() for item in args.source_tags.split(",") if item.strip())
+    for name in ("tag_combination", "syntax_attention", "syntax_form", "syntax_max_distance", "syntax_dnorm"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    for name in ("syntax_layers", "syntax_heads"):
+        if getattr(args, name) is not None:
+            options[name] = integers(name.replace("_", "-"), getattr(args, name))
+    return options
 
 
 def main(argv=None) -> int:

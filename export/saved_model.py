@@ -25,6 +25,14 @@ asset file to lose), the averaged weights and the beam search:
   `[None, None]`, `scores` float32 `[None, None]`, best first. Out-of-range
   options are clipped to those ranges rather than failing the request.
 
+A syntax-aware model (`TransformerConfig.syntax_aware`) is exported with
+`serving_default` and `translate_options` only, and their input is
+`conllu` string `[None]`: one CoNLL-U sentence per string (what a parser of
+the user's choice writes), parsed, tokenized per word and turned into tags
+and tree distances inside the graph (`keras_transformer.data.annotated`, the
+training pipeline's own ops). It has no LiteRT or XLA signature: those stay
+plain-text only.
+
 The version directory is written under a hidden temporary name in `OUTPUT`
 and renamed into place only when complete (TF Serving ignores non-numeric
 names), so a crash never leaves a half-written version where a server would
@@ -56,6 +64,8 @@ MAX_BEAM_SIZE = 8
 # the LiteRT runner sends larger inputs in chunks.
 LITERT_MAX_BATCH = 64
 WARMUP_SENTENCES = ("Hello.", "This is a warm-up request for the translation model.", "")
+# The same for a syntax-aware model's `conllu` input.
+WARMUP_CONLLU = ("1\tHello\t_\tINTJ\t_\t_\t0\troot\t_\t_\n2\t.\t_\tPUNCT\t_\t_\t1\tpunct\t_\t_", "")
 SERVING_DEFAULT = "serving_default"
 OPTIONS_SIGNATURE = "translate_options"
 LITERT_SIGNATURE = "translate_litert"
@@ -82,15 +92,18 @@ class TranslationModule(tf.Module):
         self.model_variables = [v.value for v in model.variables]
         self._translator = Translator(model, config, tokenizer_model)  # not trackable: not saved
         self._config = config
+        source = "conllu" if config.syntax_aware else "text"
         self.serve = tf.function(self._serve, input_signature=[
-            tf.TensorSpec([None], tf.string, name="text")])
+            tf.TensorSpec([None], tf.string, name=source)])
         self.serve_with_options = tf.function(self._serve_with_options, input_signature=[
-            tf.TensorSpec([None], tf.string, name="text"),
+            tf.TensorSpec([None], tf.string, name=source),
             tf.TensorSpec([], tf.int32, name="beam_size"),
             tf.TensorSpec([], tf.float32, name="alpha"),
             tf.TensorSpec([], tf.int32, name="extra_length"),
             tf.TensorSpec([], tf.int32, name="num_results"),
         ])
+        if config.syntax_aware:  # CoNLL-U in: no LiteRT / XLA variants (saving traces every tf.function)
+            return
         self.serve_litert = tf.function(self._serve_litert, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
         self.serve_xla = tf.function(self._serve_xla, input_signature=[
@@ -131,6 +144,9 @@ class TranslationModule(tf.Module):
         return {"translations": strings[:, :num_results], "scores": scores[:, :num_results]}
 
     def signatures(self):
+        if self._config.syntax_aware:  # CoNLL-U in; no LiteRT / XLA variants
+            return {SERVING_DEFAULT: self.serve.get_concrete_function(),
+                    OPTIONS_SIGNATURE: self.serve_with_options.get_concrete_function()}
         return {SERVING_DEFAULT: self.serve.get_concrete_function(),
                 OPTIONS_SIGNATURE: self.serve_with_options.get_concrete_function(),
                 LITERT_SIGNATURE: self.serve_litert.get_concrete_function(),
@@ -167,24 +183,25 @@ def bucket_warmup_texts(tokenizer_model: bytes, config: TransformerConfig) -> li
 
 
 def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator",
-                          xla_texts: list[str] | None = None) -> pathlib.Path:
+                          xla_texts: list[str] | None = None, conllu: bool = False) -> pathlib.Path:
     """Writes `assets.extra/tf_serving_warmup_requests` (PredictionLog TFRecords).
 
     Args:
         xla_texts: if given, also one `translate_xla` request per text and
             batch bucket (`XLA_BATCH_BUCKETS`): each compiles one program.
+        conllu: the model is syntax-aware: its requests are CoNLL-U in `conllu`.
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     path = directory / "assets.extra" / "tf_serving_warmup_requests"
     path.parent.mkdir(parents=True, exist_ok=True)
-    requests = [(SERVING_DEFAULT, list(WARMUP_SENTENCES))]
+    requests = [(SERVING_DEFAULT, list(WARMUP_CONLLU if conllu else WARMUP_SENTENCES))]
     requests += [(XLA_SIGNATURE, [text] * batch) for text in xla_texts or () for batch in XLA_BATCH_BUCKETS]
     with tf.io.TFRecordWriter(str(path)) as writer:
         for signature, texts in requests:
             request = predict_pb2.PredictRequest(
                 model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature))
-            request.inputs["text"].CopyFrom(tf.make_tensor_proto(texts, dtype=tf.string))
+            request.inputs["conllu" if conllu else "text"].CopyFrom(tf.make_tensor_proto(texts, dtype=tf.string))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
     return path
@@ -223,8 +240,10 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
             signatures = {name: function for name, function in signatures.items()
                           if name in {SERVING_DEFAULT, *only_signatures}}
         tf.saved_model.save(module, str(staging), signatures=signatures)
+        if xla_warmup and config.syntax_aware:
+            raise ValueError("--xla-warmup: a syntax-aware model has no translate_xla signature")
         xla_texts = [text for _, text in bucket_warmup_texts(tokenizer_model, config)] if xla_warmup else None
-        write_warmup_requests(staging, xla_texts=xla_texts)
+        write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware)
         os.rename(staging, final)  # atomic on one file system
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -250,7 +269,7 @@ def main(argv=None) -> int:
     try:
         model, config, tokenizer = load_trained(args.model_dir)
         path = export_model(model, config, tokenizer, args.output, args.version, xla_warmup=args.xla_warmup)
-    except (RunError, TokenizerError, FileExistsError) as error:
+    except (RunError, TokenizerError, FileExistsError, ValueError) as error:
         print(f"export.saved_model: error: {error}", file=sys.stderr)
         return 2
     print(path)

@@ -8,7 +8,9 @@ defaults it calls the `translate_xla` signature (the search XLA-compiled:
 this is our own Python process, where XLA runs; same translations as
 `serving_default`, which `--no-xla` calls, and which exports older than
 that signature fall back to); `--beam-size`, `--alpha`, `--n-best` use the
-`translate_options` signature.
+`translate_options` signature. A syntax-aware export reads CoNLL-U from
+stdin instead (sentences separated by blank lines) and prints one
+translation per sentence.
 """
 
 import argparse
@@ -57,16 +59,20 @@ def main(argv=None) -> int:
     default = loaded.signatures["translate_xla" if xla else "serving_default"]
     options = loaded.signatures["translate_options"]
 
+    # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
+    # sentences separated by blank lines, one translation printed per sentence.
+    source = "conllu" if "conllu" in default.structured_input_signature[1] else "text"
+
     def flush(batch):
         if not batch:
             return
         text = tf.constant(batch)
         if args.beam_size is None and args.n_best == 1 and args.alpha is None:
-            for line in default(text=text)["translation"].numpy():
+            for line in default(**{source: text})["translation"].numpy():
                 print(line.decode("utf-8"))
             return
         alpha = DEFAULTS.length_penalty_alpha if args.alpha is None else args.alpha
-        out = options(text=text, beam_size=tf.constant(args.beam_size or DEFAULTS.beam_size),
+        out = options(**{source: text}, beam_size=tf.constant(args.beam_size or DEFAULTS.beam_size),
                       alpha=tf.constant(alpha, tf.float32),
                       extra_length=tf.constant(DEFAULTS.decode_extra_length),
                       num_results=tf.constant(args.n_best))
@@ -77,14 +83,29 @@ def main(argv=None) -> int:
                 print("\t".join(f"{t.decode('utf-8')}\t{s:.4f}" for t, s in zip(row, scores)))
 
     batch = []
-    for line in sys.stdin.buffer:
-        batch.append(line.rstrip(b"\r\n"))
+    for item in (_conllu_blocks(sys.stdin.buffer) if source == "conllu"
+                 else (line.rstrip(b"\r\n") for line in sys.stdin.buffer)):
+        batch.append(item)
         if len(batch) == args.batch_size:
             flush(batch)
             batch = []
     flush(batch)
     sys.stdout.flush()
     return 0
+
+
+def _conllu_blocks(lines):
+    """CoNLL-U lines -> one bytes block per sentence (blank lines separate sentences)."""
+    block = []
+    for line in lines:
+        line = line.rstrip(b"\r\n")
+        if line.strip():
+            block.append(line)
+        elif block:
+            yield b"\n".join(block)
+            block = []
+    if block:
+        yield b"\n".join(block)
 
 
 if __name__ == "__main__":

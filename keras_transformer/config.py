@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from keras_transformer.constants import SOURCE_TAG_SETS
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
@@ -47,6 +49,27 @@ class TransformerConfig:
         checkpoints_to_average: the paper averages the last 5 (base) or 20
             (big) checkpoints.
 
+    Syntax-aware options (survey section 3; all off by default, and then the
+    model, its weights and its numbers are exactly the paper's):
+        source_tags: tag factors of each source word, from
+            `constants.SOURCE_TAG_SETS` (`"upos"`, `"deprel"`); a word's
+            pieces carry its tags. The model then takes a `source_tags` input.
+        tag_combination: `"sum"`, `e(x) + sum_k e(tag^k)` (Eqs. 50-51), or
+            `"ffn"`, one feed-forward layer over `[e(x); e(tag^1); ...]` (Eq. 52);
+            positions are added after either.
+        syntax_attention: `"none"`, `"hard"` (0-1 masking: attend only where
+            the tree distance `omega <= syntax_max_distance`) or `"soft"`
+            (`M = DNorm(omega)`, `syntax_dnorm`), in encoder self-attention.
+            The model then takes a `source_distances` input.
+        syntax_form: how `M` enters the scores: `"additive"`,
+            `softmax(QK^T / sqrt(d) + M)` (Eq. 53; hard masking adds 0 or
+            NEG_INF), or `"multiplicative"`, `softmax(QK^T / sqrt(d) * M)` (Eq. 54).
+        syntax_max_distance: omega_max of hard masking.
+        syntax_dnorm: `"zscore"` (standardised `-omega` over the row) or
+            `"inverse"` (`1 / (1 + omega)` normalised to sum 1 over the row).
+        syntax_layers: encoder layers (0 = lowest) that use it; () = all.
+        syntax_heads: heads that use it in those layers; () = all.
+
     Example:
         >>> config = TransformerConfig.from_preset("base", vocab_size=37000)
         >>> config.d_model // config.num_heads
@@ -70,6 +93,14 @@ class TransformerConfig:
     warmup_steps: int = 4000
     train_steps: int = 100_000
     checkpoints_to_average: int = 5
+    source_tags: tuple[str, ...] = ()
+    tag_combination: str = "sum"
+    syntax_attention: str = "none"
+    syntax_form: str = "additive"
+    syntax_max_distance: int = 1
+    syntax_dnorm: str = "zscore"
+    syntax_layers: tuple[int, ...] = ()
+    syntax_heads: tuple[int, ...] = ()
 
     def __post_init__(self):
         positive = ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads",
@@ -89,6 +120,53 @@ class TransformerConfig:
             raise ValueError(f"decode_extra_length must be >= 0, got {self.decode_extra_length}")
         if self.length_penalty_alpha < 0:
             raise ValueError(f"length_penalty_alpha must be >= 0, got {self.length_penalty_alpha}")
+        self._check_syntax_options()
+
+    def _check_syntax_options(self):
+        # JSON gives lists; the frozen dataclass keeps tuples (hashable, comparable).
+        for name in ("source_tags", "syntax_layers", "syntax_heads"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                raise ValueError(f"TransformerConfig.{name} must be a list or tuple, got {value!r}")
+            object.__setattr__(self, name, tuple(value))
+        unknown = [tag for tag in self.source_tags if tag not in SOURCE_TAG_SETS]
+        if unknown or len(set(self.source_tags)) != len(self.source_tags):
+            raise ValueError(f"source_tags={list(self.source_tags)}: each must be one of "
+                             f"{sorted(SOURCE_TAG_SETS)}, at most once")
+        choices = {"tag_combination": ("sum", "ffn"), "syntax_attention": ("none", "hard", "soft"),
+                   "syntax_form": ("additive", "multiplicative"), "syntax_dnorm": ("zscore", "inverse")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"TransformerConfig.{name}={getattr(self, name)!r}, expected one of {allowed}")
+        if (isinstance(self.syntax_max_distance, bool) or not isinstance(self.syntax_max_distance, int)
+                or self.syntax_max_distance < 1):
+            raise ValueError(f"syntax_max_distance must be an integer >= 1, got {self.syntax_max_distance!r}")
+        for name, count in (("syntax_layers", self.num_layers), ("syntax_heads", self.num_heads)):
+            bad = [i for i in getattr(self, name) if isinstance(i, bool) or not isinstance(i, int)
+                   or not 0 <= i < count]
+            if bad:
+                raise ValueError(f"{name}={list(getattr(self, name))}: {bad} not in 0..{count - 1}")
+
+    @property
+    def uses_source_tags(self) -> bool:
+        """The model takes a `source_tags` input (tag-factor embeddings)."""
+        return bool(self.source_tags)
+
+    @property
+    def uses_syntax_attention(self) -> bool:
+        """The model takes a `source_distances` input (syntax-aware encoder attention)."""
+        return self.syntax_attention != "none"
+
+    @property
+    def syntax_aware(self) -> bool:
+        """Any syntax-aware option is on: the source must come annotated (CoNLL-U)."""
+        return self.uses_source_tags or self.uses_syntax_attention
+
+    def syntax_layer_indices(self) -> tuple[int, ...]:
+        """Encoder layers whose self-attention is syntax-aware (none when the option is off)."""
+        if not self.uses_syntax_attention:
+            return ()
+        return self.syntax_layers or tuple(range(self.num_layers))
 
     @property
     def head_size(self) -> int:
@@ -158,6 +236,10 @@ TRAINING_DEFAULTS: dict[str, dict[str, Any]] = {"multi30k": {"checkpoint_every":
 CHECKPOINTS_PER_RUN = 10
 # Validation sentences translated greedily at every checkpoint for the BLEU curve.
 BLEU_CURVE_SENTENCES = 100
+# `TransformerConfig` fields of the syntax-aware options (survey section 3), which a
+# run sets on top of its preset (`train.py --source-tags/--syntax-attention/...`).
+SYNTAX_FIELDS = ("source_tags", "tag_combination", "syntax_attention", "syntax_form",
+                 "syntax_max_distance", "syntax_dnorm", "syntax_layers", "syntax_heads")
 # `TransformerConfig` fields that describe a run's length rather than the
 # model: a run directory may be resumed with other values of them.
 SCHEDULE_ONLY_FIELDS = ("train_steps", "checkpoints_to_average")
@@ -190,6 +272,10 @@ class TrainingConfig:
             (0: none). At the end of a round (after its checkpoint) the run
             stops if the next round would end past the budget; it is then
             averaged, evaluated and exported as a finished run.
+        syntax: syntax-aware model options (`SYNTAX_FIELDS` of
+            `TransformerConfig`) set on top of the preset, e.g.
+            `{"source_tags": ("upos", "deprel"), "syntax_attention": "hard"}`.
+            The data must then carry CoNLL-U sources.
     """
 
     preset: str = "tiny"
@@ -211,6 +297,7 @@ class TrainingConfig:
     seed: int = 0
     allow_data_change: bool = False
     max_minutes: float = 0.0
+    syntax: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def create(cls, preset: str = "tiny", **values: Any) -> "TrainingConfig":
@@ -231,6 +318,11 @@ class TrainingConfig:
                 raise ValueError(f"{name} must be a positive integer, got {given[name]!r}")
         if given.get("max_minutes", 0) < 0 or isinstance(given.get("max_minutes", 0), bool):
             raise ValueError(f"max_minutes must be >= 0, got {given['max_minutes']!r}")
+        unknown_syntax = set(given.get("syntax", {})) - set(SYNTAX_FIELDS)
+        if unknown_syntax:
+            raise ValueError(f"unknown syntax option(s) {sorted(unknown_syntax)}; expected {list(SYNTAX_FIELDS)}")
+        if given.get("syntax"):
+            TransformerConfig.from_preset(preset, **given["syntax"])  # raises naming a bad value
         if given.get("bleu_every_sentences", 0) < 0:
             raise ValueError(f"bleu_every_sentences must be >= 0, got {given['bleu_every_sentences']}")
         steps = given.get("steps", model.train_steps)
@@ -250,7 +342,7 @@ class TrainingConfig:
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
         """The `TransformerConfig` of this run for a tokenizer of `vocab_size` pieces."""
-        overrides: dict[str, Any] = {"vocab_size": vocab_size}
+        overrides: dict[str, Any] = {"vocab_size": vocab_size, **self.syntax}
         if self.max_length:
             overrides["max_length"] = self.max_length
         return TransformerConfig.from_preset(self.preset, **overrides)

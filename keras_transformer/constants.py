@@ -15,3 +15,22 @@ EOS_ID = 3
 # dead beams: -inf produces NaN in `inf - inf` and in softmax of an all-masked
 # row, a finite value does not.
 NEG_INF = -1e9
+
+# Tag sets of the syntax-aware source factors (survey section 3, Eqs. 50-52):
+# Universal Dependencies v2's 17 UPOS tags and its 37 universal relations
+# (a language-specific subtype maps to its base: `nmod:poss` -> `nmod`). Fixed
+# sets, so that any CoNLL-U a user's parser writes maps to the same ids at
+# training and at serving time, with no vocabulary file to ship.
+UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON",
+             "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X")
+DEPRELS = ("acl", "advcl", "advmod", "amod", "appos", "aux", "case", "cc", "ccomp", "clf", "compound",
+           "conj", "cop", "csubj", "dep", "det", "discourse", "dislocated", "expl", "fixed", "flat",
+           "goeswith", "iobj", "list", "mark", "nmod", "nsubj", "nummod", "obj", "obl", "orphan",
+           "parataxis", "punct", "reparandum", "root", "vocative", "xcomp")
+SOURCE_TAG_SETS = {"upos": UPOS_TAGS, "deprel": DEPRELS}
+# Tag ids of one factor: 0 on padding, 1 for a tag not in the set, 2 on the
+# source's EOS token (not a word), then the set's tags in order from 3.
+TAG_PAD_ID = 0
+TAG_UNK_ID = 1
+TAG_EOS_ID = 2
+TAG_OFFSET = 3

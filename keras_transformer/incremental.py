@@ -37,9 +37,12 @@ class IncrementalDecoder:
         self.model = model
         self.config = config
 
-    def encode(self, source_ids):
-        """Returns the encoder output `[batch, S, d_model]` and the source padding mask `[batch, S]`."""
-        return self.model.encode(source_ids)
+    def encode(self, source_ids, source_features=None):
+        """Returns the encoder output `[batch, S, d_model]` and the source padding mask `[batch, S]`.
+
+        `source_features`: the syntax-aware model's extra encoder inputs by
+        name (`source_tags`, `source_distances`; see `Transformer.encode`)."""
+        return self.model.encode(source_ids, **(source_features or {}))
 
     def cross_attention_caches(self, encoder_output):
         """`(key, value)` per decoder layer, each `[batch, heads, S, head_size]`."""
@@ -60,8 +63,9 @@ class IncrementalDecoder:
                                  self_attention_caches=self_caches,
                                  cross_attention_caches=cross_caches)
 
-    def make_step_fn(self, source_ids, beam_size):
-        """Encodes `source_ids` and returns the step function for beam search.
+    def make_step_fn(self, source_ids, beam_size, source_features=None):
+        """Encodes `source_ids` (with the syntax-aware model's `source_features`)
+        and returns the step function for beam search.
 
         The encoder output's cross-attention keys/values and the source mask
         are repeated `beam_size` times (batch-major, row `b * beam + k`) and
@@ -73,7 +77,7 @@ class IncrementalDecoder:
         `initial_self_attention_cache(batch, max_length)`, which has leading
         dimension `batch` (beam search tiles it to `batch * beam`).
         """
-        encoder_output, source_mask = self.encode(source_ids)
+        encoder_output, source_mask = self.encode(source_ids, source_features)
         cross_caches = [(ops.repeat(k, beam_size, axis=0), ops.repeat(v, beam_size, axis=0))
                         for k, v in self.cross_attention_caches(encoder_output)]
         source_mask = ops.repeat(source_mask, beam_size, axis=0)  # [batch * beam, S]

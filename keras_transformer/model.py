@@ -17,7 +17,9 @@ from keras import ops
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import PAD_ID
-from keras_transformer.layers import DecoderBlock, EncoderBlock, PositionalEmbedding
+from keras_transformer.constants import SOURCE_TAG_SETS, TAG_OFFSET
+from keras_transformer.layers import (DecoderBlock, EncoderBlock, PositionalEmbedding, SyntaxAttentionMatrix,
+                                      TagFactorEmbedding)
 
 # Layer names. They are the keys of the weights in `.weights.h5` files and
 # of the checkpoints, so they stay as they are; nothing looks layers up by them.
@@ -28,6 +30,24 @@ ENCODER_NORM = "encoder_norm"
 DECODER_NORM = "decoder_norm"
 ENCODER_DROPOUT = "encoder_embedding_dropout"
 DECODER_DROPOUT = "decoder_embedding_dropout"
+TAG_EMBEDDING = "source_tag_embedding"
+SYNTAX_ATTENTION = "syntax_attention_matrix"
+# Names of the syntax-aware model's extra inputs (after source_ids, target_ids).
+SOURCE_TAGS = "source_tags"
+SOURCE_DISTANCES = "source_distances"
+
+
+def tag_vocab_sizes(config: TransformerConfig) -> tuple[int, ...]:
+    """Rows of each source tag table: the special ids and the tag set (see `constants`)."""
+    return tuple(TAG_OFFSET + len(SOURCE_TAG_SETS[name]) for name in config.source_tags)
+
+
+def source_feature_names(config: TransformerConfig) -> tuple[str, ...]:
+    """The model's inputs besides source and target ids, in order: `source_tags`
+    (int32 `[batch, S, len(source_tags)]`) with tag factors, `source_distances`
+    (int32 `[batch, S, S]`, tree distances between pieces) with syntax attention."""
+    return ((SOURCE_TAGS,) if config.uses_source_tags else ()) + \
+        ((SOURCE_DISTANCES,) if config.uses_syntax_attention else ())
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -67,6 +87,14 @@ class Transformer(keras.Model):
     Inputs, in this order: source ids and target-input ids (the target shifted
     right, starting with BOS), int32 `[batch, length]`, padded with `PAD_ID`
     (0). Output: float32 logits `[batch, target_length, vocab_size]`.
+
+    Syntax-aware options (survey section 3, `TransformerConfig.source_tags`,
+    `syntax_attention`) add inputs after these (`source_feature_names`):
+    `source_tags` int32 `[batch, S, kappa]` for the tag-factor embedding
+    (`TagFactorEmbedding`) and `source_distances` int32 `[batch, S, S]` for
+    syntax-aware encoder self-attention (`SyntaxAttentionMatrix`, in the
+    layers and heads the config names). With every option off the model is
+    the paper's, with the same weights for a seed and the same numbers.
 
     One `PositionalEmbedding` matrix serves as source embedding, target
     embedding and pre-softmax projection (paper section 3.4). With
@@ -109,31 +137,64 @@ class Transformer(keras.Model):
         # Logits in float32 even under mixed precision: the loss and the beam
         # search's log-softmax need the range.
         self.logits_output = keras.layers.Activation("linear", dtype="float32", name="logits")
+        # Syntax-aware options, made last so that every other weight is the
+        # plain model's for the same seed.
+        self.tag_embedding = None
+        if config.uses_source_tags:
+            self.tag_embedding = TagFactorEmbedding(tag_vocab_sizes(config), config.d_model,
+                                                    config.tag_combination, name=TAG_EMBEDDING)
+            self.tag_embedding.build(features, (None, None, len(config.source_tags)))
+        self.syntax_attention = None
+        if config.uses_syntax_attention:
+            self.syntax_attention = SyntaxAttentionMatrix(
+                config.num_heads, config.syntax_attention, config.syntax_form, config.syntax_max_distance,
+                config.syntax_dnorm, config.syntax_heads, name=SYNTAX_ATTENTION)
 
         # === Functional graph, traced from the same methods decoding calls ===
         source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
         target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
-        encoder_output, source_mask = self.encode(source_ids)
+        feature_shapes = {SOURCE_TAGS: (None, len(config.source_tags)), SOURCE_DISTANCES: (None, None)}
+        features = {name: keras.Input(shape=feature_shapes[name], dtype="int32", name=name)
+                    for name in source_feature_names(config)}
+        encoder_output, source_mask = self.encode(source_ids, **features)
         logits, _ = self.decode(target_ids, encoder_output, source_mask)
-        super().__init__([source_ids, target_ids], logits, name=name, **kwargs)
+        super().__init__([source_ids, target_ids, *features.values()], logits, name=name, **kwargs)
 
     # -- the wiring ------------------------------------------------------------
-    def encode(self, source_ids, training=None):
-        """The encoder stack (paper section 3.1).
+    def encode(self, source_ids, source_tags=None, source_distances=None, training=None):
+        """The encoder stack (paper section 3.1; survey section 3 with syntax options).
 
         Args:
             source_ids: int `[batch, S]`, padded with `PAD_ID`.
+            source_tags: int `[batch, S, kappa]`, required with tag factors.
+            source_distances: int `[batch, S, S]`, required with syntax attention.
             training: enables dropout.
 
         Returns:
             encoder output `[batch, S, d_model]` and the source padding mask
             bool `[batch, S]`.
         """
+        config = self.transformer_config
+        for name, value, needed in ((SOURCE_TAGS, source_tags, config.uses_source_tags),
+                                    (SOURCE_DISTANCES, source_distances, config.uses_syntax_attention)):
+            if needed and value is None:
+                raise ValueError(f"this model is syntax-aware: encode() needs {name} "
+                                 f"(inputs: {', '.join(source_feature_names(config))})")
         source_mask = self.source_padding_mask(source_ids)  # [batch, S]
-        x = self.embedding(source_ids)  # [batch, S, d_model]
+        if self.tag_embedding is None:
+            x = self.embedding(source_ids)  # [batch, S, d_model]
+        else:
+            x = self.tag_embedding(self.embedding(source_ids, positions=False), source_tags)  # [batch, S, d_model]
         x = self.encoder_dropout(x, training=training)
-        for layer in self.encoder_layers:
-            x = layer(x, padding_mask=source_mask, training=training)
+        matrix = None if self.syntax_attention is None else self.syntax_attention(source_distances, source_mask)
+        syntax_layers = config.syntax_layer_indices()
+        for index, layer in enumerate(self.encoder_layers):
+            if index not in syntax_layers:
+                x = layer(x, padding_mask=source_mask, training=training)
+            elif config.syntax_form == "additive":
+                x = layer(x, padding_mask=source_mask, attention_bias=matrix, training=training)
+            else:
+                x = layer(x, padding_mask=source_mask, attention_scale=matrix, training=training)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
         return x, source_mask

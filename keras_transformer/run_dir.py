@@ -51,6 +51,12 @@ def _write_json_atomically(path: pathlib.Path, value) -> None:
 
 
 def _compared(config: dict) -> dict:
+    """The fields a resumed run must keep, normalised through `TransformerConfig`: fields
+    added since a run started take their defaults, JSON lists compare equal to tuples."""
+    try:
+        config = TransformerConfig.from_dict(config).to_dict()
+    except (TypeError, ValueError):  # not one of ours: compare as written
+        pass
     return {k: v for k, v in config.items() if k not in SCHEDULE_ONLY_FIELDS}
 
 

@@ -527,6 +527,7 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     from keras_transformer import LabelSmoothedCrossEntropy, MaskedAccuracy, build_transformer, make_optimizer
     from keras_transformer.checkpoints import CheckpointStore, average_checkpoints
     from keras_transformer.data import count_overlong, load_corpus, make_batches
+    from keras_transformer.model import source_feature_names
     from keras_transformer.translator import Translator
 
     started = time.time()
@@ -556,14 +557,17 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     strategy = strategy or make_strategy()
     multi_worker = is_multi_worker(strategy)
     replicas = strategy.num_replicas_in_sync
-    train_ds = make_batches(corpus.splits["train"], tokenizer, batch_tokens=run.batch_tokens,
+    # A syntax-aware model reads CoNLL-U sources (pairs, batches, BLEU alike).
+    pairs = corpus.annotated if config.syntax_aware else corpus.dataset
+    syntax = dict(source_features=source_feature_names(config), tag_factors=config.source_tags)
+    train_ds = make_batches(pairs("train"), tokenizer, batch_tokens=run.batch_tokens,
                             max_length=config.max_length, shuffle=True, seed=run.seed, repeat=True,
-                            batch_multiple=replicas)
+                            batch_multiple=replicas, **syntax)
     valid_split = "valid" if "valid" in corpus.splits else None
     valid_ds = None
     if valid_split:
-        valid_ds = make_batches(corpus.splits[valid_split], tokenizer, batch_tokens=run.batch_tokens,
-                                max_length=config.max_length, batch_multiple=replicas).cache()
+        valid_ds = make_batches(pairs(valid_split), tokenizer, batch_tokens=run.batch_tokens,
+                                max_length=config.max_length, batch_multiple=replicas, **syntax).cache()
 
     with strategy.scope():
         model = build_transformer(config)
@@ -596,7 +600,7 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
         callbacks = [
             StepGuard(signals, strategy),
             progress,
-            CheckpointAndBleu(store, translator, corpus.splits[valid_split] if valid_split else None,
+            CheckpointAndBleu(store, translator, pairs(valid_split) if valid_split else None,
                               run.bleu_every_sentences, model_dir, progress, started),
             keras.callbacks.TensorBoard(log_dir=str(model_dir / run_dir.LOG_DIR), update_freq=max(1, every // 4)),
         ]
@@ -649,7 +653,7 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     if budget and budget.exhausted:
         results["stopped_by_time_budget"] = run.max_minutes
     for split in [s for s in ("valid", "test") if s in corpus.splits]:
-        score, signature, hyps = compute_bleu(translator, corpus.splits[split], beam_size=run.beam_size)
+        score, signature, hyps = compute_bleu(translator, pairs(split), beam_size=run.beam_size)
         results[f"{split}_bleu"] = round(score.score, 2)
         results["bleu_signature"] = signature
         run_dir.hypothesis_path(model_dir, split).write_text("\n".join(hyps) + "\n", encoding="utf-8")

@@ -6,6 +6,11 @@
          --> encoder --> cached beam search over the decoder --> ids
          --> FastSentencepieceDetokenize --> translation, score
 
+A syntax-aware model (`config.syntax_aware`) takes CoNLL-U instead of text:
+`keras_transformer.data.annotated` parses it, tokenizes each word and
+computes the tags and tree distances in the graph, as the training pipeline
+does; the search is the plain-graph one (the XLA variant is for plain text).
+
 Training (`keras_transformer.training`) computes its BLEU through the same `Translator` that the
 SavedModel exports, so evaluation and serving cannot drift apart.
 
@@ -35,8 +40,10 @@ import tensorflow_text as tf_text
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
+from keras_transformer.data.annotated import annotated_features
 from keras_transformer.decoding import beam_search
 from keras_transformer.incremental import IncrementalDecoder
+from keras_transformer.model import source_feature_names
 
 # Characters kept from one input before tokenization. A SentencePiece piece
 # is at most 16 characters, so `16 * max_length` characters always yield at
@@ -137,8 +144,22 @@ class Translator:
         # EOS right after each input's last token.
         return tf.where(tf.expand_dims(positions, 0) == tf.expand_dims(lengths, 1), EOS_ID, dense), lengths
 
+    def encode_conllu(self, conllu):
+        """CoNLL-U sentences -> source ids, lengths and the model's syntax features.
+
+        Returns:
+            source ids int32 `[batch, S]` (pieces of each word, EOS, PAD;
+            at most `max_length`), the number of pieces per input int32
+            `[batch]`, and the dict of the model's extra encoder inputs
+            (`source_tags`, `source_distances`, as it needs).
+        """
+        features = annotated_features(conllu, self.sentencepiece, self.config.max_length,
+                                      self.config.source_tags, truncate=True)
+        return (features["source_ids"], features["source_lengths"],
+                {name: features[name] for name in source_feature_names(self.config)})
+
     def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-               static_buffer=False):
+               static_buffer=False, source_features=None):
         """Beam search over the decoder, `max_lengths = source_lengths + extra_length`.
 
         Args:
@@ -152,6 +173,7 @@ class Translator:
                 for typical sentences at `max_length` 256). True: always
                 `max_decode_length` positions, static shapes, as XLA and
                 LiteRT need. Both give the same translations.
+            source_features: the syntax-aware model's extra encoder inputs.
 
         Returns:
             ids int32 `[batch, num_results, L]` (EOS, then PAD), with `L`
@@ -164,7 +186,7 @@ class Translator:
         else:
             buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
                                              1, self.max_decode_length)  # int32 scalar
-        step_fn = self.decoder.make_step_fn(source_ids, beam_size)
+        step_fn = self.decoder.make_step_fn(source_ids, beam_size, source_features)
         batch = tf.shape(source_ids)[0]
         cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
         return beam_search(step_fn, cache, batch, max_lengths,
@@ -273,7 +295,18 @@ class Translator:
             translations string `[batch, num_results]`, scores float32
             `[batch, num_results]`. Empty or whitespace-only inputs give ""
             with score 0.
+
+        A syntax-aware model reads `text` as CoNLL-U sentences
+        (`encode_conllu`) and searches in the plain graph.
         """
+        if self.config.syntax_aware:
+            if litert_batch is not None or xla:
+                raise ValueError("a syntax-aware model translates CoNLL-U in the plain TensorFlow graph; "
+                                 "its LiteRT and XLA variants are not built (plain-text models only)")
+            source_ids, lengths, features = self.encode_conllu(text)
+            ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
+                                      source_features=features)
+            return self._strings(ids, scores, lengths, num_results, litert_batch)
         if litert_batch is None:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
@@ -282,6 +315,10 @@ class Translator:
         else:
             ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
                                       static_buffer=litert_batch is not None)
+        return self._strings(ids, scores, lengths, num_results, litert_batch)
+
+    def _strings(self, ids, scores, lengths, num_results, litert_batch):
+        """Search results -> (translations string `[batch, n]`, scores `[batch, n]`)."""
         # Empty inputs: all-PAD ids decode to "" (no `where` on strings, which
         # LiteRT lacks).
         empty = tf.expand_dims(lengths == 0, 1)  # [batch, 1]
@@ -299,7 +336,9 @@ class Translator:
 
         `xla=True` (the default here, in our own process) runs the search
         XLA-compiled, `xla=False` as the SavedModel's `serving_default` does:
-        same translations."""
+        same translations. A syntax-aware model takes CoNLL-U sentences and
+        always runs the plain graph."""
+        xla = xla and not self.config.syntax_aware
         beam_size = beam_size or self.config.beam_size
         alpha = self.config.length_penalty_alpha if alpha is None else alpha
         key = (beam_size, num_results, bool(xla))

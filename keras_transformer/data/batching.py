@@ -32,6 +32,17 @@ tokens and its EOS; the target keeps its first ``max_length`` tokens, so
 ``target_output_ids`` then ends without EOS instead of teaching a false
 sentence end).  ``count_overlong`` says how many that affects.
 
+Syntax-aware models (``source_features``): the source of each pair is a
+CoNLL-U sentence (``ParallelCorpus.annotated``), turned into pieces, tags
+and tree distances by ``annotated.annotated_features`` (the ops the
+exported model runs too), and the elements become::
+
+    ((source_ids, target_input_ids, [source_tags], [source_distances]), target_output_ids)
+
+with ``source_tags`` int32 ``[batch, L, len(tag_factors)]`` and
+``source_distances`` int32 ``[batch, L, L]`` (0 on padding), in the order
+``model.source_feature_names(config)`` gives.
+
 Everything is TensorFlow ops without Python state, so the dataset can be
 handed to ``strategy.experimental_distribute_dataset`` (batches are global).
 """
@@ -43,12 +54,16 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID, TAG_PAD_ID
+from keras_transformer.data.annotated import annotated_features
 from keras_transformer.data.tokenizer import Tokenizer
 
 OVERLONG_POLICIES = ("drop", "truncate")
 # Sentences tokenized per call of the tokenizer op (vectorized map).
 _TOKENIZE_BATCH = 256
+# CoNLL-U sentences turned into features per call (their distance matrices are dense).
+_ANNOTATE_BATCH = 64
+SOURCE_FEATURES = ("source_tags", "source_distances")
 
 
 def default_boundaries(max_length: int, min_length: int = 8) -> tuple[int, ...]:
@@ -126,11 +141,31 @@ def _tokenized_pairs(pairs: tf.data.Dataset, tokenizer: Tokenizer) -> tf.data.Da
             .unbatch())
 
 
+def _annotated_examples(pairs: tf.data.Dataset, tokenizer: Tokenizer, max_length: int, truncate: bool,
+                        tag_factors: Sequence[str]) -> tf.data.Dataset:
+    """(CoNLL-U, target) strings -> (source ids with EOS [n + 1], tags [n + 1, k],
+    distances [n + 1, n + 1], target ids [m])."""
+    def featurize(blocks, targets):
+        features = annotated_features(blocks, tokenizer.fast, max_length, tuple(tag_factors), truncate=truncate)
+        return (features["source_ids"], features["source_lengths"], features["source_tags"],
+                features["source_distances"], tokenizer.tokenize(targets))
+
+    def trim(ids, length, tags, distances, target):
+        width = length + 1  # with EOS
+        return ids[:width], tags[:width], distances[:width, :width], target
+
+    return (pairs.batch(_ANNOTATE_BATCH)
+            .map(featurize, num_parallel_calls=tf.data.AUTOTUNE)
+            .unbatch()
+            .map(trim, num_parallel_calls=tf.data.AUTOTUNE))
+
+
 def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: int, max_length: int,
                  boundaries: Sequence[int] | None = None, overlong: str = "drop",
                  shuffle: bool = False, shuffle_buffer: int = 100_000, seed: int | None = None,
                  repeat: bool = False, drop_remainder: bool = False,
-                 batch_multiple: int = 1) -> tf.data.Dataset:
+                 batch_multiple: int = 1, source_features: Sequence[str] = (),
+                 tag_factors: Sequence[str] = ()) -> tf.data.Dataset:
     """Tokenizes, bucket-batches and pads sentence pairs (see the module docstring).
 
     Args:
@@ -154,6 +189,10 @@ def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: 
             batch dimension static too.
         batch_multiple: batch sizes are multiples of this (number of
             replicas under ``tf.distribute``, or 8 for tensor cores).
+        source_features: for a syntax-aware model, its extra inputs
+            (``model.source_feature_names(config)``: ``source_tags``,
+            ``source_distances``); the sources are then CoNLL-U sentences.
+        tag_factors: the tag factors of ``source_tags`` (``config.source_tags``).
 
     Returns:
         ``tf.data.Dataset`` of ``((source_ids, target_input_ids),
@@ -171,21 +210,37 @@ def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: 
     """
     if overlong not in OVERLONG_POLICIES:
         raise ValueError(f"overlong={overlong!r}, expected one of {OVERLONG_POLICIES}")
+    unknown = [name for name in source_features if name not in SOURCE_FEATURES]
+    if unknown:
+        raise ValueError(f"source_features={list(source_features)}: {unknown} not in {SOURCE_FEATURES}")
+    if "source_tags" in source_features and not tag_factors:
+        raise ValueError("source_features has source_tags but tag_factors is empty")
+    annotated = bool(source_features)
     boundaries = _check_boundaries(boundaries, max_length)
     batch_sizes = bucket_batch_sizes(boundaries, batch_tokens, batch_multiple)
     boundaries_t = tf.constant(boundaries, tf.int64)
     batch_sizes_t = tf.constant(batch_sizes, tf.int64)
 
-    def add_special_ids(source, target):
+    def target_ids(target):
         if overlong == "truncate":
-            source = source[:max_length - 1]
             target_in = tf.concat([[BOS_ID], target[:max_length - 1]], axis=0)  # [<= max_length]
             target_out = tf.concat([target, [EOS_ID]], axis=0)[:max_length]     # [<= max_length]
         else:
             target_in = tf.concat([[BOS_ID], target], axis=0)                  # [m + 1]
             target_out = tf.concat([target, [EOS_ID]], axis=0)                 # [m + 1]
+        return target_in, target_out
+
+    def add_special_ids(source, target):
+        target_in, target_out = target_ids(target)
+        if overlong == "truncate":
+            source = source[:max_length - 1]
         source = tf.concat([source, [EOS_ID]], axis=0)                         # [n + 1]
         return (source, target_in), target_out
+
+    def add_annotated_special_ids(source, tags, distances, target):
+        target_in, target_out = target_ids(target)  # the source has its EOS (and truncation) already
+        features = {"source_tags": tags, "source_distances": distances}
+        return (source, target_in, *(features[name] for name in source_features)), target_out
 
     def fits(inputs, target_out):
         return tf.logical_and(tf.size(inputs[0]) <= max_length, tf.size(target_out) <= max_length)
@@ -195,11 +250,17 @@ def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: 
         # index of the first boundary >= length
         return tf.searchsorted(boundaries_t, length[tf.newaxis], side="left", out_type=tf.int64)[0]
 
+    feature_shapes = {"source_tags": lambda length: [length, len(tag_factors)],
+                      "source_distances": lambda length: [length, length]}
+    feature_padding = {"source_tags": TAG_PAD_ID, "source_distances": 0}
+
     def batch_bucket(bucket, window):
         length = boundaries_t[bucket]
+        shapes = ([length], [length], *(feature_shapes[name](length) for name in source_features))
+        padding = (PAD_ID, PAD_ID, *(feature_padding[name] for name in source_features))
         return window.padded_batch(
-            batch_sizes_t[bucket], padded_shapes=(([length], [length]), [length]),
-            padding_values=((PAD_ID, PAD_ID), PAD_ID), drop_remainder=drop_remainder)
+            batch_sizes_t[bucket], padded_shapes=(shapes, [length]),
+            padding_values=(padding, PAD_ID), drop_remainder=drop_remainder)
 
     def window_size(bucket):
         return batch_sizes_t[bucket]
@@ -209,8 +270,12 @@ def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: 
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         ds = ds.repeat()
-    ds = _tokenized_pairs(ds, tokenizer)
-    ds = ds.map(add_special_ids, num_parallel_calls=tf.data.AUTOTUNE)
+    if annotated:
+        ds = _annotated_examples(ds, tokenizer, max_length, overlong == "truncate", tag_factors)
+        ds = ds.map(add_annotated_special_ids, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        ds = _tokenized_pairs(ds, tokenizer)
+        ds = ds.map(add_special_ids, num_parallel_calls=tf.data.AUTOTUNE)
     if overlong == "drop":
         ds = ds.filter(fits)
     ds = ds.group_by_window(key_func=bucket_id, reduce_func=batch_bucket, window_size_func=window_size)

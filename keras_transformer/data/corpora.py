@@ -27,6 +27,15 @@ unreadable files, files of different line counts, empty splits) raise a
 one-line ``CorpusError`` naming the file and the problem, instead of failing
 later inside tf.data.
 
+Syntax-aware models read the source side as CoNLL-U (the field's format
+for parsed text; ``keras_transformer.data.syntax``): a directory may hold
+``SPLIT.SRC.conllu`` beside (or instead of) ``SPLIT.SRC``, one sentence per
+CoNLL-U block, aligned with ``SPLIT.TGT``; the embedded corpus knows its own
+grammar and carries gold annotations of its English side.
+``ParallelCorpus.annotated(split)`` gives ``(CoNLL-U sentence, target)``
+pairs; without a plain ``SPLIT.SRC`` the plain source is the words joined
+by spaces.
+
 Only locally installed TFDS builders are recognised: an unknown name fails at
 once, offline, without asking TFDS's community catalogue (which lives on GCS).
 
@@ -46,7 +55,7 @@ import hashlib
 import importlib.util
 import os
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 
@@ -89,6 +98,11 @@ class ParallelCorpus:
             files, set by ``load_corpus``: ``{"kind": "directory"}``,
             ``{"kind": "embedded", "seed": ..., "splits": ...}`` or
             ``{"kind": "tfds", "name": ..., "config": ..., "version": ...}``.
+        annotation_files: split name -> the source side's CoNLL-U file
+            (text directories with ``SPLIT.SRC.conllu``).
+        annotation_reader: split name -> its source sentences as CoNLL-U
+            blocks, read when first asked (``annotated``); None when the
+            corpus has no annotations.
 
     Example:
         >>> corpus = load_corpus("../shared/data/multi30k", "en", "de")
@@ -104,6 +118,41 @@ class ParallelCorpus:
     sizes: dict[str, int | None] = dataclasses.field(default_factory=dict)
     files: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     origin: dict[str, object] = dataclasses.field(default_factory=dict)
+    annotation_files: dict[str, str] = dataclasses.field(default_factory=dict)
+    annotation_reader: Callable[[str], list[str]] | None = dataclasses.field(default=None, compare=False,
+                                                                               repr=False)
+
+    @property
+    def annotated_splits(self) -> tuple[str, ...]:
+        """Splits whose sources have CoNLL-U annotations."""
+        if self.annotation_reader is None:
+            return ()
+        return tuple(self.annotation_files) if self.annotation_files else tuple(self.splits)
+
+    def annotated(self, split: str) -> tf.data.Dataset:
+        """One split with its sources as CoNLL-U, for syntax-aware models.
+
+        Returns:
+            ``tf.data.Dataset`` of ``(conllu, target)`` scalar ``tf.string``
+            pairs: each source sentence's CoNLL-U block, in corpus order.
+
+        Raises:
+            CorpusError: the split has no annotations, or their count is not
+                the split's number of pairs.
+        """
+        targets = self.dataset(split)
+        if split not in self.annotated_splits:
+            hint = (f"a directory needs {split}.{self.source_lang}.conllu beside {split}.{self.target_lang}"
+                    if self.origin.get("kind") == "directory" else "only CoNLL-U directories and the "
+                    "embedded corpus (en->de) carry source annotations")
+            raise CorpusError(f"{self.name}: split {split!r} has no syntactic annotations of its "
+                              f"source ({hint})")
+        blocks = self.annotation_reader(split)
+        if self.sizes.get(split) is not None and len(blocks) != self.sizes[split]:
+            raise CorpusError(f"{self.annotation_files.get(split, self.name)}: {len(blocks)} CoNLL-U "
+                              f"sentences for {self.sizes[split]} target sentences in split {split!r}")
+        annotations = tf.data.Dataset.from_tensor_slices(tf.constant(blocks, tf.string))
+        return tf.data.Dataset.zip((annotations, targets.map(lambda source, target: target)))
 
     def dataset(self, split: str) -> tf.data.Dataset:
         """Returns one split.
@@ -189,6 +238,9 @@ class ParallelCorpus:
                         "source": _file_fingerprint(source, directory),
                         "target": _file_fingerprint(target, directory)}
                 for split, (source, target) in self.files.items()}
+            for split, path in self.annotation_files.items():
+                if path != self.files.get(split, ("",))[0]:  # beside a plain source file
+                    fingerprint["splits"][split]["annotations"] = _file_fingerprint(path, directory)
         return fingerprint
 
 
@@ -344,7 +396,14 @@ def _load_embedded(source_lang: str | None, target_lang: str | None, seed: int) 
         sizes[split] = len(pairs)
         hashes[split] = {"pairs": len(pairs), "sha256": _pairs_sha256(pairs)}
     origin = {"kind": EMBEDDED, "seed": seed, "splits": hashes}
-    return ParallelCorpus(EMBEDDED, wanted[0], wanted[1], splits, sizes, origin=origin)
+
+    def read_annotations(split: str) -> list[str]:
+        from keras_transformer.data.syntax import to_conllu  # noqa: PLC0415
+
+        return [to_conllu(sentence) for sentence in embedded.embedded_annotations(seed=seed)[split]]
+
+    return ParallelCorpus(EMBEDDED, wanted[0], wanted[1], splits, sizes, origin=origin,
+                          annotation_reader=None if reverse else read_annotations)
 
 
 def _pairs_sha256(pairs: list[tuple[str, str]]) -> str:
@@ -430,18 +489,23 @@ def _load_directory(directory: pathlib.Path, source_lang: str, target_lang: str)
     def pair(stem: str) -> tuple[pathlib.Path, pathlib.Path]:
         return directory / f"{stem}.{source_lang}", directory / f"{stem}.{target_lang}"
 
+    def conllu(stem: str) -> pathlib.Path:
+        return directory / f"{stem}.{source_lang}.conllu"
+
     def check_both(stem: str) -> bool:
         """True if both files exist, False if neither, error if one."""
         source, target = pair(stem)
-        if source.is_file() != target.is_file():
-            present, missing = (source, target) if source.is_file() else (target, source)
+        has_source = source.is_file() or conllu(stem).is_file()
+        if has_source != target.is_file():
+            present, missing = (source if source.is_file() else conllu(stem), target) if has_source \
+                else (target, source)
             raise CorpusError(f"{missing}: file does not exist (its counterpart {present.name} does)")
-        return source.is_file()
+        return has_source
 
     if source_lang == target_lang:
         raise CorpusError(f"{directory}: source_lang and target_lang are both {source_lang!r}")
     train_source, train_target = pair("train")
-    if not (train_source.is_file() and train_target.is_file()):
+    if not ((train_source.is_file() or conllu("train").is_file()) and train_target.is_file()):
         found = sorted(p.name for p in directory.iterdir() if p.is_file() and p.suffix)
         raise CorpusError(
             f"{directory}: needs {train_source.name} and {train_target.name} "
@@ -450,19 +514,58 @@ def _load_directory(directory: pathlib.Path, source_lang: str, target_lang: str)
     valid = [stem for stem in VALID_STEMS if check_both(stem)]
     if valid:
         stems["valid"] = valid[0]
-    tests = sorted(p.name[:-len(source_lang) - 1] for p in directory.glob(f"test*.{source_lang}"))
+    tests = sorted({p.name[:-len(source_lang) - 1] for p in directory.glob(f"test*.{source_lang}")}
+                   | {p.name[:-len(source_lang) - 8] for p in directory.glob(f"test*.{source_lang}.conllu")})
     tests = [stem for stem in tests if check_both(stem)]
     if len(tests) == 1:
         stems["test"] = tests[0]
     else:
         stems.update({stem: stem for stem in tests})
-    splits, sizes, files = {}, {}, {}
+    splits, sizes, files, annotation_files, read = {}, {}, {}, {}, {}
     for split, stem in stems.items():
         source, target = pair(stem)
-        splits[split], sizes[split] = _aligned_pair_dataset(source, target)
-        files[split] = (str(source), str(target))
+        if conllu(stem).is_file():
+            annotation_files[split] = str(conllu(stem))
+        if source.is_file():
+            splits[split], sizes[split] = _aligned_pair_dataset(source, target)
+            files[split] = (str(source), str(target))
+        else:  # CoNLL-U only: the plain source is its words joined by spaces
+            read[split] = _read_conllu_blocks(conllu(stem))
+            plain = [" ".join(sentence.words) for sentence in read[split][1]]
+            n_target = count_lines(target)
+            if len(plain) != n_target:
+                raise CorpusError(f"{conllu(stem)} has {len(plain)} sentences but {target} has {n_target} "
+                                  f"lines: parallel files must be aligned sentence by line")
+            targets = tf.data.TextLineDataset(str(target))
+            splits[split] = tf.data.Dataset.zip((tf.data.Dataset.from_tensor_slices(tf.constant(plain)), targets))
+            sizes[split] = len(plain)
+            files[split] = (str(conllu(stem)), str(target))
+
+    def read_annotations(split: str) -> list[str]:
+        if split not in read:
+            read[split] = _read_conllu_blocks(pathlib.Path(annotation_files[split]))
+        return read[split][0]
+
     return ParallelCorpus(str(directory), source_lang, target_lang, splits, sizes, files,
-                          origin={"kind": "directory"})
+                          origin={"kind": "directory"}, annotation_files=annotation_files,
+                          annotation_reader=read_annotations if annotation_files else None)
+
+
+def _read_conllu_blocks(path: pathlib.Path):
+    """A CoNLL-U file's sentences as (CoNLL-U blocks, `AnnotatedSentence`s); its trees are checked."""
+    from keras_transformer.data.syntax import AnnotationError, read_conllu, to_conllu  # noqa: PLC0415
+
+    try:
+        sentences = read_conllu(path)
+    except AnnotationError as error:
+        raise CorpusError(str(error)) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CorpusError(f"{path}: cannot read CoNLL-U ({error})") from None
+    except Exception as error:  # the conllu parser's own errors
+        raise CorpusError(f"{path}: not valid CoNLL-U ({type(error).__name__}: {error})") from None
+    if not sentences:
+        raise CorpusError(f"{path} is empty")
+    return [to_conllu(sentence) for sentence in sentences], sentences
 
 
 # -- TensorFlow Datasets ---------------------------------------------------

@@ -102,7 +102,9 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_mask: boolean, broadcastable to `[batch, T_q, T_k]`;
             True where attending is allowed.
         attention_bias: float, broadcastable to `[batch, heads, T_q, T_k]`,
-            added to the scaled logits.
+            added to the scaled logits (survey Eq. 53).
+        attention_scale: float, broadcastable to `[batch, heads, T_q, T_k]`,
+            multiplying the scaled logits before the bias (survey Eq. 54).
         cache: `(key, value)`, each `[batch, heads, S, head_size]` (heads
             first: attention reads the cache as it is stored, with no
             transpose of the whole buffer per decoding step).
@@ -174,7 +176,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return self.split_heads(self.key_dense(value)), self.split_heads(self.value_dense(value))
 
     def call(self, query, value=None, attention_mask=None, attention_bias=None,
-             cache=None, cache_index=None, training=None):
+             cache=None, cache_index=None, training=None, attention_scale=None):
         q = self.split_heads(self.query_dense(query))  # [batch, heads, T_q, head_size]
         if cache is None:
             k, v = self.compute_key_value(value)  # [batch, heads, T_k, head_size]
@@ -196,6 +198,8 @@ class MultiHeadAttention(keras.layers.Layer):
         # mixed precision.
         scores = ops.einsum("bhqd,bhkd->bhqk", q, k)  # [batch, heads, T_q, T_k]
         scores = ops.cast(scores, "float32") / math.sqrt(self.head_size)
+        if attention_scale is not None:
+            scores = scores * ops.cast(attention_scale, "float32")
         if attention_bias is not None:
             scores = scores + ops.cast(attention_bias, "float32")
         if attention_mask is not None:

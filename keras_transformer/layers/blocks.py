@@ -84,7 +84,9 @@ class EncoderBlock(_BlockBase):
         inputs: `[batch, S, d_model]`.
         padding_mask: bool `[batch, S]`, True on real tokens.
         attention_bias: optional additive bias broadcastable to
-            `[batch, heads, S, S]`.
+            `[batch, heads, S, S]` (survey Eq. 53).
+        attention_scale: optional multiplier of the scaled logits,
+            broadcastable to `[batch, heads, S, S]` (survey Eq. 54).
         training: enables dropout.
 
     Returns:
@@ -96,18 +98,19 @@ class EncoderBlock(_BlockBase):
         >>> y = block(x, padding_mask=ids != 0)
     """
 
-    def build(self, inputs_shape, padding_mask_shape=None, attention_bias_shape=None):
+    def build(self, inputs_shape, padding_mask_shape=None, attention_bias_shape=None,
+              attention_scale_shape=None):
         self.self_attention = self._attention("self_attention", inputs_shape)
         self.self_attention_residual = self._residual("self_attention_residual", inputs_shape)
         self.feed_forward = self._feed_forward(inputs_shape)
         self.feed_forward_residual = self._residual("feed_forward_residual", inputs_shape)
 
-    def call(self, inputs, padding_mask=None, attention_bias=None, training=None):
+    def call(self, inputs, padding_mask=None, attention_bias=None, training=None, attention_scale=None):
         mask = None if padding_mask is None else ops.expand_dims(padding_mask, 1)  # [batch, 1, S]
         x, _ = self._apply(
             self.self_attention_residual,
             lambda h: self.self_attention(h, h, attention_mask=mask, attention_bias=attention_bias,
-                                          training=training),
+                                          attention_scale=attention_scale, training=training),
             inputs, training)
         x, _ = self._apply(self.feed_forward_residual, self.feed_forward, x, training)
         return x

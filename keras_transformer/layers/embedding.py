@@ -55,6 +55,9 @@ class PositionalEmbedding(keras.layers.Layer):
             decoding feeds one token at a time at increasing positions).
         reverse: project states to vocabulary logits with the transposed
             embedding matrix instead.
+        positions: False returns the scaled token embeddings without the
+            positional encoding (a `TagFactorEmbedding` combines them with
+            tag embeddings first, then adds the positions itself).
 
     Returns:
         `[batch, T, d_model]` embeddings, or `[batch, T, vocab_size]` logits
@@ -86,15 +89,17 @@ class PositionalEmbedding(keras.layers.Layer):
         self.embeddings = self.add_weight(name="embeddings", shape=(self.vocab_size, self.d_model),
                                           initializer=initializer)
 
-    def call(self, inputs, start_position=0, reverse=False):
+    def call(self, inputs, start_position=0, reverse=False, positions=True):
         if reverse:
             embeddings = ops.cast(self.embeddings, self.compute_dtype)
             return ops.matmul(inputs, ops.transpose(embeddings))  # [batch, T, vocab]
         x = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)  # [batch, T, d_model]
         x = ops.cast(x, self.compute_dtype) * math.sqrt(self.d_model)
+        if not positions:
+            return x
         length = ops.shape(inputs)[1]
-        positions = ops.cast(start_position, "int32") + ops.arange(length, dtype="int32")
-        encoding = sinusoidal_encoding(positions, self.d_model, self.max_wavelength)  # [T, d_model]
+        position_ids = ops.cast(start_position, "int32") + ops.arange(length, dtype="int32")
+        encoding = sinusoidal_encoding(position_ids, self.d_model, self.max_wavelength)  # [T, d_model]
         return x + ops.expand_dims(ops.cast(encoding, self.compute_dtype), 0)
 
     def compute_output_shape(self, inputs_shape, reverse=False):
@@ -102,7 +107,7 @@ class PositionalEmbedding(keras.layers.Layer):
             return tuple(inputs_shape[:-1]) + (self.vocab_size,)  # [batch, T, vocab]
         return tuple(inputs_shape) + (self.d_model,)  # [batch, T, d_model]
 
-    def compute_output_spec(self, inputs, start_position=0, reverse=False):
+    def compute_output_spec(self, inputs, start_position=0, reverse=False, positions=True):
         # `reverse` is not a tensor, so Keras would not pass it to
         # `compute_output_shape` on its own.
         return keras.KerasTensor(self.compute_output_shape(inputs.shape, reverse=reverse),

@@ -1,0 +1,387 @@
+"""Syntax-aware models (survey section 3): tag-factor embeddings, tree-distance
+attention, the annotated input pipeline and serving, each against a reference."""
+
+import hashlib
+import math
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import IncrementalDecoder, TransformerConfig, build_transformer
+from keras_transformer.constants import (BOS_ID, DEPRELS, EOS_ID, NEG_INF, PAD_ID, TAG_EOS_ID, TAG_OFFSET,
+                                         TAG_PAD_ID, TAG_UNK_ID, UPOS_TAGS)
+from keras_transformer.data import syntax
+from keras_transformer.data.annotated import annotated_features, parse_conllu, tree_distances
+from keras_transformer.layers import MultiHeadAttention, SyntaxAttentionMatrix, TagFactorEmbedding
+from keras_transformer.layers.embedding import sinusoidal_encoding
+from test_model import assert_cached_decoding_matches
+
+PUD = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "pud"
+TINY = dict(vocab_size=50, num_layers=2, d_model=16, d_ff=32, num_heads=2, dropout=0.0)
+
+# "the big dog barks loudly ." as CoNLL-U, and its tree (heads 0-based, -1 root).
+SENTENCE = syntax.AnnotatedSentence(
+    words=("the", "big", "dog", "barks", "loudly", "."), upos=("DET", "ADJ", "NOUN", "VERB", "ADV", "PUNCT"),
+    deprel=("det", "amod", "nsubj", "root", "advmod", "punct"), heads=(2, 2, 3, -1, 3, 3))
+
+
+def numpy_attention(layer, x, allowed, scale=None, bias=None):
+    """Reference multi-head attention of `layer` (a MultiHeadAttention) on `x` [S, d]:
+    `softmax(QK^T / sqrt(d_k) * scale + bias)` over the `allowed` [S, S] keys."""
+    def dense(sub, h):
+        return h @ np.asarray(sub.kernel) + np.asarray(sub.bias)
+
+    heads, size = layer.num_heads, layer.head_size
+    q, k, v = (dense(sub, x).reshape(len(x), heads, size).transpose(1, 0, 2)
+               for sub in (layer.query_dense, layer.key_dense, layer.value_dense))
+    scores = q @ k.transpose(0, 2, 1) / math.sqrt(size)  # [h, S, S]
+    if scale is not None:
+        scores = scores * scale
+    if bias is not None:
+        scores = scores + bias
+    scores = np.where(allowed[None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    context = (weights @ v).transpose(1, 0, 2).reshape(len(x), heads * size)
+    return dense(layer.output_dense, context)
+
+
+def reference_piece_features(sentence, pieces_per_word):
+    """NumPy reference of the pipeline: EOS is the root word's parent (CoNLL-U's node 0)."""
+    n = len(sentence.heads)
+    heads = [n if h == -1 else h for h in sentence.heads] + [-1]  # node n = EOS
+    omega = syntax.dependency_distances(heads)
+    distances = syntax.piece_distances(omega, list(pieces_per_word) + [1])
+    upos = [TAG_OFFSET + UPOS_TAGS.index(t) for t in sentence.upos]
+    deprel = [TAG_OFFSET + DEPRELS.index(t.split(":")[0]) for t in sentence.deprel]
+    tags = np.stack([syntax.piece_tags(upos, pieces_per_word) + [TAG_EOS_ID],
+                     syntax.piece_tags(deprel, pieces_per_word) + [TAG_EOS_ID]], axis=-1)
+    return distances, tags
+
+
+# -- options off: the paper's model, bit for bit ----------------------------------
+
+# Weights (SHA-256 of every weight's path and bytes) and logits of the plain
+# models at seed 1234, computed by the code before the syntax options existed
+# (commit 85f40aa).
+PLAIN_REFERENCE = {
+    "tiny": ("8e2c07efaa0a79dafaca297bc6b13b18f9bd9f2274ee2611f7ac021b0fa48930", 1053696,
+             [[-0.71781, 0.31183, 0.80776], [-0.4187, 0.30938, 0.57788]], -320.94091796875),
+    "small": ("0195940a23878f9c66fecd4bba83970583aaee2b4382e3c3fed2b0717c510007", 5735424,
+              [[0.12725, 0.28343, -1.18575], [0.2711, 0.29791, -1.9977]], -41.07275390625),
+}
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_options_off_is_the_plain_model_bit_for_bit(preset):
+    keras.utils.set_random_seed(1234)
+    config = TransformerConfig.from_preset(preset, num_layers=2, norm_first=(preset == "small"))
+    assert not config.syntax_aware
+    model = build_transformer(config)
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(weight.path.encode())
+        digest.update(np.asarray(weight.numpy()).tobytes())
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, config.vocab_size, (2, 7))
+    source[1, 5:] = 0
+    target = rng.integers(4, config.vocab_size, (2, 5))
+    logits = np.asarray(model([source, target]))
+    sha, params, corner, total = PLAIN_REFERENCE[preset]
+    assert [i.name for i in model.inputs] == ["source_ids", "target_ids"]
+    assert digest.hexdigest() == sha and model.count_params() == params
+    np.testing.assert_allclose(logits[0, :2, :3], corner, atol=1e-5)
+    np.testing.assert_allclose(logits.sum(), total, rtol=1e-5)
+
+    # With syntax options on, every weight of the plain model is still the same
+    # (the new layers are made last), and the model has exactly the new ones more.
+    keras.utils.set_random_seed(1234)
+    aware = build_transformer(TransformerConfig.from_preset(
+        preset, num_layers=2, norm_first=(preset == "small"), source_tags=("upos",), syntax_attention="hard"))
+    plain_weights = {w.path: np.asarray(w.numpy()) for w in model.weights}
+    aware_weights = {w.path: np.asarray(w.numpy()) for w in aware.weights}
+    assert set(aware_weights) - set(plain_weights) == {"source_tag_embedding/tags_0"}
+    for path, value in plain_weights.items():
+        np.testing.assert_array_equal(aware_weights[path], value)
+
+
+def test_config_round_trips_and_rejects_bad_options():
+    config = TransformerConfig(**TINY, source_tags=["upos", "deprel"], syntax_attention="soft",
+                               syntax_layers=[0], syntax_heads=[1])
+    assert config.source_tags == ("upos", "deprel") and config.syntax_layer_indices() == (0,)
+    assert TransformerConfig.from_dict(config.to_dict()) == config
+    for bad, message in [(dict(source_tags=("pos",)), "source_tags"), (dict(syntax_attention="mask"), "syntax_attention"),
+                         (dict(syntax_layers=(2,)), "syntax_layers"), (dict(syntax_heads=(5,)), "syntax_heads"),
+                         (dict(syntax_max_distance=0), "syntax_max_distance"), (dict(tag_combination="mlp"), "tag_combination")]:
+        with pytest.raises(ValueError, match=message):
+            TransformerConfig(**TINY, **bad)
+
+
+# -- syntax-aware input (Eqs. 50-52) -------------------------------------------
+
+def test_factored_embedding_is_the_sum_of_the_tables_rows():
+    rng = np.random.default_rng(0)
+    layer = TagFactorEmbedding((7, 5), 8, "sum")
+    words = rng.normal(size=(2, 4, 8)).astype("float32")
+    tags = np.stack([rng.integers(0, 7, (2, 4)), rng.integers(0, 5, (2, 4))], -1).astype("int32")
+    out = np.asarray(layer(words, tags))
+    tables = [np.asarray(t) for t in layer.tables]
+    positions = np.asarray(sinusoidal_encoding(np.arange(4), 8))
+    expected = words + math.sqrt(8) * (tables[0][tags[..., 0]] + tables[1][tags[..., 1]]) + positions
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_ffn_combination_is_one_layer_over_the_concatenation():
+    rng = np.random.default_rng(1)
+    layer = TagFactorEmbedding((6,), 8, "ffn")
+    words = rng.normal(size=(2, 3, 8)).astype("float32")
+    tags = rng.integers(0, 6, (2, 3, 1)).astype("int32")
+    out = np.asarray(layer(words, tags))
+    table = np.asarray(layer.tables[0])
+    concat = np.concatenate([words, math.sqrt(8) * table[tags[..., 0]]], -1)
+    expected = concat @ np.asarray(layer.combine.kernel) + np.asarray(layer.combine.bias)
+    expected += np.asarray(sinusoidal_encoding(np.arange(3), 8))
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+    restored = TagFactorEmbedding.from_config(layer.get_config())
+    assert restored.tag_vocab_sizes == (6,) and restored.combination == "ffn"
+
+
+def test_model_source_embedding_uses_the_word_row_plus_its_tags():
+    keras.utils.set_random_seed(3)
+    config = TransformerConfig(**TINY, source_tags=("upos", "deprel"))
+    model = build_transformer(config)
+    source = np.array([[5, 9, EOS_ID, PAD_ID]], "int32")
+    tags = np.array([[[4, 6], [7, 8], [TAG_EOS_ID, TAG_EOS_ID], [0, 0]]], "int32")
+    words = np.asarray(model.embedding.embeddings)[source] * math.sqrt(16)
+    tables = [np.asarray(t) for t in model.tag_embedding.tables]
+    expected = (words + math.sqrt(16) * (tables[0][tags[..., 0]] + tables[1][tags[..., 1]])
+                + np.asarray(sinusoidal_encoding(np.arange(4), 16)))
+    got = model.tag_embedding(model.embedding(source, positions=False), tags)
+    np.testing.assert_allclose(np.asarray(got), expected, atol=1e-5)
+
+
+# -- syntax-aware attention (Eqs. 53-54) -----------------------------------------
+
+OMEGA = syntax.dependency_distances(SENTENCE.heads)  # [6, 6]
+
+
+def test_hard_mask_allows_exactly_the_pairs_within_max_distance_and_keeps_padding_masked():
+    rng = np.random.default_rng(2)
+    attention = MultiHeadAttention(2, 8)
+    attention.build((None, None, 8))
+    x = rng.normal(size=(1, 8, 8)).astype("float32")
+    omega = np.zeros((1, 8, 8), "int32")
+    omega[0, :6, :6] = OMEGA
+    padding = np.array([[True] * 6 + [False] * 2])
+    for max_distance in (1, 2):
+        matrix = np.asarray(SyntaxAttentionMatrix(2, "hard", max_distance=max_distance)(omega, padding))
+        allowed = OMEGA <= max_distance
+        np.testing.assert_array_equal(matrix[0, 0, :6, :6] == 0, allowed)
+        np.testing.assert_array_equal(matrix[0, 0, :6, :6][~allowed], NEG_INF)
+        # Through attention: outputs equal the reference restricted to allowed, unpadded keys.
+        got = np.asarray(attention(x, x, attention_mask=padding[:, None, :], attention_bias=matrix))
+        keys = np.zeros((8, 8), bool)
+        keys[:6, :6] = allowed
+        keys[6:, :6] = True  # padded queries see the real keys only
+        expected = numpy_attention(attention, x[0], keys)
+        np.testing.assert_allclose(got[0, :6], expected[:6], atol=1e-5)
+        # A key the tree forbids or a padded key changes nothing where it is masked.
+        changed = x.copy()
+        changed[0, 6:] += 5.0  # padding
+        again = np.asarray(attention(changed, changed, attention_mask=padding[:, None, :], attention_bias=matrix))
+        np.testing.assert_allclose(again[0, :6], got[0, :6], atol=1e-5)
+
+
+@pytest.mark.parametrize("dnorm", ["zscore", "inverse"])
+def test_soft_mask_normalisation_against_numpy(dnorm):
+    omega = np.zeros((2, 8, 8), "int32")
+    omega[0, :6, :6] = OMEGA
+    omega[1] = syntax.dependency_distances([1, -1, 1, 2, 3, 3, 5, 1])
+    padding = np.array([[True] * 6 + [False] * 2, [True] * 8])
+    matrix = np.asarray(SyntaxAttentionMatrix(2, "soft", dnorm=dnorm)(omega, padding))
+    np.testing.assert_allclose(matrix[0, 0, :6, :6], syntax.soft_mask(OMEGA, dnorm), atol=1e-5)
+    np.testing.assert_allclose(matrix[1, 0], syntax.soft_mask(omega[1], dnorm), atol=1e-5)
+
+
+def test_multiplicative_form_and_head_selection_against_numpy():
+    rng = np.random.default_rng(4)
+    attention = MultiHeadAttention(2, 8)
+    attention.build((None, None, 8))
+    x = rng.normal(size=(1, 6, 8)).astype("float32")
+    padding = np.ones((1, 6), bool)
+    layer = SyntaxAttentionMatrix(2, "soft", form="multiplicative", dnorm="inverse", heads=(1,))
+    matrix = np.asarray(layer(OMEGA[None], padding))  # [1, 2, 6, 6]
+    np.testing.assert_array_equal(matrix[0, 0], np.ones((6, 6)))  # head 0: neutral
+    np.testing.assert_allclose(matrix[0, 1], syntax.soft_mask(OMEGA, "inverse"), atol=1e-6)
+    got = np.asarray(attention(x, x, attention_mask=padding[:, None, :], attention_scale=matrix))
+    expected = numpy_attention(attention, x[0], np.ones((6, 6), bool), scale=matrix[0])
+    np.testing.assert_allclose(got[0], expected, atol=1e-5)
+    additive = SyntaxAttentionMatrix(2, "hard", heads=(0,))(OMEGA[None], padding)
+    np.testing.assert_array_equal(np.asarray(additive)[0, 1], np.zeros((6, 6)))
+
+
+@pytest.mark.parametrize("options", [
+    dict(source_tags=("upos", "deprel"), syntax_attention="hard", syntax_max_distance=2, syntax_layers=(0,)),
+    dict(source_tags=("upos",), tag_combination="ffn", syntax_attention="soft", syntax_form="multiplicative",
+         syntax_heads=(1,)),
+])
+def test_cached_decoding_equals_full_pass_with_syntax_aware_encoder(options):
+    rng = np.random.default_rng(5)
+    config = TransformerConfig(**TINY, **options)
+    model = build_transformer(config)
+    source = rng.integers(4, 50, (2, 7)).astype("int32")
+    source[0, 6], source[1, 4], source[1, 5:] = EOS_ID, EOS_ID, PAD_ID
+    distances = np.zeros((2, 7, 7), "int32")
+    distances[0] = syntax.dependency_distances([1, 2, -1, 2, 3, 3, 2])
+    distances[1, :5, :5] = syntax.dependency_distances([1, -1, 1, 2, 1])
+    features = {}
+    if config.uses_source_tags:
+        features["source_tags"] = rng.integers(0, 20, (2, 7, len(config.source_tags))).astype("int32")
+    features["source_distances"] = distances
+    target = np.concatenate([np.full((2, 1), BOS_ID, "int32"), rng.integers(4, 50, (2, 6)).astype("int32")], 1)
+    full = np.asarray(model([source, target, *features.values()]))
+    # The syntax inputs matter (a test of the plumbing, not only of the equality).
+    plain = np.asarray(model([source, target, *[np.zeros_like(v) for v in features.values()]]))
+    assert np.abs(full - plain).max() > 1e-3
+
+    class Annotated(IncrementalDecoder):
+        def encode(self, source_ids, source_features=None):
+            return super().encode(source_ids, features)
+
+    assert_cached_decoding_matches(Annotated(model, config), source, target, full, buffer=10)
+
+
+def test_a_syntax_aware_model_saves_and_loads(tmp_path):
+    config = TransformerConfig(**TINY, source_tags=("deprel",), syntax_attention="hard")
+    model = build_transformer(config)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.transformer_config == config
+    rng = np.random.default_rng(6)
+    inputs = [rng.integers(4, 50, (1, 5)).astype("int32"), rng.integers(4, 50, (1, 3)).astype("int32"),
+              rng.integers(0, 10, (1, 5, 1)).astype("int32"),
+              syntax.dependency_distances([1, -1, 1, 2, 1])[None].astype("int32")]
+    np.testing.assert_allclose(np.asarray(loaded(inputs)), np.asarray(model(inputs)), atol=1e-6)
+    with pytest.raises(ValueError, match="source_tags"):
+        model.encode(inputs[0], source_distances=inputs[3])
+
+
+# -- the annotated input pipeline (graph ops) against NumPy ----------------------------
+
+@pytest.fixture(scope="module")
+def pieces():
+    """A SentencePiece model that splits some words into several pieces."""
+    from keras_transformer.data import Tokenizer, train_tokenizer
+
+    directory = pathlib.Path(__import__("tempfile").mkdtemp())
+    words = ["the big dog barks loudly .", "unbelievably big dogs barked", "a small cat sleeps ."] * 40
+    return Tokenizer.load(train_tokenizer(words, directory / "sp", 40))
+
+
+def test_tree_distances_in_the_graph_equal_the_reference():
+    rng = np.random.default_rng(7)
+    trees = []
+    for n in (1, 2, 5, 9, 14):  # random trees: each word's head is an earlier-drawn word
+        order = rng.permutation(n)
+        heads = [-1] * n
+        for position in range(1, n):
+            heads[order[position]] = int(order[rng.integers(0, position)])
+        trees.append(heads)
+    heads = tf.ragged.constant([[h + 1 for h in tree] for tree in trees], tf.int32)  # CoNLL-U: 1-based
+    omega = tree_distances(heads).numpy()
+    for b, tree in enumerate(trees):
+        n = len(tree)
+        extended = [n if h == -1 else h for h in tree] + [-1]  # node n: the root node
+        expected = syntax.dependency_distances(extended)
+        order = [n] + list(range(n))  # the graph's node 0 is the root node
+        np.testing.assert_array_equal(omega[b, :n + 1, :n + 1], expected[np.ix_(order, order)])
+        assert not omega[b, n + 1:].any()
+
+
+def test_bad_trees_fail_with_a_message_naming_the_problem():
+    cycle = "1\ta\t_\tX\t_\t_\t2\tdep\t_\t_\n2\tb\t_\tX\t_\t_\t1\tdep\t_\t_"
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not lead to the root"):
+        tree_distances(parse_conllu([cycle])["heads"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="names no word"):
+        tree_distances(parse_conllu(["1\ta\t_\tX\t_\t_\t7\tdep\t_\t_"])["heads"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="10 tab-separated columns"):
+        parse_conllu(["1 a X 0 root"])
+
+
+def test_pieces_inherit_their_words_tags_and_distances(pieces):
+    other = syntax.AnnotatedSentence(("Unbelievably", "dogs", "barked"), ("ADV", "NOUN", "VERB"),
+                                     ("advmod", "nsubj:pass", "root"), (2, 2, -1))
+    # CoNLL-U as parsers write it: comments, a multiword range, an empty node.
+    block = syntax.to_conllu(other).replace("1\tUnbel", "1-2\tUnbeldogs\t_\t_\t_\t_\t_\t_\t_\t_\n1\tUnbel")
+    block += "\n2.1\tgone\t_\tVERB\t_\t_\t_\t_\t2:dep\t_"
+    features = annotated_features([syntax.to_conllu(SENTENCE), block], pieces.fast, max_length=64)
+    for b, sentence in enumerate([SENTENCE, other]):
+        counts = [len(pieces.tokenize(w).numpy()) for w in sentence.words]
+        assert max(counts) > 1  # some word is several pieces
+        width = sum(counts) + 1
+        ids = features["source_ids"].numpy()[b]
+        expected_ids = [i for w in sentence.words for i in pieces.tokenize(w).numpy()] + [EOS_ID]
+        assert ids[:width].tolist() == expected_ids and not ids[width:].any()
+        assert expected_ids[:-1] == pieces.tokenize(" ".join(sentence.words)).numpy().tolist()
+        distances, tags = reference_piece_features(sentence, counts)
+        np.testing.assert_array_equal(features["source_distances"].numpy()[b, :width, :width], distances)
+        np.testing.assert_array_equal(features["source_tags"].numpy()[b, :width], tags)
+        assert not features["source_distances"].numpy()[b, width:].any()
+        assert (features["source_tags"].numpy()[b, width:] == TAG_PAD_ID).all()
+        assert features["source_lengths"].numpy()[b] == width - 1
+    assert features["text"].numpy()[1].decode() == "Unbelievably dogs barked"
+
+
+def test_unknown_tags_and_truncation(pieces):
+    odd = syntax.AnnotatedSentence(("the", "dog"), ("DET", "NOUNISH"), ("det", "weird:sub"), (1, -1))
+    features = annotated_features([syntax.to_conllu(odd)], pieces.fast, max_length=64)
+    assert features["source_tags"].numpy()[0, -2].tolist() == [TAG_UNK_ID, TAG_UNK_ID]
+    long = syntax.AnnotatedSentence(("the",) * 10, ("DET",) * 10, ("dep",) * 10, (-1,) + (0,) * 9)
+    cut = annotated_features([syntax.to_conllu(long)], pieces.fast, max_length=5)
+    assert cut["source_ids"].numpy()[0].tolist()[-1] == EOS_ID and cut["source_ids"].shape[1] == 5
+    counts = [len(pieces.tokenize(w).numpy()) for w in long.words]
+    full, _ = reference_piece_features(long, counts)  # [pieces + 1, pieces + 1], EOS last
+    kept = [0, 1, 2, 3, len(full) - 1]  # the first 4 pieces and EOS
+    np.testing.assert_array_equal(cut["source_distances"].numpy()[0], full[np.ix_(kept, kept)])
+    assert cut["source_lengths"].numpy()[0] == 4
+
+
+@pytest.mark.skipif(not PUD.is_dir(), reason="../shared/data/pud is not here")
+def test_pud_through_the_graph_equals_the_reference(pieces):
+    sentences = syntax.read_conllu(PUD / "en_pud-ud-test.conllu")[:40]
+    text = (PUD / "en_pud-ud-test.conllu").read_text(encoding="utf-8").split("\n\n")[:40]
+    features = annotated_features(text, pieces.fast, max_length=512)
+    for b, sentence in enumerate(sentences):
+        counts = [len(pieces.tokenize(w).numpy()) for w in sentence.words]
+        width = sum(counts) + 1
+        distances, _ = reference_piece_features(sentence, counts)
+        np.testing.assert_array_equal(features["source_distances"].numpy()[b, :width, :width], distances)
+
+
+def test_annotated_batches_carry_the_pipelines_features(pieces):
+    from keras_transformer.data import make_batches
+
+    blocks = [syntax.to_conllu(SENTENCE), syntax.to_conllu(syntax.AnnotatedSentence(
+        ("a", "cat", "sleeps"), ("DET", "NOUN", "VERB"), ("det", "nsubj", "root"), (1, 2, -1)))]
+    pairs = tf.data.Dataset.from_tensor_slices((blocks, ["der große Hund", "eine Katze"]))
+    batches = list(make_batches(pairs, pieces, batch_tokens=256, max_length=32,
+                                source_features=("source_tags", "source_distances"),
+                                tag_factors=("upos", "deprel")))
+    reference = annotated_features(blocks, pieces.fast, 32)
+    seen = 0
+    for (source, target_in, tags, distances), target_out in batches:
+        for row in range(source.shape[0]):
+            real = int((source.numpy()[row] != PAD_ID).sum())  # the two sentences differ in length
+            b = [i for i in range(2) if reference["source_lengths"].numpy()[i] + 1 == real][0]
+            width = int(reference["source_lengths"].numpy()[b]) + 1
+            np.testing.assert_array_equal(source.numpy()[row, :width], reference["source_ids"].numpy()[b, :width])
+            np.testing.assert_array_equal(tags.numpy()[row, :width], reference["source_tags"].numpy()[b, :width])
+            np.testing.assert_array_equal(distances.numpy()[row, :width, :width],
+                                          reference["source_distances"].numpy()[b, :width, :width])
+            assert not distances.numpy()[row, width:].any() and not tags.numpy()[row, width:].any()
+            seen += 1
+    assert seen == 2
