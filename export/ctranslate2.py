@@ -197,6 +197,9 @@ def build_spec(model, config: TransformerConfig, tokenizer) -> ctranslate2.specs
     """
     if not hasattr(model, "encoder_layers") or not hasattr(model, "decoder_layers"):
         raise TypeError(f"expected a Transformer from build_transformer(config), got {type(model).__name__}")
+    if config.syntax_aware:
+        raise ConversionError("a syntax-aware model (source tags / syntax attention) has inputs CTranslate2's "
+                              "Transformer does not; export it as a SavedModel (python -m export.saved_model)")
     pieces = _pieces(tokenizer)
     embeddings = _numpy(model.embedding.embeddings)  # [vocab, d_model]
     if not len(pieces) == embeddings.shape[0] == config.vocab_size:

@@ -63,6 +63,13 @@ def convert(saved_model_dir, output, quantize: str = "none") -> pathlib.Path:
 
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
+    from tensorflow.python.saved_model import loader_impl
+
+    signatures = loader_impl.parse_saved_model(str(saved_model_dir)).meta_graphs[0].signature_def
+    if LITERT_SIGNATURE not in signatures:
+        raise ConversionError(f"{saved_model_dir} has no {LITERT_SIGNATURE} signature (signatures: "
+                              f"{sorted(signatures)}); a syntax-aware model takes CoNLL-U and is served as a "
+                              f"SavedModel only: LiteRT stays plain-text")
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[LITERT_SIGNATURE])
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     converter.allow_custom_ops = True  # the TF Text ops; anything else is caught by the audit

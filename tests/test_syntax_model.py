@@ -385,3 +385,138 @@ def test_annotated_batches_carry_the_pipelines_features(pieces):
             assert not distances.numpy()[row, width:].any() and not tags.numpy()[row, width:].any()
             seen += 1
     assert seen == 2
+
+
+# -- data directories, train.py, the SavedModel ------------------------------------
+
+def write_annotated_directory(directory, train=300, valid=8, plain_source=False):
+    """The embedded corpus's first pairs as `SPLIT.en.conllu` + `SPLIT.de` (gold trees)."""
+    from keras_transformer.data.embedded import embedded_annotations, embedded_corpus
+
+    directory.mkdir(parents=True, exist_ok=True)
+    annotations, pairs = embedded_annotations(seed=0, train_size=train), embedded_corpus(seed=0)
+    for split, limit in (("train", train), ("valid", valid)):
+        sentences = annotations[split][:limit]
+        (directory / f"{split}.en.conllu").write_text("".join(syntax.to_conllu(s) + "\n\n" for s in sentences))
+        (directory / f"{split}.de").write_text("".join(de + "\n" for _, de in pairs[split][:limit]))
+        if plain_source:
+            (directory / f"{split}.en").write_text("".join(en + "\n" for en, _ in pairs[split][:limit]))
+    return directory
+
+
+def test_conllu_directories_and_the_embedded_corpus_carry_annotations(tmp_path):
+    from keras_transformer.data import CorpusError, load_corpus
+
+    data = write_annotated_directory(tmp_path / "conllu", train=20, valid=4)
+    corpus = load_corpus(str(data), "en", "de")
+    assert corpus.annotated_splits == ("train", "valid") and corpus.sizes == {"train": 20, "valid": 4}
+    blocks = [b.decode() for b, _ in corpus.annotated("train").as_numpy_iterator()]
+    sentences = syntax.read_conllu(data / "train.en.conllu")
+    assert blocks == [syntax.to_conllu(s) for s in sentences]
+    plain = [s.decode() for s, _ in corpus.dataset("train").as_numpy_iterator()]
+    assert plain == [" ".join(s.words) for s in sentences]  # no train.en: the words joined
+    assert "train.en.conllu" in str(corpus.fingerprint())
+
+    beside = load_corpus(str(write_annotated_directory(tmp_path / "both", train=20, valid=4, plain_source=True)))
+    assert next(iter(beside.dataset("train")))[0].numpy().decode().endswith(".")  # train.en as written
+    assert beside.fingerprint()["splits"]["train"]["annotations"]["file"] == "train.en.conllu"
+
+    (data / "valid.de").write_text("eins\nzwei\n")
+    with pytest.raises(CorpusError, match="4 sentences but .*valid.de has 2 lines"):
+        load_corpus(str(data), "en", "de")
+    (data / "valid.en.conllu").write_text("1\ta\t_\tX\t_\t_\t5\tdep\t_\t_\n\n")
+    with pytest.raises(CorpusError, match="valid.en.conllu.*head"):
+        load_corpus(str(data), "en", "de")
+
+    embedded = load_corpus("embedded")
+    first = next(iter(embedded.annotated("valid")))
+    assert first[1].numpy() == next(iter(embedded.dataset("valid")))[1].numpy()
+    assert first[0].numpy().decode().startswith("# sent_id = valid-0")
+    with pytest.raises(CorpusError, match="no syntactic annotations"):
+        load_corpus("embedded", "de", "en").annotated("train")
+
+
+@pytest.fixture(scope="module")
+def syntax_run(tmp_path_factory):
+    """`train_and_evaluate` (what train.py runs) of a syntax-aware tiny model on gold CoNLL-U, exported."""
+    from export.saved_model import export_model
+    from keras_transformer.config import TrainingConfig
+    from keras_transformer.training import train_and_evaluate
+
+    root = tmp_path_factory.mktemp("syntax_run")
+    data = write_annotated_directory(root / "data", train=300, valid=8)
+    run = TrainingConfig.create("tiny", data=str(data), model_dir=str(root / "run"), steps=100, checkpoint_every=50,
+                                vocab_size=200, bleu_every_sentences=0, seed=0,
+                                syntax={"source_tags": ("upos", "deprel"), "syntax_attention": "hard",
+                                        "syntax_max_distance": 2, "syntax_layers": (0,)})
+    trained = train_and_evaluate(run)
+    export = export_model(trained.model, trained.config, trained.tokenizer, root / "export")
+    return trained, export, data
+
+
+def test_train_py_options_reach_the_model(syntax_run):
+    trained, _, _ = syntax_run
+    from keras_transformer.run_dir import load_trained
+
+    assert trained.config.source_tags == ("upos", "deprel") and trained.config.syntax_layer_indices() == (0,)
+    assert [i.name for i in trained.model.inputs] == ["source_ids", "target_ids", "source_tags", "source_distances"]
+    assert trained.results["steps"] == 100 and "valid_bleu" in trained.results
+    model, config, _ = load_trained(trained.model_dir)  # what export.saved_model loads
+    assert config == trained.config
+    for a, b in zip(model.weights, trained.model.weights):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run):
+    from keras_transformer.translator import Translator
+
+    trained, export, data = syntax_run
+    blocks = (data / "valid.en.conllu").read_text().strip().split("\n\n")
+    translator = Translator(trained.model, trained.config, trained.tokenizer.model_bytes)
+    expected = translator.translate(blocks)
+    # The hypotheses train_and_evaluate wrote for its BLEU are these translations.
+    from keras_transformer.run_dir import hypothesis_path
+
+    assert hypothesis_path(trained.model_dir, "valid").read_text(encoding="utf-8").splitlines() == expected
+    loaded = tf.saved_model.load(str(export))
+    assert set(loaded.signatures) == {"serving_default", "translate_options"}
+    served = loaded.signatures["serving_default"](conllu=tf.constant(blocks))
+    assert [t.decode() for t in served["translation"].numpy()] == expected
+    assert len(set(expected)) > 1  # not a degenerate model
+    options = loaded.signatures["translate_options"](
+        conllu=tf.constant(blocks[:3]), beam_size=tf.constant(4), alpha=tf.constant(0.6),
+        extra_length=tf.constant(50), num_results=tf.constant(4))
+    n_best = translator.translate(blocks[:3], beam_size=4, num_results=4)
+    assert [[t.decode() for t in row] for row in options["translations"].numpy()] == n_best
+    assert len({t for row in n_best for t in row}) > 4
+    # The syntax inputs matter: another tree changes what the served model computes.
+    flat = "\n".join(line.rsplit("\t", 4)[0] + "\t0\troot\t_\t_" if line[:1].isdigit() else line
+                     for line in blocks[0].split("\n"))
+    scores = loaded.signatures["serving_default"](conllu=tf.constant([blocks[0], flat]))["score"].numpy()
+    assert abs(scores[0] - scores[1]) > 1e-4
+
+
+def test_linearised_trees_as_a_target_side(tmp_path):
+    """Tree linearisation as a data transform: English -> its bracketed tree (parsing as translation)."""
+    from keras_transformer.data import load_corpus
+    from keras_transformer.data.embedded import embedded_annotations, write_embedded_conllu
+
+    write_embedded_conllu(tmp_path, limit=30, trees=True)
+    corpus = load_corpus(str(tmp_path), "en", "tree")
+    gold = embedded_annotations(seed=0, train_size=30)["train"]
+    for (source, target), sentence in zip(corpus.dataset("train").as_numpy_iterator(), gold):
+        tree = syntax.parse_bracketed(target.decode())  # a decoded hypothesis is read back the same way
+        assert tree.leaves() == list(sentence.words) == source.decode().split()
+        assert syntax.linearise(tree) == target.decode().split()
+        assert syntax.leaf_distances(tree).shape == (len(sentence.words),) * 2
+
+
+def test_converters_refuse_syntax_aware_models(syntax_run, tmp_path):
+    from export import tflite
+    from export.ctranslate2 import ConversionError, build_spec
+
+    trained, export, _ = syntax_run
+    with pytest.raises(tflite.ConversionError, match="no translate_litert signature.*plain-text"):
+        tflite.convert(export, tmp_path / "model.tflite")
+    with pytest.raises(ConversionError, match="syntax-aware"):
+        build_spec(trained.model, trained.config, trained.tokenizer)

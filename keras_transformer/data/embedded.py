@@ -63,7 +63,7 @@ import pathlib
 import random
 from dataclasses import dataclass
 
-from keras_transformer.data.syntax import AnnotatedSentence, to_conllu
+from keras_transformer.data.syntax import AnnotatedSentence, linearise, parse_bracketed, to_conllu
 
 SOURCE_LANG = "en"
 TARGET_LANG = "de"
@@ -1004,13 +1004,16 @@ def embedded_annotations(seed: int = 0, train_size: int = TRAIN_SIZE) -> dict[st
 
 
 def write_embedded_conllu(directory: str | os.PathLike, seed: int = 0,
-                          limit: int | None = None) -> list[pathlib.Path]:
+                          limit: int | None = None, trees: bool = False) -> list[pathlib.Path]:
     """Writes the corpus as a directory of CoNLL-U sources: `{split}.en.conllu`
     (`to_conllu` blocks, each followed by a blank line) and `{split}.de` (one
     German sentence a line) for train, valid and test.
 
-    ``limit`` keeps the first ``limit`` sentences of each split.  Returns the
-    paths written.
+    ``limit`` keeps the first ``limit`` sentences of each split.  With
+    ``trees``, also `{split}.tree`: each English sentence's constituency tree
+    linearised (`syntax.linearise`, one tree a line), a target side for
+    parsing as sequence-to-sequence (survey section 3.1): `train.py --data
+    DIRECTORY --source-lang en --target-lang tree`.  Returns the paths written.
     """
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -1022,6 +1025,11 @@ def write_embedded_conllu(directory: str | os.PathLike, seed: int = 0,
         conllu_path.write_text("".join(to_conllu(sentence) + "\n\n" for sentence, _ in items), encoding="utf-8")
         de_path.write_text("".join(de + "\n" for _, de in items), encoding="utf-8")
         paths += [conllu_path, de_path]
+        if trees:
+            tree_path = directory / f"{name}.tree"
+            tree_path.write_text("".join(" ".join(linearise(parse_bracketed(sentence.tree))) + "\n"
+                                         for sentence, _ in items), encoding="utf-8")
+            paths.append(tree_path)
     return paths
 
 

@@ -1,0 +1,151 @@
+"""Does syntax help? Plain vs syntax-aware input vs syntax-aware attention vs both.
+
+    python benchmarks/syntax.py --out runs/syntax-bench
+
+On the embedded corpus with its gold trees (the generator knows its grammar,
+`keras_transformer.data.embedded.embedded_annotations`), for each training
+set size (`--sizes`, the first N pairs of the same generated stream) and
+each seed, trains four `tiny` models with `train.py` for the same number of
+steps on the same CoNLL-U data directory (the plain model reads the same
+words, joined by spaces) and scores the averaged model on the 500 held-out
+test sentences (beam 4, cased sacreBLEU):
+
+* `plain`: the paper's model;
+* `tags`: `--source-tags upos,deprel` (sum of embeddings, survey Eqs. 50-51);
+* `attention`: `--syntax-attention hard --syntax-max-distance 2
+  --syntax-layers 0` (0-1 masking of the lowest encoder layer's
+  self-attention to tree neighbours within 2 edges, Eq. 53);
+* `both`: the two together.
+
+Finished runs are reused (their `results.json`), so an interrupted
+benchmark continues where it stopped. It prints a Markdown table (mean test
+BLEU over seeds, and each seed) and writes `OUT/syntax_bleu.png` and
+`OUT/summary.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+VARIANTS = {
+    "plain": [],
+    "tags": ["--source-tags", "upos,deprel"],
+    "attention": ["--syntax-attention", "hard", "--syntax-max-distance", "2", "--syntax-layers", "0"],
+    "both": ["--source-tags", "upos,deprel", "--syntax-attention", "hard", "--syntax-max-distance", "2",
+             "--syntax-layers", "0"],
+}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="directory for the data, the runs and the summary")
+    parser.add_argument("--sizes", default="1000,3000,10000,30000", help="training pairs (comma-separated)")
+    parser.add_argument("--seeds", default="0,1", help="training seeds (comma-separated)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {list(VARIANTS)}")
+    parser.add_argument("--steps", type=int, default=400, help="training steps of every run (default 400)")
+    parser.add_argument("--valid", type=int, default=100, help="validation sentences (default 100)")
+    parser.add_argument("--train-args", default="", help="extra train.py flags (smoke tests)")
+    args = parser.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.variants = args.variants.split(",")
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}, expected some of {list(VARIANTS)}")
+    return args
+
+
+def write_data(directory: pathlib.Path, size: int, valid: int) -> pathlib.Path:
+    """The first `size` training pairs of the embedded corpus (seed 0), its first `valid`
+    validation pairs and all test pairs, as `SPLIT.en.conllu` + `SPLIT.de`."""
+    from keras_transformer.data.embedded import embedded_annotations, embedded_corpus
+    from keras_transformer.data.syntax import to_conllu
+
+    if (directory / "test.de").exists():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    annotations, pairs = embedded_annotations(seed=0, train_size=size), embedded_corpus(seed=0)
+    for split, limit in (("train", size), ("valid", valid), ("test", None)):
+        sentences, targets = annotations[split][:limit], [de for _, de in pairs[split][:limit]]
+        (directory / f"{split}.en.conllu").write_text("".join(to_conllu(s) + "\n\n" for s in sentences),
+                                                      encoding="utf-8")
+        (directory / f"{split}.de").write_text("".join(t + "\n" for t in targets), encoding="utf-8")
+    return directory
+
+
+def run(data: pathlib.Path, model_dir: pathlib.Path, variant: str, seed: int, steps: int, extra: list[str]):
+    results = model_dir / "results.json"
+    if not results.exists():
+        command = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(data), "--model-dir", str(model_dir),
+                   "--steps", str(steps), "--seed", str(seed), "--bleu-every-sentences", "0", "--no-export",
+                   *VARIANTS[variant], *extra]
+        started = time.time()
+        subprocess.run(command, check=True, cwd=REPO_ROOT, env={**os.environ, "KERAS_TRANSFORMER_QUIET": "1"},
+                       stdout=subprocess.DEVNULL)
+        print(f"  {model_dir.name}: {time.time() - started:.0f} s", flush=True)
+    return json.loads(results.read_text())
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = pathlib.Path(args.out)
+    extra = args.train_args.split()
+    table = {}
+    for size in args.sizes:
+        data = write_data(out / "data" / f"train{size}", size, args.valid)
+        for variant in args.variants:
+            for seed in args.seeds:
+                results = run(data, out / "runs" / f"{size}-{variant}-seed{seed}", variant, seed, args.steps, extra)
+                table.setdefault(size, {}).setdefault(variant, []).append(results["test_bleu"])
+                print(f"size {size} {variant} seed {seed}: test BLEU {results['test_bleu']:.2f}", flush=True)
+    lines = ["| training pairs | " + " | ".join(args.variants) + " |",
+             "|---|" + "---|" * len(args.variants)]
+    for size, row in table.items():
+        cells = [f"{sum(v) / len(v):.2f} ({', '.join(f'{b:.2f}' for b in v)})" for v in row.values()]
+        lines.append(f"| {size:,} | " + " | ".join(cells) + " |")
+    print("\n".join(lines))
+    summary = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+               "steps": args.steps, "seeds": args.seeds, "variants": {v: VARIANTS[v] for v in args.variants},
+               "test_bleu": {str(size): row for size, row in table.items()}}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot(table, out / "syntax_bleu.png", args.steps)
+    print(f"wrote {out / 'syntax_bleu.png'}")
+    return 0
+
+
+def plot(table, path, steps):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(table)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for variant in next(iter(table.values())):
+        means = [sum(table[s][variant]) / len(table[s][variant]) for s in sizes]
+        ax.plot(sizes, means, marker="o", label=variant)
+        for s in sizes:
+            ax.scatter([s] * len(table[s][variant]), table[s][variant], s=8, alpha=0.4)
+    ax.set_xscale("log")
+    ax.set_xlabel("training pairs (embedded corpus, gold trees)")
+    ax.set_ylabel("test BLEU (beam 4)")
+    ax.set_title(f"tiny, {steps} steps: mean of seeds (dots: each seed)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
