@@ -520,3 +520,31 @@ def test_converters_refuse_syntax_aware_models(syntax_run, tmp_path):
         tflite.convert(export, tmp_path / "model.tflite")
     with pytest.raises(ConversionError, match="syntax-aware"):
         build_spec(trained.model, trained.config, trained.tokenizer)
+
+
+def test_syntax_benchmark_writes_aligned_data_and_summarises_finished_runs(tmp_path, capsys):
+    """benchmarks/syntax.py on finished runs (it reuses their results.json): the table's
+    means, the summary and the plot; its data directory reads back aligned."""
+    import json
+    import sys
+
+    from keras_transformer.data import load_corpus
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import syntax as benchmark
+
+    data = benchmark.write_data(tmp_path / "data" / "train20", 20, 5)
+    corpus = load_corpus(str(data), "en", "de")
+    assert corpus.sizes == {"train": 20, "valid": 5, "test": 500}
+    assert len(list(corpus.annotated("test"))) == 500
+    scores = {("plain", 0): 50.0, ("plain", 1): 54.0, ("both", 0): 60.0, ("both", 1): 61.0}
+    for (variant, seed), bleu in scores.items():
+        run = tmp_path / "runs" / f"20-{variant}-seed{seed}"
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps({"test_bleu": bleu}))
+    assert benchmark.main(["--out", str(tmp_path), "--sizes", "20", "--variants", "plain,both"]) == 0
+    out = capsys.readouterr().out
+    assert "| 20 | 52.00 (50.00, 54.00) | 60.50 (60.00, 61.00) |" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["test_bleu"]["20"] == {"plain": [50.0, 54.0], "both": [60.0, 61.0]}
+    assert (tmp_path / "syntax_bleu.png").stat().st_size > 0

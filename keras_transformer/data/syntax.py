@@ -21,10 +21,10 @@ pipeline:
   `-omega` over `j`; or `"inverse"`, `1 / (1 + omega)` normalised to sum 1
   over `j`).
 
-What is not here yet (issue #10): the model options that consume these
-(tag-factor embeddings, syntax-aware attention per layer/head), the
-`--data` loader and `train.py` flags, the annotated serving signature, and
-the benchmark.
+These are the references: the pipeline and the served model compute the
+same features with graph ops (`keras_transformer.data.annotated`), the model
+consumes them in `TagFactorEmbedding` and `SyntaxAttentionMatrix`, and the
+tests compare the two.
 """
 
 from __future__ import annotations
