@@ -362,29 +362,41 @@ def test_pud_through_the_graph_equals_the_reference(pieces):
         np.testing.assert_array_equal(features["source_distances"].numpy()[b, :width, :width], distances)
 
 
-def test_annotated_batches_carry_the_pipelines_features(pieces):
+@pytest.mark.parametrize("source_features,tag_factors", [
+    (("source_tags", "source_distances"), ("upos", "deprel")),
+    (("source_distances",), ()),  # attention only: no zero-width tag tensor (it crashed tf.data's unbatch)
+    (("source_tags",), ("upos", "deprel")),
+])
+def test_annotated_batches_carry_the_pipelines_features(pieces, source_features, tag_factors):
     from keras_transformer.data import make_batches
 
     blocks = [syntax.to_conllu(SENTENCE), syntax.to_conllu(syntax.AnnotatedSentence(
         ("a", "cat", "sleeps"), ("DET", "NOUN", "VERB"), ("det", "nsubj", "root"), (1, 2, -1)))]
     pairs = tf.data.Dataset.from_tensor_slices((blocks, ["der große Hund", "eine Katze"]))
     batches = list(make_batches(pairs, pieces, batch_tokens=256, max_length=32,
-                                source_features=("source_tags", "source_distances"),
-                                tag_factors=("upos", "deprel")))
+                                source_features=source_features, tag_factors=tag_factors).repeat(3))
     reference = annotated_features(blocks, pieces.fast, 32)
     seen = 0
-    for (source, target_in, tags, distances), target_out in batches:
+    for inputs, target_out in batches:
+        assert len(inputs) == 2 + len(source_features)
+        named = dict(zip(source_features, inputs[2:]))
+        source = inputs[0]
+        tags = named.get("source_tags", tf.zeros([source.shape[0], source.shape[1], 2], tf.int32))
+        distances = named.get("source_distances",
+                              tf.zeros([source.shape[0], source.shape[1], source.shape[1]], tf.int32))
         for row in range(source.shape[0]):
             real = int((source.numpy()[row] != PAD_ID).sum())  # the two sentences differ in length
             b = [i for i in range(2) if reference["source_lengths"].numpy()[i] + 1 == real][0]
             width = int(reference["source_lengths"].numpy()[b]) + 1
             np.testing.assert_array_equal(source.numpy()[row, :width], reference["source_ids"].numpy()[b, :width])
-            np.testing.assert_array_equal(tags.numpy()[row, :width], reference["source_tags"].numpy()[b, :width])
-            np.testing.assert_array_equal(distances.numpy()[row, :width, :width],
-                                          reference["source_distances"].numpy()[b, :width, :width])
+            if "source_tags" in named:
+                np.testing.assert_array_equal(tags.numpy()[row, :width], reference["source_tags"].numpy()[b, :width])
+            if "source_distances" in named:
+                np.testing.assert_array_equal(distances.numpy()[row, :width, :width],
+                                              reference["source_distances"].numpy()[b, :width, :width])
             assert not distances.numpy()[row, width:].any() and not tags.numpy()[row, width:].any()
             seen += 1
-    assert seen == 2
+    assert seen == 6
 
 
 # -- data directories, train.py, the SavedModel ------------------------------------

@@ -152,7 +152,7 @@ def annotated_features(blocks, tokenizer, max_length, tag_factors=("upos", "depr
     Returns:
         dict: `source_ids` int32 `[batch, S]` (pieces, EOS, PAD),
         `source_lengths` int32 `[batch]` (pieces without EOS),
-        `source_tags` int32 `[batch, S, len(tag_factors)]`,
+        `source_tags` int32 `[batch, S, len(tag_factors)]` (only with tag factors),
         `source_distances` int32 `[batch, S, S]` (0 on padding),
         `text` string `[batch]` (the words joined by spaces).
     """
@@ -196,6 +196,8 @@ def annotated_features(blocks, tokenizer, max_length, tag_factors=("upos", "depr
         word_tags = tf.pad(word_tags, [[0, 0], [1, 0]], constant_values=TAG_EOS_ID)  # node 0 = EOS
         piece_tags = tf.gather(word_tags, nodes, batch_dims=1)  # [batch, S]
         factors.append(tf.where(real, piece_tags, tf.where(eos, TAG_EOS_ID, TAG_PAD_ID)))
-    tags = tf.stack(factors, axis=-1) if factors else tf.zeros(tf.stack([batch, width, 0]), tf.int32)
-    return {"source_ids": ids, "source_lengths": lengths, "source_tags": tags,
-            "source_distances": distances, "text": tf.strings.reduce_join(words, axis=-1, separator=" ")}
+    features = {"source_ids": ids, "source_lengths": lengths, "source_distances": distances,
+                "text": tf.strings.reduce_join(words, axis=-1, separator=" ")}
+    if factors:  # no zero-width tensor without factors: tf.data's unbatch crashes on one (TF 2.21)
+        features["source_tags"] = tf.stack(factors, axis=-1)
+    return features

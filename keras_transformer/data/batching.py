@@ -143,16 +143,21 @@ def _tokenized_pairs(pairs: tf.data.Dataset, tokenizer: Tokenizer) -> tf.data.Da
 
 def _annotated_examples(pairs: tf.data.Dataset, tokenizer: Tokenizer, max_length: int, truncate: bool,
                         tag_factors: Sequence[str]) -> tf.data.Dataset:
-    """(CoNLL-U, target) strings -> (source ids with EOS [n + 1], tags [n + 1, k],
-    distances [n + 1, n + 1], target ids [m])."""
+    """(CoNLL-U, target) strings -> ({source_ids [n + 1] (with EOS), source_distances
+    [n + 1, n + 1], source_tags [n + 1, k] (with tag factors)}, target ids [m])."""
+    names = ("source_ids", "source_distances") + (("source_tags",) if tag_factors else ())
+
     def featurize(blocks, targets):
         features = annotated_features(blocks, tokenizer.fast, max_length, tuple(tag_factors), truncate=truncate)
-        return (features["source_ids"], features["source_lengths"], features["source_tags"],
-                features["source_distances"], tokenizer.tokenize(targets))
+        return {name: features[name] for name in names + ("source_lengths",)}, tokenizer.tokenize(targets)
 
-    def trim(ids, length, tags, distances, target):
-        width = length + 1  # with EOS
-        return ids[:width], tags[:width], distances[:width, :width], target
+    def trim(features, target):
+        width = features["source_lengths"] + 1  # with EOS
+        trimmed = {"source_ids": features["source_ids"][:width],
+                   "source_distances": features["source_distances"][:width, :width]}
+        if tag_factors:
+            trimmed["source_tags"] = features["source_tags"][:width]
+        return trimmed, target
 
     return (pairs.batch(_ANNOTATE_BATCH)
             .map(featurize, num_parallel_calls=tf.data.AUTOTUNE)
@@ -237,10 +242,9 @@ def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: 
         source = tf.concat([source, [EOS_ID]], axis=0)                         # [n + 1]
         return (source, target_in), target_out
 
-    def add_annotated_special_ids(source, tags, distances, target):
+    def add_annotated_special_ids(features, target):
         target_in, target_out = target_ids(target)  # the source has its EOS (and truncation) already
-        features = {"source_tags": tags, "source_distances": distances}
-        return (source, target_in, *(features[name] for name in source_features)), target_out
+        return (features["source_ids"], target_in, *(features[name] for name in source_features)), target_out
 
     def fits(inputs, target_out):
         return tf.logical_and(tf.size(inputs[0]) <= max_length, tf.size(target_out) <= max_length)
