@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import sentencepiece
 import tensorflow as tf
-from helpers import WORDS_DE, WORDS_EN, train_toy_translator
+from helpers import WORDS_DE, WORDS_EN
 
 from export.ctranslate2 import (MODEL_FILE, TOKENIZER_FILE, ConversionError, convert, main,
                                 translation_options)
@@ -52,9 +52,10 @@ def reference(text):
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory):
+def toy(toy_translator, tmp_path_factory):
     directory = tmp_path_factory.mktemp("ctranslate2")
-    model, config, tokenizer, _ = train_toy_translator(directory)
+    # The session's `train_toy_translator` run (conftest.py), shared with test_export.
+    model, config, tokenizer = (toy_translator[k] for k in ("model", "config", "tokenizer"))
     output = convert(model, config, tokenizer, directory / "ct2")
     pieces = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
     translator = Translator(model, config, tokenizer.model_bytes)

@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,6 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import train_toy_translator
 
 from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
 from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
@@ -21,13 +21,14 @@ GOLDEN = ["the man sees the dog", "a red house today", "the big cat buys a small
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(toy_translator, tmp_path_factory):
+    """The session's toy model (conftest.py; test_ctranslate2 converts the same one), exported."""
     directory = tmp_path_factory.mktemp("export")
-    model, config, tokenizer, corpus = train_toy_translator(directory)
-    path = export_model(model, config, tokenizer, directory / "export")
+    model, config, tokenizer = (toy_translator[k] for k in ("model", "config", "tokenizer"))
+    path = export_model(model, config, tokenizer, directory / "export")  # into a new directory: version 1
     translator = Translator(model, config, tokenizer.model_bytes)
     return {"path": path, "translator": translator, "config": config, "model": model,
-            "tokenizer": tokenizer}
+            "tokenizer": tokenizer, "data": toy_translator["data"]}
 
 
 def in_process(translator, texts, beam_size=4):
@@ -247,7 +248,7 @@ def test_multi30k_benchmark_scores_a_finished_runs_export(exported, tmp_path):
     model's; the plot is written; the last line is the cased BLEU."""
     import sacrebleu
 
-    data = exported["path"].parent.parent / "data"
+    data = exported["data"]
     sources = (data / "valid.en").read_text(encoding="utf-8").splitlines()
     references = (data / "valid.de").read_text(encoding="utf-8").splitlines()
     want = in_process(exported["translator"], sources)[0]
@@ -274,8 +275,9 @@ def test_multi30k_benchmark_scores_a_finished_runs_export(exported, tmp_path):
 def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch):
     output = tmp_path / "serving"
     model, config, tokenizer = exported["model"], exported["config"], exported["tokenizer"]
-    first = export_model(model, config, tokenizer, output)
+    first = exported["path"]  # export_model(model, config, tokenizer, <a new directory>): the fixture's
     assert first.name == "1"
+    shutil.copytree(first, output / "1")  # that first version, in a directory of this test's own
 
     real_save = tf.saved_model.save
 
