@@ -51,3 +51,21 @@ def train_toy_translator(directory, steps=250, seed=0):
     model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy(0.1))
     model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
     return model, config, tokenizer, corpus
+
+
+def in_background(function, *args, **kwargs):
+    """Starts `function(*args, **kwargs)` in a thread; returns its `concurrent.futures.Future`.
+
+    For the suite's subprocesses (each pays TensorFlow's start-up and often a
+    SavedModel load, mostly on one core): started together, or beside in-process
+    work, they use the CI machine's second core. `.result()` returns the
+    function's value or raises its exception (an assertion included) in the test
+    that awaits it, so the checks stay where they were.
+    """
+    import concurrent.futures
+
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        return executor.submit(function, *args, **kwargs)
+    finally:
+        executor.shutdown(wait=False)

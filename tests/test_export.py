@@ -1,5 +1,6 @@
 """SavedModel export: same translations everywhere it can be loaded, input hygiene, atomic versions."""
 
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -11,6 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import in_background
 
 from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
 from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
@@ -46,6 +48,44 @@ def run_python(code, *args, stdin=None):
     return result.stdout
 
 
+def run_module(module, *args, stdin=None):
+    """`python -m module args` in the repository (quiet TensorFlow): the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                          input=stdin, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+@pytest.fixture(scope="module")
+def export_processes(exported, tmp_path_factory, request):
+    """The subprocesses that load the export, started together as soon as it exists,
+    two at a time (each mostly pays TensorFlow's start-up and the SavedModel load on one
+    core): `{test name: Future}`, only for the tests selected in this session. Each test
+    awaits its own and checks it; the processes and their arguments are the tests' own."""
+    path = str(exported["path"])
+    multi30k_run = tmp_path_factory.mktemp("multi30k") / "run"  # a finished run: results.json + history.csv
+    multi30k_run.mkdir()
+    (multi30k_run / "results.json").write_text(json.dumps(
+        {"steps": 250, "train_minutes": 1.5, "averaged_checkpoints": 1, "export": path}))
+    (multi30k_run / "history.csv").write_text("step,loss,bleu,minutes\n100,3.0,10.00,0.60\n250,2.0,20.00,1.50\n")
+    starts = {
+        "test_fresh_process_with_only_tensorflow_translates_as_in_process":
+            lambda: run_python(FRESH, path, json.dumps(GOLDEN)),
+        "test_tf1_session_loader_and_saved_model_cli": lambda: (
+            run_python(TF1, path, json.dumps(GOLDEN)),
+            run_module("export.saved_model_cli", "run", "--dir", path, "--tag_set", "serve",
+                       "--signature_def", "serving_default", "--input_exprs", f"text={GOLDEN[:2]!r}")),
+        "test_translate_command_reads_stdin":
+            lambda: run_module("export.translate", "--saved-model", path, stdin="\n".join(GOLDEN) + "\n"),
+        "test_multi30k_benchmark_scores_a_finished_runs_export": lambda: (multi30k_run, subprocess.run(
+            [sys.executable, "benchmarks/multi30k.py", "--model-dir", str(multi30k_run),
+             "--data", str(exported["data"]), "--test", "valid"], cwd=ROOT, capture_output=True, text=True,
+            timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))),
+    }
+    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    yield {name: pool.submit(start) for name, start in starts.items() if name in selected}
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 FRESH = """
     import json, sys
     import tensorflow as tf
@@ -63,9 +103,9 @@ FRESH = """
 """
 
 
-def test_fresh_process_with_only_tensorflow_translates_as_in_process(exported):
-    got = json.loads(run_python(FRESH, str(exported["path"]), json.dumps(GOLDEN)))
+def test_fresh_process_with_only_tensorflow_translates_as_in_process(exported, export_processes):
     want, want_scores = in_process(exported["translator"], GOLDEN)
+    got = json.loads(export_processes["test_fresh_process_with_only_tensorflow_translates_as_in_process"].result())
     assert got["translation"] == want
     assert all(t and not t.startswith("\u2581") for t in want)  # real translations
     np.testing.assert_allclose(got["score"], want_scores, atol=1e-5)
@@ -87,28 +127,24 @@ TF1 = """
 """
 
 
-def test_tf1_session_loader_and_saved_model_cli(exported):
+def test_tf1_session_loader_and_saved_model_cli(exported, export_processes):
     want, want_scores = in_process(exported["translator"], GOLDEN)
-    got = json.loads(run_python(TF1, str(exported["path"]), json.dumps(GOLDEN)))
+    tf1, result = export_processes["test_tf1_session_loader_and_saved_model_cli"].result()
+    got = json.loads(tf1)
     assert got["translation"] == want
     np.testing.assert_allclose(got["score"], want_scores, atol=1e-5)
 
-    result = subprocess.run(
-        [sys.executable, "-m", "export.saved_model_cli", "run", "--dir", str(exported["path"]),
-         "--tag_set", "serve", "--signature_def", "serving_default",
-         "--input_exprs", f"text={GOLDEN[:2]!r}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    # python -m export.saved_model_cli run --dir PATH --tag_set serve --signature_def serving_default
+    #     --input_exprs "text=GOLDEN[:2]"
     assert result.returncode == 0, result.stderr[-3000:]
     translations = result.stdout.split("Result for output key translation:")[1]
     for sentence in want[:2]:
         assert repr(sentence.encode())[1:] in translations
 
 
-def test_translate_command_reads_stdin(exported):
-    out = subprocess.run([sys.executable, "-m", "export.translate", "--saved-model", str(exported["path"])],
-                         cwd=ROOT, input="\n".join(GOLDEN) + "\n", capture_output=True, text=True,
-                         timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+def test_translate_command_reads_stdin(exported, export_processes):
+    # python -m export.translate --saved-model PATH < GOLDEN
+    out = export_processes["test_translate_command_reads_stdin"].result()
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines() == in_process(exported["translator"], GOLDEN)[0]
 
@@ -242,7 +278,7 @@ def test_xla_warmup_requests_cover_every_bucket(exported, loaded, tmp_path):
 
 
 @pytest.mark.slow
-def test_multi30k_benchmark_scores_a_finished_runs_export(exported, tmp_path):
+def test_multi30k_benchmark_scores_a_finished_runs_export(exported, export_processes):
     """benchmarks/multi30k.py on a finished run (it then skips training): the export's
     translations of the test file, scored cased and lowercased, equal the in-process
     model's; the plot is written; the last line is the cased BLEU."""
@@ -252,14 +288,9 @@ def test_multi30k_benchmark_scores_a_finished_runs_export(exported, tmp_path):
     sources = (data / "valid.en").read_text(encoding="utf-8").splitlines()
     references = (data / "valid.de").read_text(encoding="utf-8").splitlines()
     want = in_process(exported["translator"], sources)[0]
-    model_dir = tmp_path / "run"
-    model_dir.mkdir()
-    (model_dir / "results.json").write_text(json.dumps(
-        {"steps": 250, "train_minutes": 1.5, "averaged_checkpoints": 1, "export": str(exported["path"])}))
-    (model_dir / "history.csv").write_text("step,loss,bleu,minutes\n100,3.0,10.00,0.60\n250,2.0,20.00,1.50\n")
-    result = subprocess.run([sys.executable, "benchmarks/multi30k.py", "--model-dir", str(model_dir),
-                             "--data", str(data), "--test", "valid"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    # benchmarks/multi30k.py --model-dir RUN --data DATA --test valid, RUN holding only results.json
+    # (steps 250, 1.5 minutes, 1 checkpoint averaged, this export) and a two-row history.csv
+    model_dir, result = export_processes["test_multi30k_benchmark_scores_a_finished_runs_export"].result()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = result.stdout
     assert "holds a finished run: evaluating it without training" in out
@@ -321,16 +352,52 @@ def test_op_audit_accepts_the_export_and_flags_foreign_ops(exported, tmp_path):
 
 LITERT = """
     import json, sys
+    import numpy as np
     from export.tflite import load_interpreter, translate_lines
-    lines = [bytes.fromhex(h) for h in json.load(sys.stdin)]  # bytes: invalid UTF-8 too
-    translations, scores = translate_lines(load_interpreter(sys.argv[1]), lines)
-    print(json.dumps({"translation": translations, "score": scores}))
+    # Requests in order, each on a freshly loaded interpreter, each answered on a line of its own:
+    # {"key": k, "lines": [hex, ...]} translates the lines (bytes: invalid UTF-8 too);
+    # {"key": k, "count_int8": true} counts the model's int8 tensors.
+    for request in json.load(sys.stdin):
+        interpreter = load_interpreter(sys.argv[1])
+        if request.get("count_int8"):
+            result = int(sum(d["dtype"] == np.int8 for d in interpreter.get_tensor_details()))
+        else:
+            lines = [bytes.fromhex(h) for h in request["lines"]]
+            translations, scores = translate_lines(interpreter, lines)
+            result = {"translation": translations, "score": scores}
+        print(json.dumps({"key": request["key"], "result": result}), flush=True)
 """
+COUNT_INT8 = "count_int8"
 
 
-def run_litert(model, lines):
-    encoded = [line.encode("utf-8") if isinstance(line, str) else line for line in lines]
-    return json.loads(run_python(LITERT, str(model), stdin=json.dumps([b.hex() for b in encoded])))
+class LiteRTResults(dict):
+    """`{key: result}` of one LiteRT subprocess; a key it did not answer (it crashed
+    before) fails the test that looks it up, with the process's exit status and stderr."""
+
+    def __init__(self, results, returncode, stderr):
+        super().__init__(results)
+        self.returncode, self.stderr = returncode, stderr
+
+    def __missing__(self, key):
+        pytest.fail(f"the LiteRT subprocess exited with {self.returncode} before {key!r}:\n{self.stderr[-3000:]}")
+
+
+def run_litert(model, requests):
+    """LiteRT on `model` in a subprocess (a crashing LiteRT kernel fails the tests that
+    need it, not the suite). `requests`: `{key: lines (str or bytes)}` or `{key: COUNT_INT8}`,
+    run in this order: `LiteRTResults`."""
+    payload = [{"key": key, "count_int8": True} if lines == COUNT_INT8 else
+               {"key": key, "lines": [(line.encode("utf-8") if isinstance(line, str) else line).hex()
+                                      for line in lines]}
+               for key, lines in requests.items()]
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(LITERT), str(model)], cwd=ROOT,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True, text=True,
+                            input=json.dumps(payload), timeout=600)
+    answers = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"key": ')]
+    results = LiteRTResults({a["key"]: a["result"] for a in answers}, result.returncode, result.stderr)
+    if result.returncode != 0 and len(results) == len(requests):
+        pytest.fail(f"the LiteRT subprocess exited with {result.returncode}:\n{result.stderr[-3000:]}")
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +407,33 @@ def tflite_model(exported, tmp_path_factory):
     return convert(exported["path"], tmp_path_factory.mktemp("lite") / "model.tflite")
 
 
-def test_litert_model_uses_only_builtins_and_tf_text_kernels(tflite_model):
+# What the tests ask LiteRT.
+LITERT_SENTENCES = GOLDEN + ["", "the dog sees the man today"] * 40  # 85 lines: two calls of <= 64
+INT8_SENTENCES = GOLDEN + ["the dog sees the man today", "a small red book"]
+BAD_LINES = [b"\xff\xfe", b"", b"   ", b"the man " * 20_000, b"the dog\xc3"]
+
+
+@pytest.fixture(scope="module")
+def litert_float(tflite_model, request):
+    """The float LiteRT model's requests of this module's selected tests, in one
+    subprocess (each test started its own before: TensorFlow's start-up four times),
+    started as soon as the model exists: a Future of `run_litert`'s results. The bad
+    inputs go last: should they crash LiteRT, the other tests still get their answers."""
+    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    requests = {}
+    if "test_litert_translates_like_the_saved_model" in selected:
+        requests["sentences"] = LITERT_SENTENCES
+    if "test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one" in selected:
+        requests.update({"int8 count": COUNT_INT8, "int8 sentences": INT8_SENTENCES})
+    if "test_litert_survives_bad_inputs" in selected:
+        requests["bad inputs"] = BAD_LINES
+    future = in_background(run_litert, tflite_model, requests)
+    yield future
+    concurrent.futures.wait([future])
+
+
+def test_litert_model_uses_only_builtins_and_tf_text_kernels(tflite_model, litert_float):
+    # (litert_float: the LiteRT subprocess starts here, beside this audit)
     from export.op_audit import audit_tflite
 
     report = audit_tflite(tflite_model)
@@ -350,36 +443,32 @@ def test_litert_model_uses_only_builtins_and_tf_text_kernels(tflite_model):
     assert report["builtin"]["WHILE"] == 1 and "TOPK_V2" in report["builtin"]
 
 
-def test_litert_translates_like_the_saved_model(exported, loaded, tflite_model):
+def test_litert_translates_like_the_saved_model(exported, loaded, tflite_model, litert_float):
     # Run in a subprocess: a crashing LiteRT kernel fails this test, not the suite.
-    sentences = GOLDEN + ["", "the dog sees the man today"] * 40  # 85 lines: two calls of <= 64
-    got = run_litert(tflite_model, sentences)
+    sentences = LITERT_SENTENCES
     want = loaded.signatures["serving_default"](text=tf.constant(sentences))
+    got = litert_float.result()["sentences"]  # LiteRT on tflite_model, sentences
     assert got["translation"] == [t.decode("utf-8") for t in want["translation"].numpy()]
     np.testing.assert_allclose(got["score"], want["score"].numpy(), atol=1e-4)
 
 
 @pytest.mark.slow
-def test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one(exported, tflite_model, tmp_path):
+def test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one(exported, tflite_model,
+                                                                                litert_float, tmp_path):
     """--quantize dynamic_int8: still builtins + TF Text only (convert audits), int8 weights
     (the file shrinks), and the same translations as the float model on the golden set."""
     from export.tflite import convert
 
     quantized = convert(exported["path"], tmp_path / "int8.tflite", "dynamic_int8")
-    count_int8 = """
-        import sys
-        import numpy as np
-        from export.tflite import load_interpreter
-        details = load_interpreter(sys.argv[1]).get_tensor_details()
-        print(sum(d["dtype"] == np.int8 for d in details))
-    """
+    sentences = INT8_SENTENCES
+    float_side = litert_float.result()  # the float model's answers (its subprocess ran beside the conversion)
+    int8_side = run_litert(quantized, {"int8 count": COUNT_INT8, "int8 sentences": sentences})
     # The toy model is small (graph and tokenizer dominate the file, and LiteRT leaves
     # tensors under 1,024 elements in float32), so check the int8 weights themselves.
-    assert int(run_python(count_int8, str(tflite_model)).split()[-1]) == 0
-    assert int(run_python(count_int8, str(quantized)).split()[-1]) >= 4  # the 32 x 64 and 64 x 32 FFN kernels at least
+    assert float_side["int8 count"] == 0
+    assert int8_side["int8 count"] >= 4  # the 32 x 64 and 64 x 32 FFN kernels at least
     assert quantized.stat().st_size < tflite_model.stat().st_size
-    sentences = GOLDEN + ["the dog sees the man today", "a small red book"]
-    want, got = run_litert(tflite_model, sentences), run_litert(quantized, sentences)
+    want, got = float_side["int8 sentences"], int8_side["int8 sentences"]
     same = sum(a == b for a, b in zip(got["translation"], want["translation"]))
     assert same >= len(sentences) - 1, (got["translation"], want["translation"])
     # int8 weights move a sentence's length-normalised log-prob by a few percent here (up to 4.2%).
@@ -388,11 +477,12 @@ def test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one(
         convert(exported["path"], tmp_path / "x.tflite", "int4")
 
 
-def test_litert_survives_bad_inputs(tflite_model):
-    bad = [b"\xff\xfe", b"", b"   ", b"the man " * 20_000, b"the dog\xc3"]
-    got = run_litert(tflite_model, bad)
+def test_litert_survives_bad_inputs(tflite_model, litert_float):
+    bad = BAD_LINES
+    got = litert_float.result()["bad inputs"]  # LiteRT on tflite_model, bad (the subprocess's last request)
     assert len(got["translation"]) == len(bad)
     assert got["translation"][1] == got["translation"][2] == ""
+    assert litert_float.result().returncode == 0  # and the process ended normally
 
 
 def test_export_command_refuses_a_foreign_tokenizer(exported, tmp_path):
