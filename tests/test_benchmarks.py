@@ -1,35 +1,36 @@
 """Smoke tests of the benchmarks on tiny settings (the figures themselves live in BENCHMARKS.md)."""
 
+import concurrent.futures
 import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
-from helpers import write_corpus
+from helpers import in_background, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_translate_speed_runs_both_sides_on_the_same_weights(tmp_path):
-    data = write_corpus(tmp_path / "data", pairs=120, valid=4)
-    result = subprocess.run(
+@pytest.fixture(scope="module", autouse=True)
+def translate_speed_run(tmp_path_factory, request):
+    """The translate_speed smoke run (a subprocess, as a user runs it; the longest of
+    this module), started when the module starts, so that it runs while the module's
+    other tests (in the file before its own) run theirs: a Future of the CompletedProcess,
+    None when its test is not selected in this session."""
+    if not any(item.originalname == "test_translate_speed_runs_both_sides_on_the_same_weights"
+               for item in request.session.items if item.module is request.module):
+        yield None
+        return
+    data = write_corpus(tmp_path_factory.mktemp("translate_speed") / "data", pairs=120, valid=4)
+    run = in_background(
+        subprocess.run,
         [sys.executable, "benchmarks/translate_speed.py", "--shape", "tiny", "--vocab-size", "60",
          "--tokenizer-text", f"{data}/train.en,{data}/train.de", "--sentences", str(data / "train.en"),
          "--count", "4", "--batch-sizes", "4", "--rounds", "1", "--quantizations", "float32", "--no-xla"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    out = result.stdout
-    # Same weights, same search: CTranslate2 returns the same translations as the SavedModel.
-    assert re.search(r"serving_default vs ctranslate2 float32: 4 of 4 translations identical; "
-                     r"target tokens (\d+) vs \1\n", out), out
-    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert {"serving_default", "ctranslate2 float32"} <= set(rows)  # (--no-xla: test_export checks translate_xla)
-    assert "| 1.00 (1.00-1.00) |" in rows["ctranslate2 float32"]  # the baseline of every ratio
-    name, value = out.strip().splitlines()[-1].split(": ")
-    assert name == "serving_default_vs_ctranslate2_float32_batch4" and float(value) > 0
-    assert not result.stderr.strip(), result.stderr[-2000:]  # quiet: no TensorFlow start-up lines
+    yield run
+    concurrent.futures.wait([run])
 
 
 def test_gpu_step_counts_the_flops_of_the_model_it_times(capsys):
@@ -73,3 +74,21 @@ def test_train_speed_compares_the_same_architecture_from_keras_hub():
     assert {"ours", "keras-hub"} <= rows
     name, value = out.strip().splitlines()[-1].split(": ")
     assert name == "ours_vs_keras_hub" and float(value) > 0
+
+
+@pytest.mark.slow
+def test_translate_speed_runs_both_sides_on_the_same_weights(translate_speed_run):
+    # benchmarks/translate_speed.py --shape tiny --vocab-size 60 --tokenizer-text DATA/train.en,DATA/train.de
+    #     --sentences DATA/train.en --count 4 --batch-sizes 4 --rounds 1 --quantizations float32 --no-xla
+    result = translate_speed_run.result()
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = result.stdout
+    # Same weights, same search: CTranslate2 returns the same translations as the SavedModel.
+    assert re.search(r"serving_default vs ctranslate2 float32: 4 of 4 translations identical; "
+                     r"target tokens (\d+) vs \1\n", out), out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert {"serving_default", "ctranslate2 float32"} <= set(rows)  # (--no-xla: test_export checks translate_xla)
+    assert "| 1.00 (1.00-1.00) |" in rows["ctranslate2 float32"]  # the baseline of every ratio
+    name, value = out.strip().splitlines()[-1].split(": ")
+    assert name == "serving_default_vs_ctranslate2_float32_batch4" and float(value) > 0
+    assert not result.stderr.strip(), result.stderr[-2000:]  # quiet: no TensorFlow start-up lines
