@@ -55,15 +55,62 @@ def run_worker(env):
                             stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.slow
-def test_two_workers_train_like_one_process_on_the_same_global_batch():
+def start_workers_and_single(ports):
+    """Two WORKER processes on a localhost cluster and one alone (no TF_CONFIG)."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    cluster = [f"localhost:{port}" for port in free_ports(2)]
+    cluster = [f"localhost:{port}" for port in ports]
     workers = [run_worker(dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
                                                            "task": {"type": "worker", "index": i}})))
                for i in range(2)]
     single = run_worker(env)
+    return workers, single
+
+
+def start_train_py_workers(ports, tmp_path):
+    """`train.py` run twice with TF_CONFIG (two workers on localhost) on a train-only toy corpus."""
+    from helpers import write_corpus
+
+    data = write_corpus(tmp_path / "data", pairs=120, valid=4)
+    for lang in ("en", "de"):
+        (data / f"valid.{lang}").unlink()
+    model_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    cluster = [f"localhost:{port}" for port in ports]
+    command = [sys.executable, "train.py", "--data", str(data), "--model-dir", str(model_dir), "--steps", "9",
+               "--checkpoint-every", "3", "--vocab-size", "60", "--batch-tokens", "256",
+               "--bleu-every-sentences", "0", "--max-minutes", "0.0001", "--no-export"]
+    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
+                                                                    "task": {"type": "worker", "index": i}})))
+               for i in range(2)]
+    return workers, model_dir
+
+
+@pytest.fixture(scope="module")
+def process_waves(tmp_path_factory, request):
+    """Both tests' processes, started together (five processes that mostly pay TensorFlow's
+    start-up, on two cores), only for the tests selected in this session: `{test name:
+    what its start function returned}`. Each test awaits its own processes and checks them."""
+    ports = free_ports(4)  # in one call: four distinct ports, two per cluster
+    starts = {"test_two_workers_train_like_one_process_on_the_same_global_batch":
+                  lambda: start_workers_and_single(ports[:2]),
+              "test_train_py_as_two_workers_writes_the_run_once":
+                  lambda: start_train_py_workers(ports[2:], tmp_path_factory.mktemp("train_py_workers"))}
+    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    waves = {name: start() for name, start in starts.items() if name in selected}
+    yield waves
+    for workers, other in waves.values():  # any that a failed test left running
+        for process in [*workers, *([other] if isinstance(other, subprocess.Popen) else [])]:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
+@pytest.mark.slow
+def test_two_workers_train_like_one_process_on_the_same_global_batch(process_waves):
+    workers, single = process_waves["test_two_workers_train_like_one_process_on_the_same_global_batch"]
     results = []
     for process in [*workers, single]:
         out, err = process.communicate(timeout=300)
@@ -78,27 +125,12 @@ def test_two_workers_train_like_one_process_on_the_same_global_batch():
 
 
 @pytest.mark.slow
-def test_train_py_as_two_workers_writes_the_run_once(tmp_path):
+def test_train_py_as_two_workers_writes_the_run_once(process_waves):
     """`train.py` run twice with TF_CONFIG (two workers on localhost): one run directory,
     written by the chief only (checkpoints, history, averaged weights, results); the
     time budget stops both workers at the same round. (Train split only: no BLEU;
     --no-export: the export comes after the non-chief has returned.)"""
-    from helpers import write_corpus
-
-    data = write_corpus(tmp_path / "data", pairs=120, valid=4)
-    for lang in ("en", "de"):
-        (data / f"valid.{lang}").unlink()
-    model_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    cluster = [f"localhost:{port}" for port in free_ports(2)]
-    command = [sys.executable, "train.py", "--data", str(data), "--model-dir", str(model_dir), "--steps", "9",
-               "--checkpoint-every", "3", "--vocab-size", "60", "--batch-tokens", "256",
-               "--bleu-every-sentences", "0", "--max-minutes", "0.0001", "--no-export"]
-    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
-                                                                    "task": {"type": "worker", "index": i}})))
-               for i in range(2)]
+    workers, model_dir = process_waves["test_train_py_as_two_workers_writes_the_run_once"]
     outputs = [process.communicate(timeout=400) for process in workers]
     for process, (out, err) in zip(workers, outputs):
         assert process.returncode == 0, out[-2000:] + err[-3000:]
