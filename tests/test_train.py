@@ -1,8 +1,10 @@
 """train.py end to end: distribution, kill -9 resume, guards on the model directory."""
 
+import concurrent.futures
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,7 +12,7 @@ import textwrap
 import time
 
 import pytest
-from helpers import write_corpus
+from helpers import in_background, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -61,6 +63,40 @@ MIRRORED = textwrap.dedent("""
     one, model_one = train(tf.distribute.get_strategy())
     print(json.dumps({"replicas": mirrored.num_replicas_in_sync, "many": many, "one": one}))
 """)
+
+
+CLI_MISUSE = [
+    (["--config", "huge"], "argument --config: invalid choice: 'huge'"),
+    (["--steps", "0"], "--steps must be a positive integer, got 0"),
+    (["--data", "nosuch"], "--data=nosuch: no such directory and not a TFDS dataset name"),
+]
+
+
+def run_cli_misuse(model_dir, flags):
+    """train.py with bad flags, without TF_CPP_MIN_LOG_LEVEL (it must be quiet on its own):
+    `(CompletedProcess, seconds it took)`."""
+    env = dict(os.environ)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    started = time.time()
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model-dir", str(model_dir), *flags],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return result, time.time() - started
+
+
+@pytest.fixture(scope="module")
+def short_commands(tmp_path_factory, request):
+    """train.py --help and the misuse commands (each mostly TensorFlow's start-up on one
+    core), run two at a time, all finished before the fixture returns (so before the
+    signal test runs): `{key: Future}` for the tests selected in this session, a
+    misuse command's key its flags. Each test checks its own result."""
+    starts = {"test_help_explains_every_flag": lambda: run_train(sys.executable, str(ROOT / "train.py"), "--help")}
+    for flags, _ in CLI_MISUSE:
+        starts[tuple(flags)] = lambda flags=flags: run_cli_misuse(tmp_path_factory.mktemp("misuse") / "m", flags)
+    selected = {tuple(item.callspec.params["flags"]) if item.originalname == "test_cli_misuse_is_one_line"
+                else item.originalname for item in request.session.items if item.module is request.module}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # one per core
+        futures = {key: pool.submit(start) for key, start in starts.items() if key in selected}
+    return futures  # all done
 
 
 @pytest.mark.slow
@@ -133,20 +169,25 @@ def test_resume_refuses_other_tokenizer_or_config(tmp_path):
     first = run_train(*train_command(data, model_dir, "--steps", "2", "--checkpoint-every", "2"))
     assert first.returncode == 0, first.stderr[-3000:]
 
-    other = run_train(*train_command(data, model_dir, "--steps", "4", "--max-length", "32"))
+    # The two refusals side by side, the second on a copy of the run whose tokenizer is replaced.
+    corrupted_dir = tmp_path / "run-corrupted-tokenizer"
+    shutil.copytree(model_dir, corrupted_dir)
+    (corrupted_dir / "tokenizer.model").write_bytes(b"not a sentencepiece model")
+    other = in_background(run_train, *train_command(data, model_dir, "--steps", "4", "--max-length", "32"))
+    corrupt = in_background(run_train, *train_command(data, corrupted_dir, "--steps", "4"))
+    concurrent.futures.wait([other, corrupt])
+    other, corrupt = other.result(), corrupt.result()
     assert other.returncode == 2
     assert other.stderr.strip().splitlines()[-1].startswith("train.py: error: ")
     assert "different model config (max_length)" in other.stderr
 
-    (model_dir / "tokenizer.model").write_bytes(b"not a sentencepiece model")
-    corrupt = run_train(*train_command(data, model_dir, "--steps", "4"))
     assert corrupt.returncode == 2
     last = corrupt.stderr.strip().splitlines()[-1]
     assert "tokenizer.model" in last and "Traceback" not in corrupt.stderr
 
 
-def test_help_explains_every_flag():
-    result = run_train(sys.executable, str(ROOT / "train.py"), "--help")
+def test_help_explains_every_flag(short_commands):
+    result = short_commands["test_help_explains_every_flag"].result()  # train.py --help
     assert result.returncode == 0
     for flag in ("--config", "--data", "--model-dir", "--steps", "--batch-tokens", "--jit-compile",
                  "--mixed-precision", "--seed", "--checkpoint-every", "--average"):
@@ -210,19 +251,11 @@ def test_sigterm_checkpoints_exits_0_and_resumes(tmp_path):
         assert f"ckpt-{step}" not in resumed.stderr.split("averaging")[1].splitlines()[0]
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--config", "huge"], "argument --config: invalid choice: 'huge'"),
-    (["--steps", "0"], "--steps must be a positive integer, got 0"),
-    (["--data", "nosuch"], "--data=nosuch: no such directory and not a TFDS dataset name"),
-])
-def test_cli_misuse_is_one_line(tmp_path, flags, expected):
-    env = dict(os.environ)
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    started = time.time()
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model-dir", str(tmp_path / "m"), *flags],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("flags, expected", CLI_MISUSE)
+def test_cli_misuse_is_one_line(short_commands, flags, expected):
+    result, seconds = short_commands[tuple(flags)].result()  # run_cli_misuse(<a new directory>, flags)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("train.py: error: ") and expected in lines[0]
-    assert time.time() - started < 60
+    assert seconds < 60
