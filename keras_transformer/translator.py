@@ -186,7 +186,10 @@ class Translator:
         else:
             buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
                                              1, self.max_decode_length)  # int32 scalar
-        step_fn = self.decoder.make_step_fn(source_ids, beam_size, source_features)
+        # The plain model's call keeps make_step_fn's two-argument form (tests and
+        # benchmarks wrap it with that signature).
+        step_fn = (self.decoder.make_step_fn(source_ids, beam_size) if source_features is None
+                   else self.decoder.make_step_fn(source_ids, beam_size, source_features))
         batch = tf.shape(source_ids)[0]
         cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
         return beam_search(step_fn, cache, batch, max_lengths,
