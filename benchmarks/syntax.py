@@ -134,9 +134,9 @@ def plot(table, path, steps):
     fig, ax = plt.subplots(figsize=(6, 4))
     for variant in next(iter(table.values())):
         means = [sum(table[s][variant]) / len(table[s][variant]) for s in sizes]
-        ax.plot(sizes, means, marker="o", label=variant)
+        line, = ax.plot(sizes, means, marker="o", label=variant)
         for s in sizes:
-            ax.scatter([s] * len(table[s][variant]), table[s][variant], s=8, alpha=0.4)
+            ax.scatter([s] * len(table[s][variant]), table[s][variant], s=10, alpha=0.5, color=line.get_color())
     ax.set_xscale("log")
     ax.set_xlabel("training pairs (embedded corpus, gold trees)")
     ax.set_ylabel("test BLEU (beam 4)")
