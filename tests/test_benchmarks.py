@@ -76,6 +76,25 @@ def test_train_speed_compares_the_same_architecture_from_keras_hub():
     assert name == "ours_vs_keras_hub" and float(value) > 0
 
 
+def test_input_pipeline_benchmark_reports_its_ratio_from_its_own_figures(capsys):
+    """benchmarks/input_pipeline.py in process (it sets no environment on import), on the embedded
+    corpus: the last line is the printed pipeline rate over the printed fit rate."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import input_pipeline
+    finally:
+        sys.path.pop(0)
+    assert input_pipeline.main(["--data", "/nonexistent", "--preset", "tiny", "--vocab-size", "200",
+                                "--batch-tokens", "256", "--steps", "3", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    pipeline = float(re.search(r"pipeline alone: [\d.]+ batches/s, ([\d,]+) target tokens/s", out).group(1)
+                     .replace(",", ""))
+    step = float(re.search(r"fit: ~([\d,]+) target tokens/s", out).group(1).replace(",", ""))
+    name, value = out.strip().splitlines()[-1].split(": ")
+    assert name == "pipeline_vs_step" and "data embedded" in out
+    assert float(value) == pytest.approx(pipeline / step, rel=0.01, abs=0.06)
+
+
 @pytest.mark.slow
 def test_translate_speed_runs_both_sides_on_the_same_weights(translate_speed_run):
     # benchmarks/translate_speed.py --shape tiny --vocab-size 60 --tokenizer-text DATA/train.en,DATA/train.de
