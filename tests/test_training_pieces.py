@@ -61,6 +61,24 @@ def test_label_smoothing_matches_dense_reference():
     assert got == pytest.approx(want, rel=1e-5)
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_label_smoothing_gradient_is_softmax_minus_q_over_real_tokens(eps):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(2, 4, 6)).astype("float32") * 2
+    labels = np.array([[1, 2, 3, PAD_ID], [4, 5, PAD_ID, PAD_ID]], "int32")
+    x = tf.constant(logits)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = LabelSmoothedCrossEntropy(label_smoothing=eps)(labels, x)
+    q = (1 - eps) * np.eye(6)[labels] + eps / 6
+    softmax = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    real = (labels != PAD_ID)[..., None]
+    want = (softmax - q) * real / real.sum()
+    np.testing.assert_allclose(np.asarray(tape.gradient(loss, x)), want, atol=1e-6)
+
+
 def test_masked_accuracy_skips_padding():
     metric = MaskedAccuracy()
     labels = np.array([[1, 2, PAD_ID], [3, PAD_ID, PAD_ID]], "int32")
