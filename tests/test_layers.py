@@ -62,6 +62,57 @@ def test_attention_rejects_heads_not_dividing_width():
         MultiHeadAttention(num_heads=7, d_model=512)
 
 
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_fused_projections_equal_separate_ones_with_their_gradients(dtype):
+    """Self-attention's one Q/K/V matmul and cross-attention's one K/V matmul (the
+    kernels side by side) give the separate projections' outputs and gradients; the
+    fused calls really skip the Dense layers, and decoding with a cache does not."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    memory = rng.normal(size=(2, 7, 16)).astype("float32")
+    fused = MultiHeadAttention(num_heads=4, d_model=16, dtype=dtype)
+    fused.fuse_projections = True
+    separate = MultiHeadAttention(num_heads=4, d_model=16, dtype=dtype)
+    assert not separate.fuse_projections  # the default
+    fused(x)
+    separate(x)
+    for a, b in zip(separate.weights, fused.weights):
+        a.assign(b.numpy() + rng.normal(size=b.shape).astype("float32") * 0.1)  # nonzero biases too
+        b.assign(a.numpy())
+    calls = []
+    for name in ("query_dense", "key_dense", "value_dense"):
+        layer = getattr(fused, name)
+        layer.call = (lambda original, name: lambda *a, **k: calls.append(name) or original(*a, **k))(layer.call, name)
+
+    def run(layer, value):
+        with tf.GradientTape() as tape:
+            out = layer(x, value)  # value None: self-attention
+            loss = tf.reduce_sum(tf.cast(out, "float32") * np.linspace(-1, 1, 16, dtype="float32"))
+        return np.asarray(tf.cast(out, "float32")), [np.asarray(g) for g in tape.gradient(loss, layer.trainable_weights)]
+
+    for value, expected_calls in ((None, []), (memory, ["query_dense"])):
+        calls.clear()
+        (got, got_grads), (want, want_grads) = run(fused, value), run(separate, value)
+        assert calls == expected_calls
+        assert np.abs(want).max() > 0.5
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert len(got_grads) == 8 and all(np.abs(g).max() > 0 for g in got_grads)
+        # bfloat16 gradients are summed over rows in another order (one matmul, or
+        # the bias gradient of one concatenated bias): equal to bfloat16 rounding of
+        # the terms summed, whose scale is that of the largest gradient (the key
+        # bias's gradient is zero in exact arithmetic: in bfloat16 it is that noise).
+        scale = max(np.abs(w).max() for w in want_grads)
+        rtol, atol = (1e-4, 1e-5) if dtype == "float32" else (3e-2, 2e-3 * scale)
+        for g, w in zip(got_grads, want_grads):
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+    calls.clear()
+    cache = (np.zeros((2, 4, 6, 4), "float32"), np.zeros((2, 4, 6, 4), "float32"))
+    fused(x[:, :1], cache=cache, cache_index=0)
+    assert calls == ["query_dense", "key_dense", "value_dense"]
+
 def test_self_attention_cache_step_by_step_equals_causal_full_pass():
     rng = np.random.default_rng(2)
     layer = MultiHeadAttention(num_heads=2, d_model=8)

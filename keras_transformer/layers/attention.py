@@ -98,7 +98,8 @@ class MultiHeadAttention(keras.layers.Layer):
         query: `[batch, T_q, d_model]`.
         value: `[batch, T_k, d_model]`, keys and values come from it
             (the decoder states in self-attention, the encoder output in
-            cross-attention). Ignored when a static `cache` is given.
+            cross-attention); None (or `query` itself) for self-attention.
+            Ignored when a static `cache` is given.
         attention_mask: boolean, broadcastable to `[batch, T_q, T_k]`;
             True where attending is allowed.
         attention_bias: float, broadcastable to `[batch, heads, T_q, T_k]`,
@@ -128,10 +129,24 @@ class MultiHeadAttention(keras.layers.Layer):
     `(output_shape, cache_shape)` (the updated cache has the given cache's
     shape).
 
+    Fused projections (off by default): with the attribute
+    `fuse_projections = True` set on a layer before it is traced, self-attention
+    (`value` None or the same tensor as `query`) without a cache computes Q, K
+    and V with one matmul against `[W^Q | W^K | W^V]` (the three kernels
+    concatenated at call time) and cross-attention K and V with one against
+    `[W^K | W^V]`; the weights stay three `Dense` layers, so checkpoints are
+    the same either way, and so are the results (up to float rounding; cached
+    decoding always projects separately). Off because it measured no faster
+    on CPU (`benchmarks/train_speed.py --variants ...,ours-fused`,
+    BENCHMARKS.md): oneDNN runs the three matmuls as fast as the one, and
+    the concatenation costs a copy of the kernels per step.
+
     Example:
         >>> mha = MultiHeadAttention(num_heads=8, d_model=512)
         >>> y = mha(x, x, attention_mask=mask)  # x: [2, 10, 512]
     """
+
+    fuse_projections = False
 
     def __init__(self, num_heads, d_model, dropout=0.0, use_bias=True,
                  kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
@@ -171,15 +186,34 @@ class MultiHeadAttention(keras.layers.Layer):
         x = ops.reshape(x, (batch, length, self.num_heads, self.head_size))  # [batch, T, heads, head_size]
         return ops.transpose(x, (0, 2, 1, 3))  # [batch, heads, T, head_size]
 
-    def compute_key_value(self, value):
+    def project(self, x, layers, fused):
+        """`[layer(x) for layer in layers]` (each `[batch, T, d_model]`); with `fused`,
+        one matmul of `x` against the layers' kernels side by side, split back."""
+        if not fused:
+            return [layer(x) for layer in layers]
+        kernel = ops.concatenate([layer.kernel for layer in layers], axis=-1)  # [d_model, n * d_model]
+        y = ops.matmul(x, kernel)  # [batch, T, n * d_model]
+        if self.use_bias:
+            y = y + ops.concatenate([layer.bias for layer in layers], axis=-1)
+        return ops.split(y, len(layers), axis=-1)
+
+    def compute_key_value(self, value, fused=False):
         """Projects `value` [batch, T, d_model] to the `(key, value)` cache, each [batch, heads, T, head_size]."""
-        return self.split_heads(self.key_dense(value)), self.split_heads(self.value_dense(value))
+        k, v = self.project(value, (self.key_dense, self.value_dense), fused)
+        return self.split_heads(k), self.split_heads(v)
 
     def call(self, query, value=None, attention_mask=None, attention_bias=None,
              cache=None, cache_index=None, training=None, attention_scale=None):
-        q = self.split_heads(self.query_dense(query))  # [batch, heads, T_q, head_size]
+        self_attention = value is None or value is query
+        if cache is None and self_attention and self.fuse_projections:  # whole sequences
+            q, k, v = (self.split_heads(x) for x in self.project(
+                query, (self.query_dense, self.key_dense, self.value_dense), fused=True))
+        else:
+            q = self.split_heads(self.query_dense(query))  # [batch, heads, T_q, head_size]
         if cache is None:
-            k, v = self.compute_key_value(value)  # [batch, heads, T_k, head_size]
+            if not (self_attention and self.fuse_projections):
+                k, v = self.compute_key_value(query if value is None else value,
+                                              fused=self.fuse_projections)  # [batch, heads, T_k, head_size]
         elif cache_index is None:
             k, v = cache
         else:

@@ -109,7 +109,7 @@ class EncoderBlock(_BlockBase):
         mask = None if padding_mask is None else ops.expand_dims(padding_mask, 1)  # [batch, 1, S]
         x, _ = self._apply(
             self.self_attention_residual,
-            lambda h: self.self_attention(h, h, attention_mask=mask, attention_bias=attention_bias,
+            lambda h: self.self_attention(h, attention_mask=mask, attention_bias=attention_bias,
                                           attention_scale=attention_scale, training=training),
             inputs, training)
         x, _ = self._apply(self.feed_forward_residual, self.feed_forward, x, training)
@@ -164,7 +164,7 @@ class DecoderBlock(_BlockBase):
             causal = ops.expand_dims(ops.expand_dims(positions, 0) <= ops.expand_dims(positions, 1), 0)  # [1, T, T]
 
             def self_attend(h):
-                return self.self_attention(h, h, attention_mask=causal,
+                return self.self_attention(h, attention_mask=causal,
                                            attention_bias=self_attention_bias, training=training)
         else:
             def self_attend(h):
