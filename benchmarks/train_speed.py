@@ -16,15 +16,35 @@ Multi30k train from `../shared/data`, or the embedded corpus when absent):
   ReLU, the preset's sizes, dropout and LayerNorm epsilon) with padding masks.
 
 Same parameter count up to the biases keras-hub adds; the script prints both.
-Each variant is warmed up (traced for every batch shape) before timing; then
-`--rounds` rounds, each timing every variant over all batches, in an order
-that alternates between rounds. Reported: real (non-PAD) target tokens/s,
-median (min-max), and the per-round ratio ours / keras-hub.
 
-MFU: our step's matmul FLOPs (`gpu_step.matmul_flops`, on each batch's
-padded shape) per second against a float32 matmul peak
-measured in the same run (`--peak-size` square matmul, the same threads).
-The last line is `ours_vs_keras_hub: X`.
+`--variants` (comma-separated; default `ours,keras-hub`) adds the ways of
+making our step faster that issue #9 asks to measure, each the same model
+and batches:
+
+* `ours-fused`: Q/K/V (and cross-attention K/V) as one matmul each, the
+  layers' `fuse_projections = True` (off by default, see
+  `keras_transformer.layers.attention.MultiHeadAttention`);
+* `ours-gather-loss`: with the loss this package had before issue #9's
+  profile (`log p_y` by `take_along_axis`, `benchmarks/loss.py`);
+* `ours-xla`: compiled with `jit_compile=True` (`train.py --jit-compile`);
+* `ours-bf16`, `keras-hub-bf16`: built under the `mixed_bfloat16` policy
+  (`train.py --mixed-precision` on a CPU).
+
+Each variant is warmed up (traced for every batch shape), then all run one
+untimed pass in turn, before timing; then `--rounds` rounds, each timing
+every variant over all batches, in an order that alternates between rounds.
+Reported: real (non-PAD) target tokens/s, median (min-max), and per round
+the ratio of keras-hub's float32 step time to the variant's (> 1: the
+variant is faster than keras-hub in float32).
+
+MFU: the step's matmul FLOPs (`gpu_step.matmul_flops`, on each batch's
+padded shape) per second (median pass) against a matmul peak (`--peak-size`
+square matmul, the same threads) measured in every round after its passes,
+the peak being the best of the rounds' measurements (one short measurement
+can land on a busy moment of a shared machine: in one run they ranged over
+275-439 GFLOP/s); the float32 peak, and for the bf16 variants also the
+bfloat16 peak. The last line is
+`ours_vs_keras_hub: X` (both float32).
 """
 
 from __future__ import annotations
@@ -41,6 +61,7 @@ import time
 
 os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
 
+VARIANTS = ("ours", "keras-hub", "ours-fused", "ours-gather-loss", "ours-xla", "ours-bf16", "keras-hub-bf16")
 SHARED = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
 
 
@@ -55,7 +76,64 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peak-size", type=int, default=2048, help="size of the peak matmul (default 2048)")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    parser.add_argument("--variants", default="ours,keras-hub",
+                        help=f"comma-separated, from {', '.join(VARIANTS)} (default: ours,keras-hub)")
+    args = parser.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown or not {"ours", "keras-hub"} <= set(args.variants):
+        parser.error(f"--variants: must include ours and keras-hub, from {', '.join(VARIANTS)}"
+                     + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+    return args
+
+
+def training_batches(args):
+    """`(corpus, config, batches, real target tokens, matmul FLOPs)` of `--batches`
+    token-budget batches of `--data` (or the embedded corpus) for `--preset`."""
+    import numpy as np
+
+    from keras_transformer import TransformerConfig
+    from keras_transformer.constants import PAD_ID
+    from keras_transformer.data import Tokenizer, load_corpus, make_batches, train_tokenizer
+    from gpu_step import matmul_flops  # (beside this script: the same FLOP count)
+
+    data = args.data if pathlib.Path(args.data).is_dir() else "embedded"
+    corpus = load_corpus(data, "en", "de", seed=args.seed)
+    with tempfile.TemporaryDirectory() as work:
+        tokenizer = Tokenizer.load(train_tokenizer(corpus.texts("train"), pathlib.Path(work) / "sp",
+                                                   args.vocab_size, seed=args.seed))
+    config = TransformerConfig.from_preset(args.preset, vocab_size=tokenizer.vocab_size)
+    ds = make_batches(corpus.splits["train"], tokenizer, batch_tokens=args.batch_tokens,
+                      max_length=config.max_length, shuffle=True, seed=args.seed, repeat=True)
+    batches = [((s, ti), to) for (s, ti), to in ds.take(args.batches)]
+    tokens = int(sum(np.count_nonzero(to.numpy() != PAD_ID) for _, to in batches))
+    flops = sum(matmul_flops(config, s.shape[0], s.shape[1], ti.shape[1]) for (s, ti), _ in batches)
+    return corpus, config, batches, tokens, flops
+
+
+def build_variant(name, config, seed):
+    """The compiled model of variant `name` (see the module docstring)."""
+    import keras
+
+    from keras_transformer import LabelSmoothedCrossEntropy, build_transformer, make_optimizer
+    from keras_transformer.layers.attention import MultiHeadAttention
+
+    from loss import gather_loss  # (beside this script)
+
+    base = name.split("-bf16")[0].split("-xla")[0].split("-fused")[0].split("-gather-loss")[0]
+    keras.mixed_precision.set_global_policy("mixed_bfloat16" if name.endswith("-bf16") else "float32")
+    try:
+        keras.utils.set_random_seed(seed)
+        model = (build_transformer if base == "ours" else keras_hub_transformer)(config)
+        if name.endswith("-fused"):
+            for layer in model._flatten_layers():
+                if isinstance(layer, MultiHeadAttention):
+                    layer.fuse_projections = True
+        loss = (gather_loss if name.endswith("-gather-loss") else LabelSmoothedCrossEntropy)(config.label_smoothing)
+        model.compile(optimizer=make_optimizer(config), loss=loss, jit_compile=name.endswith("-xla"))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return model
 
 
 def keras_hub_transformer(config):
@@ -100,31 +178,11 @@ def main(argv=None):
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     import keras
     import keras_hub
-    import numpy as np
 
-    from keras_transformer import LabelSmoothedCrossEntropy, TransformerConfig, build_transformer, make_optimizer
-    from keras_transformer.constants import PAD_ID
-    from keras_transformer.data import Tokenizer, load_corpus, make_batches, train_tokenizer
-    from gpu_step import matmul_flops, matmul_peak  # (beside this script: the same FLOP count and peak)
+    from gpu_step import matmul_peak  # (beside this script)
 
-    data = args.data if pathlib.Path(args.data).is_dir() else "embedded"
-    corpus = load_corpus(data, "en", "de", seed=args.seed)
-    with tempfile.TemporaryDirectory() as work:
-        tokenizer = Tokenizer.load(train_tokenizer(corpus.texts("train"), pathlib.Path(work) / "sp",
-                                                   args.vocab_size, seed=args.seed))
-    config = TransformerConfig.from_preset(args.preset, vocab_size=tokenizer.vocab_size)
-    ds = make_batches(corpus.splits["train"], tokenizer, batch_tokens=args.batch_tokens,
-                      max_length=config.max_length, shuffle=True, seed=args.seed, repeat=True)
-    batches = [((s, ti), to) for (s, ti), to in ds.take(args.batches)]
-    tokens = int(sum(np.count_nonzero(to.numpy() != PAD_ID) for _, to in batches))
-    flops = sum(matmul_flops(config, s.shape[0], s.shape[1], ti.shape[1]) for (s, ti), _ in batches)
-
-    models = {}
-    for name, build in (("ours", build_transformer), ("keras-hub", keras_hub_transformer)):
-        keras.utils.set_random_seed(args.seed)
-        model = build(config)
-        model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy(config.label_smoothing))
-        models[name] = model
+    corpus, config, batches, tokens, flops = training_batches(args)
+    models = {name: build_variant(name, config, args.seed) for name in args.variants}
     print(f"# train speed: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {os.cpu_count()} CPU(s), "
           f"load average {os.getloadavg()[0]:.2f} at start; TF {tf.__version__}, Keras {keras.__version__}, "
           f"keras-hub {keras_hub.__version__}; {args.threads} threads")
@@ -143,24 +201,37 @@ def main(argv=None):
         start = time.perf_counter()
         run_pass(model)
         print(f"# {name}: warm-up pass {time.perf_counter() - start:.1f} s")
+    for name in models:  # one untimed interleaved pass: a model traced before the others were
+        run_pass(models[name])  # built can run its next steps slower again (BENCHMARKS.md, training)
     seconds = {name: [] for name in models}
     names = list(models)
+    dtypes = ["float32"] + (["bfloat16"] if any(name.endswith("-bf16") for name in names) else [])
+    peaks = {dtype: [] for dtype in dtypes}
     for round_index in range(args.rounds):
         for name in (names if round_index % 2 == 0 else names[::-1]):
             seconds[name].append(run_pass(models[name]))
-    peak = matmul_peak("float32", args.peak_size, repeats=10)
-    print("| model | target tokens/s, median (min-max) | ratio ours / keras-hub per round, median (min-max) "
-          "| matmul TFLOP/s | MFU vs measured float32 peak |")
-    print("|---|---|---|---|---|")
-    ratios = [h / o for o, h in zip(seconds["ours"], seconds["keras-hub"])]
+        for dtype in dtypes:
+            peaks[dtype].append(matmul_peak(dtype, args.peak_size, repeats=5))
+
+    def spread(values, form):
+        return f"{form(statistics.median(values))} ({form(min(values))}-{form(max(values))})"
+
+    print("| model | target tokens/s, median (min-max) | time ratio keras-hub / model per round, median (min-max) "
+          "| matmul TFLOP/s | MFU vs float32 peak | MFU vs bfloat16 peak |")
+    print("|---|---|---|---|---|---|")
     for name in names:
         rates = [tokens / s for s in seconds[name]]
+        ratios = [h / o for o, h in zip(seconds[name], seconds["keras-hub"])]
         achieved = flops / statistics.median(seconds[name])
-        ratio = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if name == "ours" else ""
-        print(f"| {name} | {statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | {ratio} | "
-              f"{achieved / 1e12:.3f} | {achieved / peak:.0%} |")
-    print(f"# float32 matmul peak measured: {peak / 1e9:.0f} GFLOP/s ({args.peak_size}^3, {args.threads} threads); "
-          f"load average {os.getloadavg()[0]:.2f} at end")
+        mfu = {dtype: f"{achieved / max(values):.0%}" for dtype, values in peaks.items()}
+        print(f"| {name} | {spread(rates, lambda v: f'{v:,.0f}')} | "
+              f"{spread(ratios, lambda v: f'{v:.2f}') if name != 'keras-hub' else ''} | "
+              f"{achieved / 1e12:.3f} | {mfu['float32']} | {mfu['bfloat16'] if name.endswith('-bf16') else ''} |")
+    print("# matmul peak, best of the rounds (median, min-max): " + ", ".join(
+        f"{dtype} {max(values) / 1e9:.0f} ({spread([p / 1e9 for p in values], lambda v: f'{v:.0f}')}) GFLOP/s"
+        for dtype, values in peaks.items())
+          + f" ({args.peak_size}^3, {args.threads} threads); load average {os.getloadavg()[0]:.2f} at end")
+    ratios = [h / o for o, h in zip(seconds["ours"], seconds["keras-hub"])]
     print(f"ours_vs_keras_hub: {statistics.median(ratios):.2f}")
     return 0
 

@@ -3,6 +3,7 @@
 import concurrent.futures
 import pathlib
 import re
+import statistics
 import subprocess
 import sys
 
@@ -111,3 +112,70 @@ def test_translate_speed_runs_both_sides_on_the_same_weights(translate_speed_run
     name, value = out.strip().splitlines()[-1].split(": ")
     assert name == "serving_default_vs_ctranslate2_float32_batch4" and float(value) > 0
     assert not result.stderr.strip(), result.stderr[-2000:]  # quiet: no TensorFlow start-up lines
+
+
+@pytest.mark.slow
+def test_profile_train_step_splits_the_step_by_part_of_the_model():
+    """benchmarks/profile_train_step.py on tiny: the parts' fractions add up to the
+    whole; the projections, attention and feed-forward each have self time, forward
+    and backward (their name scopes are recognised, not lumped into `other`); the
+    printed step figures agree with each other."""
+    result = subprocess.run(
+        [sys.executable, "benchmarks/profile_train_step.py", "--preset", "tiny", "--data", "embedded",
+         "--vocab-size", "200", "--batch-tokens", "256", "--batches", "1", "--passes", "2", "--peak-size", "256"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = result.stdout
+    parts = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 4 and cells[1] in ("forward", "backward", "update"):
+            parts[(cells[0], cells[1])] = (float(cells[2]), float(cells[3]))
+    assert sum(fraction for _, fraction in parts.values()) == pytest.approx(1.0, abs=0.02)
+    for label in ("attention projections (Q/K/V/O)", "attention scores, softmax, context", "feed-forward"):
+        for phase in ("forward", "backward"):
+            assert parts[(label, phase)][0] > 0, (label, phase, out)
+    assert parts.get(("other", "forward"), (0, 0))[1] + parts.get(("other", "backward"), (0, 0))[1] < 0.5, out
+    step = re.search(r"step time: ([\d.]+) s per pass \(median of ([\d., ]+)\); ([\d,]+) target tokens/s", out)
+    median = float(step.group(1))
+    assert median == pytest.approx(statistics.median(float(s) for s in step.group(2).split(", ")), abs=1e-3)
+    tokens = int(re.search(r"; (\d+) real target tokens", out).group(1))
+    assert int(step.group(3).replace(",", "")) == pytest.approx(tokens / median, rel=0.03)  # median printed to 1 ms
+    name, value = out.strip().splitlines()[-1].split(": ")
+    assert name == "seconds_per_pass" and float(value) == pytest.approx(float(step.group(1)), abs=1e-3)
+
+
+def test_loss_benchmark_reference_is_the_package_loss_and_runs(capsys):
+    """benchmarks/loss.py's reference (the gather formulation the package had) gives
+    the package loss's value and gradient; the script runs (in process, tiny) and
+    its last line is the speedup it printed for the last vocabulary."""
+    import numpy as np
+    import tensorflow as tf
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import loss as loss_benchmark
+    finally:
+        sys.path.pop(0)
+    from keras_transformer import LabelSmoothedCrossEntropy
+
+    rng = np.random.default_rng(5)
+    logits = tf.constant(rng.normal(size=(3, 6, 50)).astype("float32") * 2)
+    labels = rng.integers(1, 50, (3, 6)).astype("int32")
+    labels[1, 2:] = 0
+    results = []
+    for loss in (loss_benchmark.gather_loss(0.1), LabelSmoothedCrossEntropy(0.1)):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            value = loss(labels, logits)
+        results.append((float(value), tape.gradient(value, logits).numpy()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6) and results[0][0] > 1
+    np.testing.assert_allclose(results[1][1], results[0][1], atol=1e-7)
+
+    assert loss_benchmark.main(["--vocab-sizes", "40,60", "--tokens", "3x4", "--rounds", "1", "--repeats", "1",
+                                "--threads", "0"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| \d", line)]
+    assert [int(r[0]) for r in rows] == [40, 60]
+    name, value = out.strip().splitlines()[-1].split(": ")
+    assert name == "speedup_at_60" and float(value) == pytest.approx(float(rows[-1][3].split()[0]), abs=0.006)
