@@ -471,8 +471,12 @@ def test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one(
     want, got = float_side["int8 sentences"], int8_side["int8 sentences"]
     same = sum(a == b for a, b in zip(got["translation"], want["translation"]))
     assert same >= len(sentences) - 1, (got["translation"], want["translation"])
-    # int8 weights move a sentence's length-normalised log-prob by a few percent here (up to 4.2%).
-    np.testing.assert_allclose(got["score"], want["score"], rtol=0.1)
+    # int8 weights move a sentence's length-normalised log-prob by a few percent here: up to
+    # 4.4% (0.059) on the outputs of 4+ words, and 0.077 (13.8%) on the 2-word "Buch Buch",
+    # whose score is the mean over only 3 tokens, with the toy model as trained since the
+    # logsumexp loss (f026538; with the weights trained before it: up to 4.2%, and the bound
+    # was rtol 0.1 alone). Hence 10% plus 0.05 nats.
+    np.testing.assert_allclose(got["score"], want["score"], rtol=0.1, atol=0.05)
     with pytest.raises(ValueError, match="quantize must be one of"):
         convert(exported["path"], tmp_path / "x.tflite", "int4")
 
