@@ -37,21 +37,14 @@ import sys
 import time
 
 os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
-
-SHARED = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
-
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # train_speed, profile_step, gpu_step beside it
 
 def parse_args(argv=None):
+    from train_speed import add_step_arguments
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="base")
-    parser.add_argument("--data", default=str(SHARED), help="text-directory corpus (default: shared Multi30k)")
-    parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--batch-tokens", type=int, default=2048, help="padded tokens per side per batch")
-    parser.add_argument("--batches", type=int, default=2, help="batches per pass (default 2)")
+    add_step_arguments(parser, batches=2)
     parser.add_argument("--passes", type=int, default=3, help="timed passes without the profiler (default 3)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--peak-size", type=int, default=2048, help="size of the peak matmul (default 2048)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", default="ours", help="a train_speed.py variant of ours (default: ours)")
     parser.add_argument("--logdir", default="/tmp/profile_train_step/logdir", help="profiler trace directory")
     parser.add_argument("--top", type=int, default=15, help="rows of the op-type table (default: 15)")
@@ -112,7 +105,6 @@ def print_profile(table, passes, top):
 
 def main(argv=None):
     args = parse_args(argv)
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
     import tensorflow as tf
 

@@ -65,17 +65,22 @@ VARIANTS = ("ours", "keras-hub", "ours-fused", "ours-gather-loss", "ours-xla", "
 SHARED = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_step_arguments(parser, batches):
+    """The options `training_batches` and the timing read (also profile_train_step.py's)."""
     parser.add_argument("--preset", default="base")
     parser.add_argument("--data", default=str(SHARED), help="text-directory corpus (default: shared Multi30k)")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--batch-tokens", type=int, default=2048, help="padded tokens per side per batch")
-    parser.add_argument("--batches", type=int, default=4, help="batches per timed pass (default 4)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=batches, help=f"batches per pass (default {batches})")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peak-size", type=int, default=2048, help="size of the peak matmul (default 2048)")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_step_arguments(parser, batches=4)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variants", default="ours,keras-hub",
                         help=f"comma-separated, from {', '.join(VARIANTS)} (default: ours,keras-hub)")
     args = parser.parse_args(argv)
