@@ -202,6 +202,7 @@ class _SearchSpec(typing.NamedTuple):
 
     beam_size: int  # k, static
     num_candidates: int  # C: 2k, or 1 when k == 1 (exactly greedy), static
+    num_results: int  # n, static: 1 selects the stopping bound exact for the best hypothesis
     eos_id: int
     alpha: object  # python float or float scalar tensor
     max_lengths: object  # int32 [batch], clipped to [1, L]
@@ -210,7 +211,7 @@ class _SearchSpec(typing.NamedTuple):
     neg_inf: object  # float32 scalar tensor NEG_INF
 
 
-def _make_spec(max_lengths, beam_size, alpha, max_decode_length, eos_id):
+def _make_spec(max_lengths, beam_size, num_results, alpha, max_decode_length, eos_id):
     """Builds the `_SearchSpec` of a search (before the loop).
 
     Args:
@@ -231,6 +232,7 @@ def _make_spec(max_lengths, beam_size, alpha, max_decode_length, eos_id):
         # is exactly greedy; with k > 1 the standard 2k candidates (enough to
         # refill k alive beams even if k of them end with EOS).
         num_candidates=2 * beam_size if beam_size > 1 else 1,
+        num_results=num_results,
         eos_id=eos_id,
         alpha=alpha,
         max_lengths=max_lengths,
@@ -298,55 +300,66 @@ def _gather_per_beam(x, beam_indices):
 def _grow_candidates(state, log_probs, spec):
     """Extends every alive beam by every token and keeps the best candidates.
 
-    The top ``C`` of the ``k * V`` (beam, token) pairs by summed log-prob;
-    the chosen token is written into the copied sequence at position
-    ``step`` (a one-hot ``where`` blend, no scatter).
+    The best ``C`` of the ``k * V`` (beam, token) pairs by summed log-prob,
+    found as the best ``C`` of each beam's best ``C`` tokens (the same
+    candidates, in the same order: ``top_k`` keeps the lower index first on
+    ties within a beam, and the merge keeps the lower beam first); the
+    chosen token is written into the copied sequence at position ``step``
+    (a one-hot ``where`` blend, no scatter).
 
     Args:
         state: the search state.
-        log_probs: float32 ``[batch * k, V]``, log-probabilities of the
-            token after ``alive_last`` for every alive beam (batch-major).
+        log_probs: float32 ``[b * k, V]``, log-probabilities of the token
+            after ``alive_last`` for every alive beam (batch-major).
         spec: the `_SearchSpec`.
 
     Returns:
         dict of candidates, best first:
-        seqs int32 ``[batch, C, L]`` (the new token at ``step``),
-        logp float32 ``[batch, C]`` (sum of token log-probs),
-        tok int32 ``[batch, C]`` (the new token),
-        beam int32 ``[batch, C]`` (the alive beam it extends),
+        seqs int32 ``[b, C, L]`` (the new token at ``step``),
+        logp float32 ``[b, C]`` (sum of token log-probs),
+        tok int32 ``[b, C]`` (the new token),
+        beam int32 ``[b, C]`` (the alive beam it extends),
         length int32 scalar (generated tokens, EOS included: ``step + 1``),
-        at_limit bool ``[batch, 1]`` (``length`` reached the sentence's limit),
-        finishing bool ``[batch, C]`` (valid and EOS or at the limit),
-        continuing bool ``[batch, C]`` (valid and neither).
+        at_limit bool ``[b, 1]`` (``length`` reached the sentence's limit),
+        finishing bool ``[b, C]`` (valid and EOS or at the limit),
+        continuing bool ``[b, C]`` (valid and neither).
     """
-    k = spec.beam_size
+    k, num_candidates = spec.beam_size, spec.num_candidates
     step = state["step"]
-    vocab = ops.shape(log_probs)[-1]
-    log_probs = ops.reshape(log_probs, (-1, k, vocab))  # [batch, k, V]
+    vocab = log_probs.shape[-1]
+    # Each beam's best tokens (a beam never contributes more than C candidates).
+    per_beam = num_candidates if vocab is None else min(num_candidates, vocab)
+    beam_logp, beam_tok = ops.top_k(log_probs, per_beam)  # [b * k, P] x2
+    beam_logp = ops.reshape(beam_logp, (-1, k, per_beam))  # [b, k, P]
+    beam_tok = ops.reshape(ops.cast(beam_tok, "int32"), (-1, k * per_beam))  # [b, k * P]
     valid = ops.logical_and(
-        state["alive_valid"][:, :, None], log_probs > NEG_INF / 2
-    )  # [batch, k, V]
+        state["alive_valid"][:, :, None], beam_logp > NEG_INF / 2
+    )  # [b, k, P]
     logp = ops.where(
-        valid, state["alive_logp"][:, :, None] + log_probs, spec.neg_inf
-    )  # [batch, k, V]
-    flat_logp = ops.reshape(logp, (-1, k * vocab))  # [batch, k * V]
-    flat_valid = ops.reshape(valid, (-1, k * vocab))  # [batch, k * V]
-    top_logp, top_idx = ops.top_k(flat_logp, spec.num_candidates)  # [batch, C] x2
-    top_idx = ops.cast(top_idx, "int32")
-    top_valid = _gather_per_beam(flat_valid, top_idx)  # [batch, C]
-    top_beam = ops.floor_divide(top_idx, vocab)  # [batch, C]
-    top_tok = top_idx - top_beam * vocab  # [batch, C]
-    top_seqs = gather_beams(state["alive_seqs"], top_beam)  # [batch, C, L]
+        valid, state["alive_logp"][:, :, None] + beam_logp, spec.neg_inf
+    )  # [b, k, P]
+    flat_logp = ops.reshape(logp, (-1, k * per_beam))  # [b, k * P]
+    flat_valid = ops.reshape(valid, (-1, k * per_beam))  # [b, k * P]
+    if k * per_beam == num_candidates:  # greedy: the one candidate is the beam's best
+        top_logp = flat_logp
+        top_idx = ops.zeros_like(beam_tok)
+    else:
+        top_logp, top_idx = ops.top_k(flat_logp, num_candidates)  # [b, C] x2
+        top_idx = ops.cast(top_idx, "int32")
+    top_valid = _gather_per_beam(flat_valid, top_idx)  # [b, C]
+    top_beam = ops.floor_divide(top_idx, per_beam)  # [b, C]
+    top_tok = _gather_per_beam(beam_tok, top_idx)  # [b, C]
+    top_seqs = gather_beams(state["alive_seqs"], top_beam)  # [b, C, L]
     write = (spec.positions == step)[None, None, :]  # [1, 1, L]
-    top_seqs = ops.where(write, top_tok[:, :, None], top_seqs)  # [batch, C, L]
+    top_seqs = ops.where(write, top_tok[:, :, None], top_seqs)  # [b, C, L]
 
     length = step + 1
-    at_limit = (length >= spec.max_lengths)[:, None]  # [batch, 1]
-    is_eos = top_tok == spec.eos_id  # [batch, C]
-    finishing = ops.logical_and(top_valid, ops.logical_or(is_eos, at_limit))  # [batch, C]
+    at_limit = (length >= spec.max_lengths)[:, None]  # [b, 1]
+    is_eos = top_tok == spec.eos_id  # [b, C]
+    finishing = ops.logical_and(top_valid, ops.logical_or(is_eos, at_limit))  # [b, C]
     continuing = ops.logical_and(
         top_valid, ops.logical_not(ops.logical_or(is_eos, at_limit))
-    )  # [batch, C]
+    )  # [b, C]
     return {
         "seqs": top_seqs,
         "logp": top_logp,
@@ -441,10 +454,13 @@ def _update_done(done, candidates, alive, finished, spec):
     """Which sentences are done after this step (early termination).
 
     A sentence is done when it reached its length limit, has no alive
-    hypothesis, or no alive hypothesis can beat the worst of its ``k``
-    finished ones: any extension has log-prob <= the best alive one and a
-    length in ``[length + 1, max_length]``; the length penalty is monotonic
-    in the length, so the best possible score is at one of the two ends (the
+    hypothesis, or no alive hypothesis can beat the finished ones that the
+    result needs: the best one when one result is asked (exact for the best
+    translation, as tensor2tensor's stop), else the worst of the ``k``
+    finished ones (exact for the whole n-best). Any extension of an alive
+    hypothesis has log-prob <= the best alive one and a length in
+    ``[length + 1, max_length]``; the length penalty is monotonic in the
+    length, so the best possible score is at one of the two ends (the
     ``max_length`` end when alpha >= 0), which bounds it for any alpha.
 
     Args:
@@ -465,9 +481,13 @@ def _update_done(done, candidates, alive, finished, spec):
         best_alive / length_penalty(candidates["length"] + 1, spec.alpha),
         best_alive / spec.max_penalty,
     )  # [batch]
-    all_finished = ops.logical_not(ops.any(ops.logical_not(fin_valid), axis=1))  # [batch]
-    worst_finished = ops.min(ops.where(fin_valid, fin_scores, spec.neg_inf), axis=1)  # [batch]
-    cannot_improve = ops.logical_and(all_finished, worst_finished >= bound)  # [batch]
+    if spec.num_results == 1:
+        # Finished hypotheses are sorted best first.
+        cannot_improve = ops.logical_and(fin_valid[:, 0], fin_scores[:, 0] >= bound)  # [batch]
+    else:
+        all_finished = ops.logical_not(ops.any(ops.logical_not(fin_valid), axis=1))  # [batch]
+        worst_finished = ops.min(ops.where(fin_valid, fin_scores, spec.neg_inf), axis=1)  # [batch]
+        cannot_improve = ops.logical_and(all_finished, worst_finished >= bound)  # [batch]
     return ops.logical_or(
         ops.logical_or(done, candidates["at_limit"][:, 0]),
         ops.logical_or(ops.logical_not(any_alive), cannot_improve),
@@ -538,7 +558,11 @@ def beam_search(
             ``max_lengths`` to be concrete (eager / numpy); inside a graph
             pass it explicitly (e.g. ``max_source_length + 50``).
         num_results: static python int in ``[1, beam_size]``: how many
-            hypotheses to return per sentence.
+            hypotheses to return per sentence. With 1 a sentence stops as
+            soon as no alive hypothesis can beat its best finished one
+            (exact for the best translation and its score); with more, as
+            soon as none can beat the worst of its ``beam_size`` finished
+            ones (exact for the whole n-best).
         bos_id: the id fed at step 0.
         eos_id: the id that ends a hypothesis.
 
@@ -571,7 +595,7 @@ def beam_search(
     else:  # a tensor: buffers sized per call (TensorFlow graphs without XLA)
         max_decode_length = ops.maximum(ops.cast(max_decode_length, "int32"), 1)
 
-    spec = _make_spec(max_lengths, beam_size, alpha, max_decode_length, eos_id)
+    spec = _make_spec(max_lengths, beam_size, num_results, alpha, max_decode_length, eos_id)
     state = _initial_state(initial_cache, batch_size, max_decode_length, bos_id, spec)
 
     def cond(state):

@@ -404,3 +404,35 @@ def test_converts_to_litert_builtins():
     scores = next(o for o in outputs if o.ndim == 2)
     np.testing.assert_array_equal(seqs, eager[0])
     np.testing.assert_allclose(scores, eager[1], rtol=1e-5)
+
+
+def count_steps(model, max_lengths, **kwargs):
+    """Runs the search eagerly; returns its results and the rows the step function saw per step."""
+    rows = []
+
+    def counting_step(ids, cache, step):
+        rows.append(int(ids.shape[0]))
+        return model.step_fn(ids, cache, step)
+
+    seqs, scores = beam_search(counting_step, model.initial_cache(), len(max_lengths),
+                               np.asarray(max_lengths, "int32"), **kwargs)
+    return np.asarray(seqs), np.asarray(scores), rows
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.0])
+def test_one_result_stops_at_the_bound_exact_for_the_best(alpha):
+    """With one result the loop stops as soon as no alive hypothesis can beat the
+    best finished one: the best hypothesis and its score are those of the n-best
+    search (which runs until the worst of k finished ones is safe) and of the
+    reference beam search without early stop, in fewer steps."""
+    model = ToyModel(seed=8, vocab=10, batch=24, eos_bias=1.0)
+    max_lengths = np.tile([20, 14, 25, 9], 6)
+    one, one_scores, one_steps = count_steps(model, max_lengths, beam_size=4, num_results=1, alpha=alpha)
+    best, best_scores, all_steps = count_steps(model, max_lengths, beam_size=4, num_results=4, alpha=alpha)
+    np.testing.assert_array_equal(one[:, 0], best[:, 0])
+    np.testing.assert_array_equal(one_scores[:, 0], best_scores[:, 0])
+    for b, max_len in enumerate(max_lengths):
+        ref = ref_beam(model, b, max_len, 4, alpha)
+        assert strip(one[b, 0]) == ref[0][1]
+        np.testing.assert_allclose(one_scores[b, 0], ref[0][0], rtol=1e-5)
+    assert len(one_steps) < len(all_steps), (len(one_steps), len(all_steps))
