@@ -205,27 +205,14 @@ class _SearchSpec(typing.NamedTuple):
     num_results: int  # n, static: 1 selects the stopping bound exact for the best hypothesis
     eos_id: int
     alpha: object  # python float or float scalar tensor
-    max_lengths: object  # int32 [batch], clipped to [1, L]
-    max_penalty: object  # float32 [batch], length_penalty(max_lengths, alpha)
+    patience: object  # None, or float scalar: stop after round(k * patience) finished hypotheses
     positions: object  # int32 [L], arange(L): where to write the token of `step`
     neg_inf: object  # float32 scalar tensor NEG_INF
 
 
-def _make_spec(max_lengths, beam_size, num_results, alpha, max_decode_length, eos_id):
-    """Builds the `_SearchSpec` of a search (before the loop).
-
-    Args:
-        max_lengths: int ``[batch]`` (any int dtype), clipped here to
-            ``[1, max_decode_length]``.
-        beam_size, alpha, max_decode_length, eos_id: as in `beam_search`
-            (already validated).
-
-    Returns:
-        a `_SearchSpec`.
-    """
-    neg_inf = ops.convert_to_tensor(NEG_INF, "float32")
-    max_lengths = ops.cast(ops.reshape(max_lengths, (-1,)), "int32")  # [batch]
-    max_lengths = ops.clip(max_lengths, 1, max_decode_length)  # [batch]
+def _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id):
+    """Builds the `_SearchSpec` of a search (before the loop); arguments as in
+    `beam_search` (already validated)."""
     return _SearchSpec(
         beam_size=beam_size,
         # With one beam only the single best candidate is kept, so the search
@@ -235,45 +222,39 @@ def _make_spec(max_lengths, beam_size, num_results, alpha, max_decode_length, eo
         num_results=num_results,
         eos_id=eos_id,
         alpha=alpha,
-        max_lengths=max_lengths,
-        # Upper bound on the length penalty of any hypothesis of a sentence.
-        max_penalty=length_penalty(max_lengths, alpha),  # [batch]
+        patience=patience,
         positions=ops.arange(0, max_decode_length, dtype="int32"),  # [L]
-        neg_inf=neg_inf,
+        neg_inf=ops.convert_to_tensor(NEG_INF, "float32"),
     )
 
 
-def _initial_state(initial_cache, batch_size, max_decode_length, bos_id, spec):
+def _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bos_id, spec):
     """The search state before step 0 (the ``while_loop`` variables).
 
     The state is a dict (a structure that ``keras.ops.while_loop`` and
-    ``keras.tree`` carry as it is on every backend)::
+    ``keras.tree`` carry as it is on every backend); ``b`` is the number of
+    sentences still searched (the batch, or fewer with ``drop_finished``)::
 
         step             int32 scalar, the position fed to the step function
-        alive_seqs       int32 [batch, k, L]  tokens generated so far, PAD after
-        alive_last       int32 [batch, k]     token at position `step` (BOS at 0)
-        alive_logp       float32 [batch, k]   sum of token log-probs (NEG_INF if invalid)
-        alive_valid      bool [batch, k]      whether the alive slot holds a hypothesis
-        finished_seqs    int32 [batch, k, L]  best finished hypotheses, best first
-        finished_scores  float32 [batch, k]   their length-penalised scores
-        finished_valid   bool [batch, k]      whether the finished slot is used
-        done             bool [batch]         sentence finished: state frozen
-        cache            step-function cache, leaves [batch * k, ...]
+        alive_seqs       int32 [b, k, L]  tokens generated so far, PAD after
+        alive_last       int32 [b, k]     token at position `step` (BOS at 0)
+        alive_logp       float32 [b, k]   sum of token log-probs (NEG_INF if invalid)
+        alive_valid      bool [b, k]      whether the alive slot holds a hypothesis
+        finished_seqs    int32 [b, k, L]  best finished hypotheses, best first
+        finished_scores  float32 [b, k]   their length-penalised scores
+        finished_valid   bool [b, k]      whether the finished slot is used
+        finished_count   int32 [b]        hypotheses finished so far (patience)
+        done             bool [b]         sentence finished: state frozen
+        max_lengths      int32 [b]        length limit, clipped to [1, L]
+        max_penalty      float32 [b]      length_penalty(max_lengths, alpha)
+        cache            step-function cache, leaves [b * k, ...]
 
     Only beam 0 of every sentence is alive at the start (the other ``k - 1``
     would be duplicates); nothing is finished.
-
-    Args:
-        initial_cache: nested structure of tensors ``[batch, ...]``.
-        batch_size: python int or int32 scalar tensor.
-        max_decode_length: python int, L.
-        bos_id: the id fed at step 0.
-        spec: the `_SearchSpec`.
-
-    Returns:
-        the state dict.
     """
     k, length = spec.beam_size, max_decode_length
+    max_lengths = ops.cast(ops.reshape(max_lengths, (-1,)), "int32")  # [batch]
+    max_lengths = ops.clip(max_lengths, 1, max_decode_length)  # [batch]
     first_beam = ops.arange(k, dtype="int32") == 0  # [k]
     alive_valid = ops.logical_and(
         ops.ones((batch_size, k), dtype="bool"), first_beam[None, :]
@@ -287,7 +268,11 @@ def _initial_state(initial_cache, batch_size, max_decode_length, bos_id, spec):
         "finished_seqs": ops.full((batch_size, k, length), PAD_ID, dtype="int32"),
         "finished_scores": ops.full((batch_size, k), NEG_INF, dtype="float32"),
         "finished_valid": ops.zeros((batch_size, k), dtype="bool"),
+        "finished_count": ops.zeros((batch_size,), dtype="int32"),
         "done": ops.zeros((batch_size,), dtype="bool"),
+        "max_lengths": max_lengths,
+        # Upper bound on the length penalty of any hypothesis of a sentence.
+        "max_penalty": length_penalty(max_lengths, spec.alpha),  # [batch]
         "cache": keras.tree.map_structure(lambda x: tile_beams(x, k), initial_cache),
     }
 
@@ -295,6 +280,24 @@ def _initial_state(initial_cache, batch_size, max_decode_length, bos_id, spec):
 def _gather_per_beam(x, beam_indices):
     """`gather_beams` for one value per beam: ``[batch, beam] -> [batch, new_beam]``."""
     return gather_beams(x[:, :, None], beam_indices)[:, :, 0]  # [batch, new_beam]
+
+
+def _beam_rows(beam_indices, beam_size, sentences=None):
+    """Flat ``[b * beam]`` row indices into a ``[batch * beam, ...]`` cache.
+
+    Row ``i * new_beam + j`` of the result is ``s_i * beam_size + beam_indices[i, j]``
+    with ``s_i = sentences[i]`` (or ``i``): the one gather that reorders a
+    cache along beams, and with `sentences` also keeps only those sentences.
+
+    Args:
+        beam_indices: int32 ``[b, new_beam]``, values in ``[0, beam_size)``.
+        beam_size: python int.
+        sentences: None or int32 ``[b]``, the sentence of each row.
+    """
+    if sentences is None:
+        sentences = ops.arange(ops.shape(beam_indices)[0], dtype="int32")  # [b]
+    rows = sentences[:, None] * beam_size + ops.cast(beam_indices, "int32")  # [b, new_beam]
+    return ops.reshape(rows, (-1,))  # [b * new_beam]
 
 
 def _grow_candidates(state, log_probs, spec):
@@ -354,7 +357,7 @@ def _grow_candidates(state, log_probs, spec):
     top_seqs = ops.where(write, top_tok[:, :, None], top_seqs)  # [b, C, L]
 
     length = step + 1
-    at_limit = (length >= spec.max_lengths)[:, None]  # [b, 1]
+    at_limit = (length >= state["max_lengths"])[:, None]  # [b, 1]
     is_eos = top_tok == spec.eos_id  # [b, C]
     finishing = ops.logical_and(top_valid, ops.logical_or(is_eos, at_limit))  # [b, C]
     continuing = ops.logical_and(
@@ -372,39 +375,31 @@ def _grow_candidates(state, log_probs, spec):
     }
 
 
-def _update_alive(candidates, cache, spec):
+def _update_alive(candidates, spec):
     """The new alive set: the best ``k`` continuing candidates.
 
     Args:
         candidates: the dict from `_grow_candidates`.
-        cache: the cache returned by the step function, leaves
-            ``[batch * k, ...]`` in the order of the previous alive beams.
         spec: the `_SearchSpec`.
 
     Returns:
-        dict with the state's ``alive_seqs``, ``alive_last``, ``alive_logp``,
-        ``alive_valid`` and ``cache`` (rows reordered to follow the beams
-        they extend, with ``take``).
+        dict with the state's ``alive_seqs``, ``alive_last``, ``alive_logp``
+        and ``alive_valid``, and ``source_beam`` int32 ``[b, k]``: the
+        previous alive beam each new one extends (how to reorder the cache).
     """
     k = spec.beam_size
-    key = ops.where(candidates["continuing"], candidates["logp"], spec.neg_inf)  # [batch, C]
-    _, idx = ops.top_k(key, k)  # [batch, k]
+    key = ops.where(candidates["continuing"], candidates["logp"], spec.neg_inf)  # [b, C]
+    _, idx = ops.top_k(key, k)  # [b, k]
     idx = ops.cast(idx, "int32")
-    valid = _gather_per_beam(candidates["continuing"], idx)  # [batch, k]
-    logp = _gather_per_beam(key, idx)  # [batch, k]
-    logp = ops.where(valid, logp, spec.neg_inf)  # [batch, k]
-    last = _gather_per_beam(candidates["tok"], idx)  # [batch, k]
-    seqs = gather_beams(candidates["seqs"], idx)  # [batch, k, L]
-    source_beam = _gather_per_beam(candidates["beam"], idx)  # [batch, k]
-    cache = keras.tree.map_structure(
-        lambda x: _gather_flat_beams(x, source_beam, k), cache
-    )  # leaves [batch * k, ...]
+    valid = _gather_per_beam(candidates["continuing"], idx)  # [b, k]
+    logp = _gather_per_beam(key, idx)  # [b, k]
+    logp = ops.where(valid, logp, spec.neg_inf)  # [b, k]
     return {
-        "alive_seqs": seqs,
-        "alive_last": last,
+        "alive_seqs": gather_beams(candidates["seqs"], idx),  # [b, k, L]
+        "alive_last": _gather_per_beam(candidates["tok"], idx),  # [b, k]
         "alive_logp": logp,
         "alive_valid": valid,
-        "cache": cache,
+        "source_beam": _gather_per_beam(candidates["beam"], idx),  # [b, k]
     }
 
 
@@ -421,36 +416,38 @@ def _update_finished(state, candidates, spec):
         spec: the `_SearchSpec`.
 
     Returns:
-        dict with the state's ``finished_seqs``, ``finished_scores`` and
-        ``finished_valid``.
+        dict with the state's ``finished_seqs``, ``finished_scores``,
+        ``finished_valid`` and ``finished_count``.
     """
-    done = state["done"]  # [batch]
-    old_scores = state["finished_scores"]  # [batch, k]
-    old_valid = state["finished_valid"]  # [batch, k]
-    old_seqs = state["finished_seqs"]  # [batch, k, L]
+    done = state["done"]  # [b]
+    old_scores = state["finished_scores"]  # [b, k]
+    old_valid = state["finished_valid"]  # [b, k]
+    old_seqs = state["finished_seqs"]  # [b, k, L]
     new_scores = ops.where(
         candidates["finishing"],
         candidates["logp"] / length_penalty(candidates["length"], spec.alpha),
         spec.neg_inf,
-    )  # [batch, C]
+    )  # [b, C]
     all_scores = ops.concatenate(
         [ops.where(old_valid, old_scores, spec.neg_inf), new_scores], axis=1
-    )  # [batch, k + C]
-    all_valid = ops.concatenate([old_valid, candidates["finishing"]], axis=1)  # [batch, k + C]
-    all_seqs = ops.concatenate([old_seqs, candidates["seqs"]], axis=1)  # [batch, k + C, L]
-    _, idx = ops.top_k(all_scores, spec.beam_size)  # [batch, k]
+    )  # [b, k + C]
+    all_valid = ops.concatenate([old_valid, candidates["finishing"]], axis=1)  # [b, k + C]
+    all_seqs = ops.concatenate([old_seqs, candidates["seqs"]], axis=1)  # [b, k + C, L]
+    _, idx = ops.top_k(all_scores, spec.beam_size)  # [b, k]
     idx = ops.cast(idx, "int32")
-    scores = _gather_per_beam(all_scores, idx)  # [batch, k]
-    valid = _gather_per_beam(all_valid, idx)  # [batch, k]
-    seqs = gather_beams(all_seqs, idx)  # [batch, k, L]
+    scores = _gather_per_beam(all_scores, idx)  # [b, k]
+    valid = _gather_per_beam(all_valid, idx)  # [b, k]
+    seqs = gather_beams(all_seqs, idx)  # [b, k, L]
+    count = state["finished_count"] + ops.sum(ops.cast(candidates["finishing"], "int32"), axis=1)
     return {
         "finished_seqs": ops.where(done[:, None, None], old_seqs, seqs),
         "finished_scores": ops.where(done[:, None], old_scores, scores),
         "finished_valid": ops.where(done[:, None], old_valid, valid),
+        "finished_count": ops.where(done, state["finished_count"], count),  # [b]
     }
 
 
-def _update_done(done, candidates, alive, finished, spec):
+def _update_done(state, candidates, alive, finished, spec):
     """Which sentences are done after this step (early termination).
 
     A sentence is done when it reached its length limit, has no alive
@@ -462,52 +459,78 @@ def _update_done(done, candidates, alive, finished, spec):
     ``[length + 1, max_length]``; the length penalty is monotonic in the
     length, so the best possible score is at one of the two ends (the
     ``max_length`` end when alpha >= 0), which bounds it for any alpha.
+    With `spec.patience` a sentence is also done once
+    ``round(k * patience)`` hypotheses have finished (CTranslate2's rule;
+    not exact).
 
     Args:
-        done: bool ``[batch]``, the state's ``done`` before this step.
+        state: the search state before this step (``done``, ``max_penalty``).
         candidates: the dict from `_grow_candidates`.
         alive: the dict from `_update_alive`.
         finished: the dict from `_update_finished`.
         spec: the `_SearchSpec`.
 
     Returns:
-        bool ``[batch]``.
+        bool ``[b]``.
     """
-    alive_valid, alive_logp = alive["alive_valid"], alive["alive_logp"]  # [batch, k] x2
-    fin_valid, fin_scores = finished["finished_valid"], finished["finished_scores"]  # [batch, k] x2
-    any_alive = ops.any(alive_valid, axis=1)  # [batch]
-    best_alive = ops.max(alive_logp, axis=1)  # [batch]
+    alive_valid, alive_logp = alive["alive_valid"], alive["alive_logp"]  # [b, k] x2
+    fin_valid, fin_scores = finished["finished_valid"], finished["finished_scores"]  # [b, k] x2
+    any_alive = ops.any(alive_valid, axis=1)  # [b]
+    best_alive = ops.max(alive_logp, axis=1)  # [b]
     bound = ops.maximum(
         best_alive / length_penalty(candidates["length"] + 1, spec.alpha),
-        best_alive / spec.max_penalty,
-    )  # [batch]
+        best_alive / state["max_penalty"],
+    )  # [b]
     if spec.num_results == 1:
         # Finished hypotheses are sorted best first.
-        cannot_improve = ops.logical_and(fin_valid[:, 0], fin_scores[:, 0] >= bound)  # [batch]
+        cannot_improve = ops.logical_and(fin_valid[:, 0], fin_scores[:, 0] >= bound)  # [b]
     else:
-        all_finished = ops.logical_not(ops.any(ops.logical_not(fin_valid), axis=1))  # [batch]
-        worst_finished = ops.min(ops.where(fin_valid, fin_scores, spec.neg_inf), axis=1)  # [batch]
-        cannot_improve = ops.logical_and(all_finished, worst_finished >= bound)  # [batch]
-    return ops.logical_or(
-        ops.logical_or(done, candidates["at_limit"][:, 0]),
+        all_finished = ops.logical_not(ops.any(ops.logical_not(fin_valid), axis=1))  # [b]
+        worst_finished = ops.min(ops.where(fin_valid, fin_scores, spec.neg_inf), axis=1)  # [b]
+        cannot_improve = ops.logical_and(all_finished, worst_finished >= bound)  # [b]
+    done = ops.logical_or(
+        ops.logical_or(state["done"], candidates["at_limit"][:, 0]),
         ops.logical_or(ops.logical_not(any_alive), cannot_improve),
-    )  # [batch]
+    )  # [b]
+    if spec.patience is not None:
+        wanted = ops.cast(ops.round(spec.beam_size * ops.cast(spec.patience, "float32")), "int32")
+        patient = ops.logical_and(wanted > 0, finished["finished_count"] >= wanted)  # [b]
+        done = ops.logical_or(done, patient)
+    return done
 
 
-def _best_results(state, num_results, spec):
+def _best_results(finished, num_results, spec):
     """The ``num_results`` best finished hypotheses; unused slots are PAD / NEG_INF.
 
     Returns:
-        ``(sequences, scores)``: int32 ``[batch, n, L]`` and float32 ``[batch, n]``.
+        ``(sequences, scores)``: int32 ``[b, n, L]`` and float32 ``[b, n]``.
     """
-    valid = state["finished_valid"][:, :num_results]  # [batch, n]
+    valid = finished["finished_valid"][:, :num_results]  # [b, n]
     sequences = ops.where(
-        valid[:, :, None], state["finished_seqs"][:, :num_results], PAD_ID
-    )  # [batch, n, L]
+        valid[:, :, None], finished["finished_seqs"][:, :num_results], PAD_ID
+    )  # [b, n, L]
     scores = ops.where(
-        valid, state["finished_scores"][:, :num_results], spec.neg_inf
-    )  # [batch, n]
+        valid, finished["finished_scores"][:, :num_results], spec.neg_inf
+    )  # [b, n]
     return ops.cast(sequences, "int32"), ops.cast(scores, "float32")
+
+
+def _search_step(state, logits, cache, spec):
+    """One step of the search after the step function: candidates, the new
+    alive and finished sets, and which sentences are done.
+
+    Returns:
+        the new state (with ``cache`` still in the previous beams' order)
+        and ``source_beam`` int32 ``[b, k]`` (see `_update_alive`).
+    """
+    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # [b * k, V]
+    candidates = _grow_candidates(state, log_probs, spec)
+    alive = _update_alive(candidates, spec)
+    source_beam = alive.pop("source_beam")
+    finished = _update_finished(state, candidates, spec)
+    done = _update_done(state, candidates, alive, finished, spec)
+    new_state = {**state, **alive, **finished, "done": done, "cache": cache, "step": state["step"] + 1}
+    return new_state, source_beam
 
 
 # --------------------------------------------------------------------------
@@ -525,16 +548,23 @@ def beam_search(
     num_results=1,
     bos_id=BOS_ID,
     eos_id=EOS_ID,
+    static_cache=None,
+    patience=None,
+    drop_finished=False,
+    while_loop=None,
+    cache_stages=None,
+    resize_cache=None,
 ):
     """Batched beam search with GNMT length penalty and early termination.
 
     Args:
         step_fn: ``step_fn(ids, cache, step) -> (logits, cache)``, see the
-            module docstring. ``ids`` int32 ``[batch * beam, 1]`` is the
-            token at position ``step`` (BOS at step 0), ``logits``
+            module docstring (``step_fn(ids, cache, step, static_cache)``
+            when `static_cache` is given). ``ids`` int32 ``[batch * beam, 1]``
+            is the token at position ``step`` (BOS at step 0), ``logits``
             ``[batch * beam, vocab]`` (vocab >= 2) are for position
-            ``step + 1``; the returned cache must keep the structure, shapes
-            and dtypes of its input.
+            ``step + 1``; the returned cache must keep the structure and
+            dtypes of its input, and its shapes unless `drop_finished`.
         initial_cache: nested structure of tensors with leading dimension
             ``batch``; tiled here to ``batch * beam`` (row ``b * beam + k``)
             and reordered along beams after every step. May be ``{}``/``()``.
@@ -565,6 +595,34 @@ def beam_search(
             ones (exact for the whole n-best).
         bos_id: the id fed at step 0.
         eos_id: the id that ends a hypothesis.
+        static_cache: None, or a nested structure of tensors with leading
+            dimension ``batch`` that the step function reads and never
+            changes (e.g. cross-attention keys/values, one row per sentence
+            shared by its beams): it is neither tiled nor reordered; with
+            `drop_finished` it keeps the rows of the sentences searched.
+        patience: None (off), or a float (python or scalar tensor): a
+            sentence also stops once ``round(beam_size * patience)``
+            hypotheses have finished (CTranslate2's rule: faster, not exact;
+            a value <= 0 turns it off).
+        drop_finished: remove finished sentences from the loop (their
+            results are written to the outputs when they finish), so the
+            step function runs on the sentences still searched only. The
+            loop variables then change their leading dimension, so this is
+            for eager TensorFlow, or a TensorFlow graph with a `while_loop`
+            that relaxes the loop's shape invariants (not XLA, LiteRT or
+            JAX, which need static shapes). Same results.
+        while_loop: None (``keras.ops.while_loop``) or a function with its
+            signature ``(cond, body, loop_vars, maximum_iterations)``.
+        cache_stages: None, or increasing python ints: the loop runs in
+            stages, the first until step ``cache_stages[0]``, the next until
+            ``cache_stages[1]``, ..., the last until `max_decode_length`, and
+            before each stage the cache is resized by
+            ``resize_cache(cache, stage_end)`` (from the `initial_cache` as
+            given: e.g. self-attention buffers of 0 positions, padded to the
+            stage's end). With static shapes (XLA) a step then reads and
+            reorders a buffer of its stage's size instead of the largest
+            one. Same results.
+        resize_cache: ``(cache, length) -> cache``, with `cache_stages`.
 
     Returns:
         ``(sequences, scores)``:
@@ -594,27 +652,89 @@ def beam_search(
             raise ValueError(f"max_decode_length must be >= 1, got {max_decode_length}")
     else:  # a tensor: buffers sized per call (TensorFlow graphs without XLA)
         max_decode_length = ops.maximum(ops.cast(max_decode_length, "int32"), 1)
+    while_loop = while_loop or ops.while_loop
 
-    spec = _make_spec(max_lengths, beam_size, num_results, alpha, max_decode_length, eos_id)
-    state = _initial_state(initial_cache, batch_size, max_decode_length, bos_id, spec)
+    spec = _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id)
+    state = _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bos_id, spec)
+
+    def call_step(state, static):
+        ids = ops.reshape(state["alive_last"], (-1, 1))  # [b * k, 1]
+        if static_cache is None:
+            return step_fn(ids, state["cache"], state["step"])
+        return step_fn(ids, state["cache"], state["step"], static)
+
+    if not drop_finished:
+        def cond(state):
+            return ops.logical_and(
+                state["step"] < max_decode_length, ops.any(ops.logical_not(state["done"]))
+            )
+
+        def body(state):
+            logits, cache = call_step(state, static_cache)
+            state, source_beam = _search_step(state, logits, cache, spec)
+            rows = _beam_rows(source_beam, beam_size)  # [b * k]
+            state["cache"] = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache)
+            return state
+
+        if cache_stages is None:
+            state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
+        else:
+            for stage_end in _stage_ends(cache_stages, max_decode_length):
+                state["cache"] = resize_cache(state["cache"], stage_end)
+
+                def stage_cond(state, stage_end=stage_end):
+                    return ops.logical_and(cond(state), state["step"] < stage_end)
+
+                state = while_loop(stage_cond, body, state, maximum_iterations=stage_end)
+        return _best_results(state, num_results, spec)
+
+    # drop_finished: the loop carries only the sentences not done (their
+    # original row in `sentence`), and each writes its results when done.
+    state["sentence"] = ops.arange(ops.shape(state["done"])[0], dtype="int32")  # [b]
+    state["static"] = static_cache if static_cache is not None else {}
+    state["out_seqs"] = ops.full((batch_size, num_results, max_decode_length), PAD_ID,
+                                 dtype="int32")  # [batch, n, L]
+    state["out_scores"] = ops.full((batch_size, num_results), NEG_INF, dtype="float32")  # [batch, n]
 
     def cond(state):
-        return ops.logical_and(
-            state["step"] < max_decode_length, ops.any(ops.logical_not(state["done"]))
-        )
+        return ops.logical_and(state["step"] < max_decode_length, ops.shape(state["sentence"])[0] > 0)
 
     def body(state):
-        ids = ops.reshape(state["alive_last"], (-1, 1))  # [batch * k, 1]
-        logits, cache = step_fn(ids, state["cache"], state["step"])
-        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # [batch * k, V]
-        candidates = _grow_candidates(state, log_probs, spec)
-        alive = _update_alive(candidates, cache, spec)
-        finished = _update_finished(state, candidates, spec)
-        done = _update_done(state["done"], candidates, alive, finished, spec)
-        return {"step": state["step"] + 1, **alive, **finished, "done": done}
+        logits, cache = call_step(state, state["static"])
+        state, source_beam = _search_step(state, logits, cache, spec)
+        done = state.pop("done")  # [b]
+        seqs, scores = _best_results(state, num_results, spec)  # [b, n, L], [b, n]
+        ended = ops.nonzero(done)[0]  # [e]
+        written = ops.expand_dims(ops.take(state["sentence"], ended, axis=0), 1)  # [e, 1]
+        state["out_seqs"] = ops.scatter_update(state["out_seqs"], written, ops.take(seqs, ended, axis=0))
+        state["out_scores"] = ops.scatter_update(state["out_scores"], written,
+                                                 ops.take(scores, ended, axis=0))
+        kept = ops.nonzero(ops.logical_not(done))[0]  # [b']
+        # One gather per cache leaf: beam reorder and dropped sentences together.
+        rows = _beam_rows(ops.take(source_beam, kept, axis=0), beam_size, kept)  # [b' * k]
+        state["cache"] = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache)
+        for name in _PER_SENTENCE:
+            state[name] = ops.take(state[name], kept, axis=0)
+        state["static"] = keras.tree.map_structure(lambda x: ops.take(x, kept, axis=0), state["static"])
+        state["done"] = ops.zeros_like(state["sentence"]) > 0  # [b']: the kept ones are not done
+        return state
 
-    state = ops.while_loop(cond, body, state, maximum_iterations=max_decode_length)
-    return _best_results(state, num_results, spec)
+    state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
+    return state["out_seqs"], state["out_scores"]
+
+
+def _stage_ends(cache_stages, max_decode_length):
+    """The steps at which the stages of `beam_search(cache_stages=...)` end: the given
+    ones below `max_decode_length` (all of them, capped, when it is a tensor), then it."""
+    if isinstance(max_decode_length, int):
+        return [end for end in cache_stages if end < max_decode_length] + [max_decode_length]
+    return [ops.minimum(end, max_decode_length) for end in cache_stages] + [max_decode_length]
+
+
+# The state's per-sentence entries (leading dimension b), which `drop_finished` gathers.
+_PER_SENTENCE = ("alive_seqs", "alive_last", "alive_logp", "alive_valid", "finished_seqs",
+                 "finished_scores", "finished_valid", "finished_count", "max_lengths",
+                 "max_penalty", "sentence")
 
 
 def greedy_search(

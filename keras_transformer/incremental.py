@@ -2,9 +2,10 @@
 
 The encoder runs once per source; cross-attention keys/values are computed
 once from its output; the decoder then runs one position at a time, writing
-each position's self-attention keys/values into a preallocated cache
-(survey, "decoding with a cache"). `make_step_fn` packages this as the step
-function `(ids, cache, step) -> (logits, cache)` that beam search sees.
+each position's self-attention keys/values into a preallocated cache, or
+appending them to a cache that grows (survey, "decoding with a cache").
+`step` is the step function `(ids, cache, step, static_cache) -> (logits,
+cache)` that beam search sees; `make_step_fn` closes it over one source.
 
 All the wiring is the model's own: this module calls `Transformer.encode`
 and `Transformer.decode`, the methods the functional graph was traced from.
@@ -49,41 +50,64 @@ class IncrementalDecoder:
         return self.model.cross_attention_caches(encoder_output)
 
     def initial_self_attention_cache(self, batch_size, max_length):
-        """Zeroed `(key, value)` buffers per decoder layer, `[batch, heads, max_length, head_size]`."""
+        """Zeroed `(key, value)` buffers per decoder layer, `[batch, heads, max_length, head_size]`
+        (`max_length=0` for caches that grow: `step(..., grow=True)`)."""
         shape = (batch_size, self.config.num_heads, max_length, self.config.head_size)
         dtype = self.model.compute_dtype
         return [(ops.zeros(shape, dtype), ops.zeros(shape, dtype)) for _ in range(self.config.num_layers)]
 
-    def decode(self, target_ids, step, self_caches, cross_caches, source_mask):
+    def resize_self_attention_cache(self, caches, length):
+        """Pads each `(key, value)` buffer `[rows, heads, n, head_size]` with zeros to
+        `length` positions (`beam_search`'s `resize_cache`, for `cache_stages`)."""
+        def pad(x):
+            return ops.pad(x, [[0, 0], [0, 0], [0, length - ops.shape(x)[2]], [0, 0]])
+
+        return [(pad(k), pad(v)) for k, v in caches]
+
+    def decode(self, target_ids, step, self_caches, cross_caches, source_mask, grow=False):
         """Runs the decoder on `target_ids` `[batch, T]` at positions `step ..`.
 
-        Returns logits `[batch, T, vocab]` and the updated self-attention caches.
+        Returns logits `[batch, T, vocab]` and the updated self-attention caches
+        (grown by `T` positions with `grow`).
         """
         return self.model.decode(target_ids, None, source_mask, start_position=step,
                                  self_attention_caches=self_caches,
-                                 cross_attention_caches=cross_caches)
+                                 cross_attention_caches=cross_caches, grow_caches=grow)
+
+    def static_cache(self, source_ids, source_features=None):
+        """Encodes `source_ids` once: what every decoding step reads and never changes.
+
+        Returns:
+            `{"cross": [(key, value) per decoder layer, each [batch, heads, S, head_size]],
+            "mask": bool [batch, S]}`, one row per sentence (its beams share it:
+            the cross-attention takes the beams as query rows, see
+            `MultiHeadAttention`), for `beam_search(..., static_cache=...)`.
+        """
+        encoder_output, source_mask = self.encode(source_ids, source_features)
+        return {"cross": self.cross_attention_caches(encoder_output), "mask": source_mask}
+
+    def step(self, ids, cache, step, static_cache, grow=False):
+        """The beam-search step function with a static cache (`static_cache` above):
+        `(ids [rows, 1], cache, step, static_cache) -> (logits [rows, vocab], cache)`,
+        where the rows are `beam` consecutive rows per row of `static_cache`."""
+        logits, cache = self.decode(ids, step, cache, static_cache["cross"], static_cache["mask"], grow=grow)
+        return logits[:, 0, :], cache  # [rows, vocab]
 
     def make_step_fn(self, source_ids, beam_size, source_features=None):
         """Encodes `source_ids` (with the syntax-aware model's `source_features`)
-        and returns the step function for beam search.
-
-        The encoder output's cross-attention keys/values and the source mask
-        are repeated `beam_size` times (batch-major, row `b * beam + k`) and
-        closed over: they never change during the search, so they are not
-        part of the cache that beam search reorders every step.
+        and returns the step function `(ids, cache, step) -> (logits, cache)`
+        that closes over `static_cache(source_ids)`.
 
         `step_fn(ids [batch*beam, 1], cache, step) -> (logits [batch*beam, vocab], cache)`,
         where `cache` is the self-attention caches; start from
         `initial_self_attention_cache(batch, max_length)`, which has leading
-        dimension `batch` (beam search tiles it to `batch * beam`).
+        dimension `batch` (beam search tiles it to `batch * beam`). The rows
+        are batch-major (`b * beam + k`); `beam_size` is only checked
+        against them by the reshape of the cross-attention queries.
         """
-        encoder_output, source_mask = self.encode(source_ids, source_features)
-        cross_caches = [(ops.repeat(k, beam_size, axis=0), ops.repeat(v, beam_size, axis=0))
-                        for k, v in self.cross_attention_caches(encoder_output)]
-        source_mask = ops.repeat(source_mask, beam_size, axis=0)  # [batch * beam, S]
+        static = self.static_cache(source_ids, source_features)
 
         def step_fn(ids, cache, step):
-            logits, cache = self.decode(ids, step, cache, cross_caches, source_mask)
-            return logits[:, 0, :], cache  # [batch * beam, vocab]
+            return self.step(ids, cache, step, static)
 
         return step_fn

@@ -206,7 +206,7 @@ class Transformer(keras.Model):
                 for layer in self.decoder_layers]
 
     def decode(self, target_ids, encoder_output, source_mask, *, start_position=0,
-               self_attention_caches=None, cross_attention_caches=None, training=None):
+               self_attention_caches=None, cross_attention_caches=None, training=None, grow_caches=False):
         """The decoder stack and the tied output projection.
 
         Without caches this is the training pass: causal self-attention over
@@ -225,6 +225,9 @@ class Transformer(keras.Model):
             start_position: int32 scalar, position of `target_ids[:, 0]`.
             self_attention_caches, cross_attention_caches: per-layer caches.
             training: enables dropout.
+            grow_caches: the self-attention caches hold exactly the
+                `start_position` positions before and grow by concatenation
+                (`MultiHeadAttention`'s `grow_cache`).
 
         Returns:
             float32 logits `[batch, T, vocab]` and the updated self-attention
@@ -240,7 +243,8 @@ class Transformer(keras.Model):
             if cached:
                 y, self_cache = layer(y, encoder_output, encoder_padding_mask=source_mask,
                                       self_attention_cache=self_cache, cache_index=start_position,
-                                      cross_attention_cache=cross_cache, training=training)
+                                      cross_attention_cache=cross_cache, training=training,
+                                      grow_cache=grow_caches)
                 new_caches.append(self_cache)
             else:
                 y = layer(y, encoder_output, encoder_padding_mask=source_mask,

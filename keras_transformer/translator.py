@@ -83,6 +83,23 @@ def _bucket(value, buckets, multiple_of_last=False):
     return tf.where(index < len(buckets), tf.gather(table, tf.minimum(index, len(buckets) - 1)), beyond)
 
 
+def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
+    """`tf.while_loop` whose loop variables may change shape from one iteration
+    to the next (every dimension is relaxed): what `beam_search(...,
+    drop_finished=True)` and caches that grow by concatenation need in a
+    TensorFlow graph (not XLA, which needs static shapes)."""
+    def relax(tensor):
+        rank = tensor.shape.rank
+        return tensor.shape if not rank else tf.TensorShape([None] * rank)
+
+    # One loop variable (the search's state dict) as a 1-tuple, as keras.ops.while_loop does.
+    loop_vars = (loop_vars,)
+    invariants = tf.nest.map_structure(relax, loop_vars)
+    (state,) = tf.while_loop(lambda s: cond(s), lambda s: (body(s),), loop_vars, shape_invariants=invariants,
+                             maximum_iterations=maximum_iterations)
+    return state
+
+
 class Translator:
     """Tokenizer + model + beam search, callable in eager mode or in a graph.
 
@@ -90,6 +107,9 @@ class Translator:
         model: a `keras.Model` from `build_transformer(config)`.
         config: its `TransformerConfig` (max_length, beam, alpha, +50 rule).
         tokenizer_model: the SentencePiece model bytes (`Tokenizer.model_bytes`).
+        logits_filter: None, or a function `logits [rows, vocab] -> logits`
+            applied to the decoder's output at every step before the search
+            scores it (e.g. `NEG_INF` on tokens that must never be produced).
 
     Example:
         >>> translator = Translator(model, config, tokenizer.model_bytes)
@@ -97,10 +117,12 @@ class Translator:
         ['Heute sieht der Mann den Hund.']
     """
 
-    def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes):
+    def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes, logits_filter=None):
         self.model = model
         self.config = config
         self.decoder = IncrementalDecoder(model, config)
+        self.logits_filter = logits_filter
+        self.sentencepiece_model = tokenizer_model
         self.sentencepiece = tf_text.FastSentencepieceTokenizer(tokenizer_model)
         # Largest buffer of the search: the longest source plus the paper's +50.
         self.max_decode_length = config.max_length + config.decode_extra_length
@@ -159,21 +181,26 @@ class Translator:
                 {name: features[name] for name in source_feature_names(self.config)})
 
     def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-               static_buffer=False, source_features=None):
+               static_buffer=False, source_features=None, patience=None):
         """Beam search over the decoder, `max_lengths = source_lengths + extra_length`.
 
         Args:
             static_buffer: False (graphs run by TensorFlow without XLA: the
                 SavedModel's `serving_default`, `translate_options`): the
-                search buffers and the self-attention cache hold
+                search does only the work each sentence needs. The
+                self-attention caches grow by one position per step
+                (concatenation: a step costs in proportion to its position,
+                not to the buffer), finished sentences leave the loop
+                (`beam_search(drop_finished=True)`: the step runs on the
+                sentences still searched), and the sequence buffers hold
                 `max(max_lengths)` positions, the most this request can
-                generate. Every decoder step attends over, blends into and
-                reorders the whole buffer, so a buffer of the request's size
-                instead of `max_length + 50` makes each step cheaper (2-3x
-                for typical sentences at `max_length` 256). True: always
-                `max_decode_length` positions, static shapes, as XLA and
-                LiteRT need. Both give the same translations.
+                generate. True: every buffer holds `max_decode_length`
+                positions and every sentence stays in the loop to the end
+                (static shapes, as LiteRT needs). Both give the same
+                translations.
             source_features: the syntax-aware model's extra encoder inputs.
+            patience: None, or a float scalar: CTranslate2's patience stop
+                (`beam_search`); <= 0 is off.
 
         Returns:
             ids int32 `[batch, num_results, L]` (EOS, then PAD), with `L`
@@ -181,27 +208,35 @@ class Translator:
         """
         extra_length = self._clip_extra_length(extra_length)
         max_lengths = source_lengths + extra_length  # [batch]
+        batch = tf.shape(source_ids)[0]
+        static = self.decoder.static_cache(source_ids, source_features)
         if static_buffer:
             buffer_length = self.max_decode_length
+            cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
         else:
             buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
                                              1, self.max_decode_length)  # int32 scalar
-        # The plain model's call keeps make_step_fn's two-argument form (tests and
-        # benchmarks wrap it with that signature).
-        step_fn = (self.decoder.make_step_fn(source_ids, beam_size) if source_features is None
-                   else self.decoder.make_step_fn(source_ids, beam_size, source_features))
-        batch = tf.shape(source_ids)[0]
-        cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
-        return beam_search(step_fn, cache, batch, max_lengths,
-                           beam_size=beam_size, alpha=alpha,
-                           max_decode_length=buffer_length, num_results=num_results)
+            cache = self.decoder.initial_self_attention_cache(batch, 0)
+        return beam_search(self._step_fn(grow=not static_buffer), cache, batch, max_lengths,
+                           beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
+                           num_results=num_results, static_cache=static, patience=patience,
+                           drop_finished=not static_buffer,
+                           while_loop=None if static_buffer else relaxed_while_loop)
+
+    def _step_fn(self, grow):
+        """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`."""
+        def step_fn(ids, cache, step, static_cache):
+            logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow)
+            return (logits if self.logits_filter is None else self.logits_filter(logits)), cache
+
+        return step_fn
 
     def _clip_extra_length(self, extra_length):
         """int32 scalar in `[0, decode_extra_length]`, the most the buffers were made for."""
         return tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
 
     def compiled_search(self, beam_size, num_results):
-        """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha) -> (ids, scores)`.
+        """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha, patience) -> (ids, scores)`.
 
         One `tf.function(jit_compile=True)` per `(beam_size, num_results)`;
         XLA compiles one program per `(b, S)`. The buffer holds
@@ -213,17 +248,18 @@ class Translator:
         if key not in self._compiled:
             extra = self.config.decode_extra_length
 
-            def search(source_ids, max_lengths, alpha):
+            def search(source_ids, max_lengths, alpha, patience):
                 batch = tf.shape(source_ids)[0]
                 buffer_length = tf.shape(source_ids)[1] - 1 + extra
-                step_fn = self.decoder.make_step_fn(source_ids, beam_size)
+                static = self.decoder.static_cache(source_ids)
                 cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
-                return beam_search(step_fn, cache, batch, max_lengths, beam_size=beam_size, alpha=alpha,
-                                   max_decode_length=buffer_length, num_results=num_results)
+                return beam_search(self._step_fn(grow=False), cache, batch, max_lengths, beam_size=beam_size,
+                                   alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
+                                   static_cache=static, patience=patience)
 
             self._compiled[key] = tf.function(search, jit_compile=True, input_signature=[
                 tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
-                tf.TensorSpec([], tf.float32)])
+                tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32)])
         return self._compiled[key]
 
     def bucketed_shape(self, batch, width):
@@ -232,7 +268,8 @@ class Translator:
         return (_bucket(batch, XLA_BATCH_BUCKETS, multiple_of_last=True),
                 _bucket(width, self.length_buckets))
 
-    def search_xla(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results):
+    def search_xla(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
+                   patience=None):
         """`search` through the XLA-compiled function, on inputs padded to a bucket.
 
         Padded source columns are PAD (masked by the encoder and cross-attention);
@@ -250,8 +287,9 @@ class Translator:
         source = tf.where(tf.logical_and(padding_rows[:, None], first_column[None, :]), EOS_ID, source)
         max_lengths = tf.concat([source_lengths + extra_length,
                                  tf.ones([padded_batch - batch], tf.int32)], axis=0)  # [padded_batch]
+        patience = tf.constant(0.0) if patience is None else tf.cast(patience, tf.float32)
         ids, scores = self.compiled_search(beam_size, num_results)(
-            source, max_lengths, tf.cast(alpha, tf.float32))
+            source, max_lengths, tf.cast(alpha, tf.float32), patience)
         return ids[:batch], scores[:batch]
 
     def decode_ids(self, ids, static_batch=None):
@@ -277,7 +315,7 @@ class Translator:
         return self.sentencepiece.detokenize(padded)[:count]
 
     def translate_graph(self, text, beam_size, alpha, extra_length, num_results, litert_batch=None,
-                        xla=False):
+                        xla=False, patience=None):
         """The whole translation as graph ops.
 
         Args:
@@ -293,6 +331,8 @@ class Translator:
                 on a static batch (see `decode_ids`).
             xla: run the search XLA-compiled (`search_xla`); the rest of the
                 graph stays plain TensorFlow.
+            patience: None (exact search), or a float scalar: CTranslate2's
+                patience stop (`beam_search`; <= 0 is off).
 
         Returns:
             translations string `[batch, num_results]`, scores float32
@@ -308,16 +348,17 @@ class Translator:
                                  "its LiteRT and XLA variants are not built (plain-text models only)")
             source_ids, lengths, features = self.encode_conllu(text)
             ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                      source_features=features)
+                                      source_features=features, patience=patience)
             return self._strings(ids, scores, lengths, num_results, litert_batch)
         if litert_batch is None:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
         if xla:
-            ids, scores = self.search_xla(source_ids, lengths, beam_size, alpha, extra_length, num_results)
+            ids, scores = self.search_xla(source_ids, lengths, beam_size, alpha, extra_length, num_results,
+                                          patience=patience)
         else:
             ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                      static_buffer=litert_batch is not None)
+                                      static_buffer=litert_batch is not None, patience=patience)
         return self._strings(ids, scores, lengths, num_results, litert_batch)
 
     def _strings(self, ids, scores, lengths, num_results, litert_batch):

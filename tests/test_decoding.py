@@ -406,6 +406,56 @@ def test_converts_to_litert_builtins():
     np.testing.assert_allclose(scores, eager[1], rtol=1e-5)
 
 
+# --------------------------------------------------------------------------
+# The search that does only the work each sentence needs
+# --------------------------------------------------------------------------
+def static_step_fn(model, beam_size):
+    """The toy step function reading the sentence id from a static cache (one
+    row per sentence, shared by its beams), as the translator's decoder does."""
+    def step_fn(ids, cache, step, static_cache):
+        sid = ops.repeat(static_cache["sid"], beam_size, axis=0)  # [rows]
+        logits, cache = model.step_fn(ids, {**cache, "sid": sid}, step)
+        return logits, {"h": cache["h"], "acc": cache["acc"]}
+
+    return step_fn
+
+
+def run_static(model, max_lengths, beam_size, **kwargs):
+    cache = model.initial_cache()
+    static = {"sid": cache.pop("sid")}
+    return beam_search(static_step_fn(model, beam_size), cache, len(max_lengths),
+                       np.asarray(max_lengths, "int32"), beam_size=beam_size, static_cache=static,
+                       **kwargs)
+
+
+@pytest.mark.parametrize("beam_size, num_results", [(4, 1), (4, 3), (1, 1)])
+def test_drop_finished_equals_the_full_batch_loop(beam_size, num_results):
+    """Finished sentences leave the loop (their results written as they end):
+    same sequences and scores as the loop that keeps every sentence, eagerly
+    and in a graph (a while_loop whose shapes change), with the sentence id
+    in a static cache that must follow the kept sentences."""
+    from keras_transformer.translator import relaxed_while_loop
+
+    model = ToyModel(seed=41, vocab=9, batch=12, eos_bias=0.5)
+    max_lengths = np.array([1, 3, 12, 7, 5, 9, 2, 12, 4, 6, 8, 10], "int32")
+    seqs, scores = run(model, max_lengths, beam_size=beam_size, num_results=num_results)
+    dropped = run_static(model, max_lengths, beam_size, num_results=num_results, drop_finished=True)
+    np.testing.assert_array_equal(np.asarray(dropped[0]), seqs)
+    np.testing.assert_allclose(np.asarray(dropped[1]), scores, rtol=1e-6)
+
+    def decode(h, acc, lengths):
+        return beam_search(static_step_fn(model, beam_size), {"h": h, "acc": acc}, tf.shape(h)[0], lengths,
+                           beam_size=beam_size, num_results=num_results, max_decode_length=12,
+                           static_cache={"sid": tf.range(tf.shape(h)[0])}, drop_finished=True,
+                           while_loop=relaxed_while_loop)
+
+    graph = tf.function(decode, input_signature=[
+        tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, *EMB], tf.float32),
+        tf.TensorSpec([None], tf.int32)])(model.h0, model.acc0, max_lengths)
+    np.testing.assert_array_equal(graph[0].numpy(), seqs)
+    np.testing.assert_allclose(graph[1].numpy(), scores, rtol=1e-6)
+
+
 def count_steps(model, max_lengths, **kwargs):
     """Runs the search eagerly; returns its results and the rows the step function saw per step."""
     rows = []
@@ -436,3 +486,40 @@ def test_one_result_stops_at_the_bound_exact_for_the_best(alpha):
         assert strip(one[b, 0]) == ref[0][1]
         np.testing.assert_allclose(one_scores[b, 0], ref[0][0], rtol=1e-5)
     assert len(one_steps) < len(all_steps), (len(one_steps), len(all_steps))
+
+
+def test_dropped_sentences_leave_the_step_function():
+    """With drop_finished the step function sees only the beams of sentences not
+    yet done: the rows it runs shrink as sentences end, and sum to fewer than the
+    full batch's rows times the steps."""
+    model = ToyModel(seed=8, vocab=10, batch=6, eos_bias=1.0)
+    max_lengths = [2, 30, 4, 30, 1, 30]
+    _, _, full_rows = count_steps(model, max_lengths, beam_size=4)
+    seqs, _, rows = count_steps(model, max_lengths, beam_size=4, drop_finished=True)
+    assert full_rows == [24] * len(full_rows)
+    assert rows[0] == 24 and rows == sorted(rows, reverse=True) and rows[-1] < 24
+    assert all(r % 4 == 0 for r in rows) and len(rows) == len(full_rows)
+    assert (seqs[4, 0, 1:] == PAD_ID).all()  # the 1-token sentence ended at step 0
+
+
+def test_patience_stops_after_round_beam_times_patience_hypotheses():
+    """CTranslate2's patience rule: a sentence stops once round(k * patience)
+    hypotheses have finished. Off (None, 0) it is the exact search; a large
+    patience never triggers before the exact bound; patience 0.25 (one
+    hypothesis at beam 4) stops at the first finished one, which is a valid,
+    correctly scored hypothesis, no better than the exact best."""
+    model = ToyModel(seed=12, vocab=10, batch=16, eos_bias=0.0)
+    max_lengths = np.tile([20, 14, 25, 9], 4)
+    exact, exact_scores, exact_steps = count_steps(model, max_lengths, beam_size=4)
+    for patience in (None, 0.0, 100.0):
+        seqs, scores, steps = count_steps(model, max_lengths, beam_size=4, patience=patience)
+        np.testing.assert_array_equal(seqs, exact)
+        np.testing.assert_array_equal(scores, exact_scores)
+        assert len(steps) == len(exact_steps)
+    seqs, scores, steps = count_steps(model, max_lengths, beam_size=4, patience=0.25)
+    assert len(steps) < len(exact_steps)
+    assert (scores[:, 0] <= exact_scores[:, 0] + 1e-6).all()
+    assert (scores[:, 0] < exact_scores[:, 0] - 1e-6).any()
+    for b in range(16):
+        np.testing.assert_allclose(scores[b, 0], ref_score(model, b, strip(seqs[b, 0]), 0.6), rtol=1e-5)
+

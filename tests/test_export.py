@@ -515,29 +515,24 @@ def test_output_without_eos_stops_at_source_length_plus_extra(exported):
     """With EOS made impossible, every hypothesis runs to source tokens + extra_length."""
     from keras_transformer.constants import EOS_ID, NEG_INF, PAD_ID
 
-    translator = exported["translator"]
-    make_step_fn = translator.decoder.make_step_fn
+    from keras_transformer.translator import Translator
 
-    def without_eos(source_ids, beam_size):
-        step_fn = make_step_fn(source_ids, beam_size)
+    trained = exported["translator"]
 
-        def masked(ids, cache, step):
-            logits, cache = step_fn(ids, cache, step)
-            vocab = tf.shape(logits)[-1]
-            return tf.where(tf.range(vocab) == EOS_ID, NEG_INF, logits), cache
-        return masked
+    def without_eos(logits):
+        vocab = tf.shape(logits)[-1]
+        return tf.where(tf.range(vocab) == EOS_ID, NEG_INF, logits)
 
-    translator.decoder.make_step_fn = without_eos
-    try:
-        texts = tf.constant(["the man", "the big cat buys a small book today", "book"])
-        source_ids, lengths = translator.encode_text(texts)
-        for extra in (0, 3, 10):
-            ids, _ = translator.search(source_ids, lengths, 4, 0.6, extra, 2)
+    translator = Translator(trained.model, trained.config, trained.sentencepiece_model,
+                            logits_filter=without_eos)
+    texts = tf.constant(["the man", "the big cat buys a small book today", "book"])
+    source_ids, lengths = translator.encode_text(texts)
+    for extra in (0, 3, 10):
+        for static_buffer in (False, True):
+            ids, _ = translator.search(source_ids, lengths, 4, 0.6, extra, 2, static_buffer=static_buffer)
             generated = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1).numpy()  # [batch, n]
             np.testing.assert_array_equal(generated, np.repeat((lengths.numpy() + extra)[:, None], 2, 1))
             assert not (ids.numpy() == EOS_ID).any()
-    finally:
-        translator.decoder.make_step_fn = make_step_fn
 
 
 @pytest.mark.parametrize("beam_size, num_results", [(1, 1), (4, 4)])

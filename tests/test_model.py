@@ -157,3 +157,26 @@ def test_loaded_keras_file_decodes_through_the_same_wiring(tmp_path):
     # A plain functional model has no encode/decode: refused in one line.
     with pytest.raises(TypeError, match="needs a Transformer from build_transformer"):
         IncrementalDecoder(keras.Model.from_config(model.get_config()), config)
+
+
+def test_growing_cache_and_per_sentence_cross_cache_match_the_full_pass():
+    """Decoding with self-attention caches that grow by concatenation (no
+    preallocated buffer, no causal mask) and cross-attention keys/values kept
+    once per sentence for 3 beams each gives the full pass's logits at every
+    position, and the caches hold exactly the positions decoded so far."""
+    rng = np.random.default_rng(5)
+    config = TransformerConfig(**TINY)
+    model = build_transformer(config)
+    source = random_ids(rng, (2, 6))
+    source[1, 3:] = PAD_ID
+    target = np.concatenate([np.full((2, 1), BOS_ID, "int32"), random_ids(rng, (2, 4))], axis=1)
+    full = np.asarray(model([source, target]))  # [2, 5, vocab]
+    decoder = IncrementalDecoder(model, config)
+    static = decoder.static_cache(source)
+    assert static["cross"][0][0].shape[0] == 2  # one row per sentence
+    cache = [(np.repeat(k, 3, 0), np.repeat(v, 3, 0)) for k, v in decoder.initial_self_attention_cache(2, 0)]
+    for t in range(target.shape[1]):
+        logits, cache = decoder.step(np.repeat(target[:, t:t + 1], 3, axis=0), cache, t, static, grow=True)
+        assert cache[0][0].shape == (6, config.num_heads, t + 1, config.head_size)
+        np.testing.assert_allclose(np.asarray(logits).reshape(2, 3, -1),
+                                   np.repeat(full[:, t][:, None], 3, axis=1), atol=1e-5)

@@ -111,11 +111,21 @@ class MultiHeadAttention(keras.layers.Layer):
             transpose of the whole buffer per decoding step).
             With `cache_index=None` it is a static cache: precomputed keys and
             values (cross-attention, computed once per source by
-            `compute_key_value`). With `cache_index` it is a self-attention
+            `compute_key_value`); it may have fewer rows than `query`, one
+            per `m` consecutive query rows (one per sentence, shared by its
+            `m` beams, which attend as `m * T_q` queries of that row). With
+            `cache_index` it is a self-attention
             cache of `S = max_length` slots: this call's keys/values are
             written at `cache_index ...`, and the queries attend causally to
             slots `<= cache_index + t`.
         cache_index: int32 scalar, the position of the first query.
+        grow_cache: with `cache_index`, the cache holds exactly the
+            `cache_index` positions before this call's (`S = cache_index`,
+            starting from `S = 0`), and this call's keys/values are appended
+            (concatenated) instead of written into preallocated slots: a
+            decoding step then costs in proportion to its position, not to
+            the buffer. Its shape changes every step (a TensorFlow graph
+            without XLA, or eager). Same results as the preallocated cache.
         training: enables dropout.
 
     Returns:
@@ -203,7 +213,10 @@ class MultiHeadAttention(keras.layers.Layer):
         return self.split_heads(k), self.split_heads(v)
 
     def call(self, query, value=None, attention_mask=None, attention_bias=None,
-             cache=None, cache_index=None, training=None, attention_scale=None):
+             cache=None, cache_index=None, training=None, attention_scale=None, grow_cache=False):
+        if cache is not None and cache_index is None:
+            return self._attend_static_cache(query, cache, attention_mask, attention_bias,
+                                             attention_scale, training)
         self_attention = value is None or value is query
         if cache is None and self_attention and self.fuse_projections:  # whole sequences
             q, k, v = (self.split_heads(x) for x in self.project(
@@ -214,20 +227,44 @@ class MultiHeadAttention(keras.layers.Layer):
             if not (self_attention and self.fuse_projections):
                 k, v = self.compute_key_value(query if value is None else value,
                                               fused=self.fuse_projections)  # [batch, heads, T_k, head_size]
-        elif cache_index is None:
-            k, v = cache
         else:
             new_k, new_v = self.compute_key_value(query if value is None else value)
-            k = write_cache(cache[0], new_k, cache_index)  # [batch, heads, max_length, head_size]
-            v = write_cache(cache[1], new_v, cache_index)
-            # Causal mask over the cache: query t (absolute position
-            # cache_index + t) sees slots <= cache_index + t.
-            slots = ops.arange(ops.shape(k)[2], dtype="int32")  # [max_length]
-            query_positions = ops.cast(cache_index, "int32") + ops.arange(ops.shape(q)[2], dtype="int32")
-            causal = ops.expand_dims(ops.expand_dims(slots, 0) <= ops.expand_dims(query_positions, 1),
-                                     0)  # [1, T_q, max_length]
-            attention_mask = causal if attention_mask is None else ops.logical_and(attention_mask, causal)
+            if grow_cache:  # the cache holds positions 0 .. cache_index - 1 exactly
+                k = ops.concatenate([cache[0], new_k], axis=2)  # [batch, heads, cache_index + T, head_size]
+                v = ops.concatenate([cache[1], new_v], axis=2)
+            else:
+                k = write_cache(cache[0], new_k, cache_index)  # [batch, heads, max_length, head_size]
+                v = write_cache(cache[1], new_v, cache_index)
+            if not (grow_cache and query.shape[1] == 1):  # one query at the end sees every slot
+                # Causal mask over the cache: query t (absolute position
+                # cache_index + t) sees slots <= cache_index + t.
+                slots = ops.arange(ops.shape(k)[2], dtype="int32")  # [slots]
+                query_positions = ops.cast(cache_index, "int32") + ops.arange(ops.shape(q)[2], dtype="int32")
+                causal = ops.expand_dims(ops.expand_dims(slots, 0) <= ops.expand_dims(query_positions, 1),
+                                         0)  # [1, T_q, slots]
+                attention_mask = causal if attention_mask is None else ops.logical_and(attention_mask, causal)
 
+        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training)
+        if cache is None:
+            return output
+        return output, (k, v)
+
+    def _attend_static_cache(self, query, cache, attention_mask, attention_bias, attention_scale, training):
+        """Attention over precomputed `(key, value)` `[rows, heads, S, head_size]`
+        (cross-attention during decoding), where `query` `[rows * m, T, d_model]`
+        may hold `m` query rows per cache row (the beams of one sentence: the
+        keys and values are kept once per sentence, and its beams' queries
+        attend to them together, as `[rows, m * T]` queries); masks and biases
+        have one row per cache row. Returns `(output [rows * m, T, d_model], cache)`."""
+        k, v = cache
+        shape = ops.shape(query)
+        query = ops.reshape(query, (ops.shape(k)[0], -1, self.d_model))  # [rows, m * T, d_model]
+        q = self.split_heads(self.query_dense(query))  # [rows, heads, m * T, head_size]
+        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training)
+        return ops.reshape(output, shape), cache  # [rows * m, T, d_model]
+
+    def _attend(self, q, k, v, attention_mask, attention_bias, attention_scale, training):
+        """softmax(q k^T / sqrt(d_k) (* scale) + bias, masked) v, then the output projection."""
         # Scores in float32 so that NEG_INF and the softmax are exact under
         # mixed precision.
         scores = ops.einsum("bhqd,bhkd->bhqk", q, k)  # [batch, heads, T_q, T_k]
@@ -244,10 +281,7 @@ class MultiHeadAttention(keras.layers.Layer):
         context = ops.einsum("bhqk,bhkd->bqhd", weights, v)  # [batch, T_q, heads, head_size]
         batch, length = ops.shape(context)[0], ops.shape(context)[1]
         context = ops.reshape(context, (batch, length, self.d_model))  # [batch, T_q, d_model]
-        output = self.output_dense(context)
-        if cache is None:
-            return output
-        return output, (k, v)
+        return self.output_dense(context)
 
     def compute_output_shape(self, query_shape, value_shape=None, cache_shape=None):
         output_shape = tuple(query_shape[:-1]) + (self.d_model,)  # [batch, T_q, d_model]

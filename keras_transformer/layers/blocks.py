@@ -137,8 +137,12 @@ class DecoderBlock(_BlockBase):
             values at `cache_index`.
         cache_index: int32 scalar, absolute position of `inputs[:, 0]`.
         cross_attention_cache: `(key, value)` of the encoder output, from
-            `cross_attention.compute_key_value(encoder_output)` once per source.
+            `cross_attention.compute_key_value(encoder_output)` once per source
+            (one row per sentence, shared by its beams: see `MultiHeadAttention`;
+            `encoder_padding_mask` then has one row per sentence too).
         training: enables dropout.
+        grow_cache: append this call's keys/values to `self_attention_cache`
+            instead of writing them at `cache_index` (see `MultiHeadAttention`).
 
     Returns:
         `[batch, T, d_model]`, and the updated self-attention cache when one
@@ -157,7 +161,7 @@ class DecoderBlock(_BlockBase):
 
     def call(self, inputs, encoder_output=None, encoder_padding_mask=None,
              self_attention_bias=None, self_attention_cache=None, cache_index=None,
-             cross_attention_cache=None, training=None):
+             cross_attention_cache=None, training=None, grow_cache=False):
         if self_attention_cache is None:
             length = ops.shape(inputs)[1]
             positions = ops.arange(length)
@@ -170,7 +174,7 @@ class DecoderBlock(_BlockBase):
             def self_attend(h):
                 return self.self_attention(h, attention_bias=self_attention_bias,
                                            cache=self_attention_cache, cache_index=cache_index,
-                                           training=training)
+                                           grow_cache=grow_cache, training=training)
         x, new_cache = self._apply(self.self_attention_residual, self_attend, inputs, training)
 
         cross_mask = None if encoder_padding_mask is None else ops.expand_dims(encoder_padding_mask, 1)
