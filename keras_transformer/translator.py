@@ -55,6 +55,10 @@ CHARS_PER_TOKEN_BOUND = 16
 # Batch sizes the XLA-compiled search is compiled for: a request is padded
 # to the next one; larger requests to the next multiple of the last one.
 XLA_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# The XLA-compiled search runs in stages whose self-attention buffers hold this
+# many positions (then the whole buffer): a step reads and reorders a buffer of
+# its stage's size, not `source + 50` (`beam_search(cache_stages=...)`).
+XLA_CACHE_STAGES = (16, 32, 64)
 # Smallest source-width bucket (tokens, EOS included); the others double up to max_length.
 XLA_MIN_LENGTH_BUCKET = 16
 
@@ -252,10 +256,11 @@ class Translator:
                 batch = tf.shape(source_ids)[0]
                 buffer_length = tf.shape(source_ids)[1] - 1 + extra
                 static = self.decoder.static_cache(source_ids)
-                cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
+                cache = self.decoder.initial_self_attention_cache(batch, 0)
                 return beam_search(self._step_fn(grow=False), cache, batch, max_lengths, beam_size=beam_size,
                                    alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
-                                   static_cache=static, patience=patience)
+                                   static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,
+                                   resize_cache=self.decoder.resize_self_attention_cache)
 
             self._compiled[key] = tf.function(search, jit_compile=True, input_signature=[
                 tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),

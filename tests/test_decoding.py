@@ -523,3 +523,52 @@ def test_patience_stops_after_round_beam_times_patience_hypotheses():
     for b in range(16):
         np.testing.assert_allclose(scores[b, 0], ref_score(model, b, strip(seqs[b, 0]), 0.6), rtol=1e-5)
 
+
+def history_step_fn(model):
+    """The toy step function plus a buffer cache `hist` [rows, slots] written at
+    position `step` (a where-blend, as the decoder's preallocated caches) whose
+    contents feed the logits: a search that loses or misplaces buffer contents
+    between stages gets other logits."""
+    def step_fn(ids, cache, step):
+        logits, inner = model.step_fn(ids, {k: v for k, v in cache.items() if k != "hist"}, step)
+        hist = cache["hist"]
+        slots = ops.arange(ops.shape(hist)[1], dtype="int32")  # [slots]
+        hist = ops.where(slots[None, :] == step, ops.cast(ids, "float32") + 1.0, hist)  # [rows, slots]
+        weights = ops.cos(ops.cast(slots, "float32"))  # depends on the position, not on the buffer size
+        mixed = ops.sum(hist * weights[None, :], axis=1, keepdims=True)  # [rows, 1]
+        logits = logits + 0.3 * ops.sin(mixed * ops.arange(model.vocab, dtype="float32")[None, :])
+        return logits, {**inner, "hist": hist}
+
+    return step_fn
+
+
+def resize_history(cache, length):
+    hist = cache["hist"]
+    return {**cache, "hist": ops.pad(hist, [[0, 0], [0, length - ops.shape(hist)[1]]])}
+
+
+def test_cache_stages_equal_one_buffer_eager_and_xla():
+    """The loop in stages (the buffer padded to 2, then 5, then 12 positions)
+    gives the results of one loop over a 12-position buffer, eagerly and
+    XLA-compiled."""
+    model = ToyModel(seed=17, vocab=9, batch=5, eos_bias=-0.5)
+    max_lengths = np.array([1, 3, 12, 7, 5], "int32")
+
+    def search(h, acc, lengths, staged):
+        start = {"sid": tf.range(5), "h": h, "acc": acc}
+        if staged:
+            return beam_search(history_step_fn(model), {**start, "hist": tf.zeros([5, 0])}, 5, lengths,
+                               beam_size=4, num_results=2, max_decode_length=12, cache_stages=(2, 5),
+                               resize_cache=resize_history)
+        return beam_search(history_step_fn(model), {**start, "hist": tf.zeros([5, 12])}, 5, lengths,
+                           beam_size=4, num_results=2, max_decode_length=12)
+
+    want = [np.asarray(t) for t in search(model.h0, model.acc0, max_lengths, staged=False)]
+    assert len({len(strip(row)) for row in want[0][:, 0]}) > 2  # outputs of several lengths
+    staged = [np.asarray(t) for t in search(model.h0, model.acc0, max_lengths, staged=True)]
+    np.testing.assert_array_equal(staged[0], want[0])
+    np.testing.assert_allclose(staged[1], want[1], rtol=1e-6)
+    xla = tf.function(lambda h, a, m: search(h, a, m, staged=True), jit_compile=True)
+    compiled = [t.numpy() for t in xla(model.h0, model.acc0, max_lengths)]
+    np.testing.assert_array_equal(compiled[0], want[0])
+    np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5)
