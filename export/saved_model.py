@@ -21,9 +21,16 @@ asset file to lose), the averaged weights and the beam search:
   request fails);
 * `translate_options`: `text` string `[None]`, `beam_size` int32 scalar
   (1..8), `alpha` float32 scalar, `extra_length` int32 scalar (0..50),
-  `num_results` int32 scalar (1..beam_size) -> `translations` string
-  `[None, None]`, `scores` float32 `[None, None]`, best first. Out-of-range
-  options are clipped to those ranges rather than failing the request.
+  `num_results` int32 scalar (1..beam_size), `patience` float32 scalar
+  -> `translations` string `[None, None]`, `scores` float32 `[None, None]`,
+  best first. Out-of-range options are clipped to those ranges rather than
+  failing the request. `patience` <= 0 is the exact search; > 0 stops a
+  sentence once `round(beam_size * patience)` hypotheses have finished
+  (CTranslate2's rule: faster, not exact; `beam_search`).
+
+The search is exact by default (the best translation is the one a search
+without early stop finds); `--patience P` makes CTranslate2's patience stop
+the default of `serving_default`, `translate_xla` and `translate_litert`.
 
 A syntax-aware model (`TransformerConfig.syntax_aware`) is exported with
 `serving_default` and `translate_options` only, and their input is
@@ -81,7 +88,7 @@ class TranslationModule(tf.Module):
         tokenizer_model: SentencePiece model bytes (`Tokenizer.model_bytes`).
     """
 
-    def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes):
+    def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes, patience: float = 0.0):
         super().__init__(name="translation_module")
         # Track the tf.Variables behind the Keras variables, not the Keras
         # model: a Keras 3 model held by a tf.Module saves its wrapper
@@ -92,6 +99,8 @@ class TranslationModule(tf.Module):
         self.model_variables = [v.value for v in model.variables]
         self._translator = Translator(model, config, tokenizer_model)  # not trackable: not saved
         self._config = config
+        # The default signatures' patience stop (None: the exact search).
+        self._patience = float(patience) if patience and patience > 0 else None
         source = "conllu" if config.syntax_aware else "text"
         self.serve = tf.function(self._serve, input_signature=[
             tf.TensorSpec([None], tf.string, name=source)])
@@ -101,6 +110,7 @@ class TranslationModule(tf.Module):
             tf.TensorSpec([], tf.float32, name="alpha"),
             tf.TensorSpec([], tf.int32, name="extra_length"),
             tf.TensorSpec([], tf.int32, name="num_results"),
+            tf.TensorSpec([], tf.float32, name="patience"),
         ])
         if config.syntax_aware:  # CoNLL-U in: no LiteRT / XLA variants (saving traces every tf.function)
             return
@@ -112,29 +122,32 @@ class TranslationModule(tf.Module):
     def _serve(self, text):
         config = self._config
         strings, scores = self._translator.translate_graph(
-            text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1)
+            text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1,
+            patience=self._patience)
         return {"translation": strings[:, 0], "score": scores[:, 0]}
 
     def _serve_litert(self, text):
         config = self._config
         strings, scores = self._translator.translate_graph(
             text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1,
-            litert_batch=LITERT_MAX_BATCH)
+            litert_batch=LITERT_MAX_BATCH, patience=self._patience)
         return {"translation": strings[:, 0], "score": scores[:, 0]}
 
     def _serve_xla(self, text):
         config = self._config
         strings, scores = self._translator.translate_graph(
-            text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1, xla=True)
+            text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1, xla=True,
+            patience=self._patience)
         return {"translation": strings[:, 0], "score": scores[:, 0]}
 
-    def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results):
+    def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results, patience):
         beam_size = tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE)
         num_results = tf.clip_by_value(num_results, 1, beam_size)
 
         def branch(beam):
             def run():
-                strings, scores = self._translator.translate_graph(text, beam, alpha, extra_length, beam)
+                strings, scores = self._translator.translate_graph(text, beam, alpha, extra_length, beam,
+                                                                   patience=patience)
                 pad = [[0, 0], [0, MAX_BEAM_SIZE - beam]]
                 return (tf.pad(strings, pad, constant_values=""),  # [batch, MAX_BEAM_SIZE]
                         tf.pad(scores, pad, constant_values=NEG_INF))
@@ -208,7 +221,7 @@ def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator
 
 
 def export_model(model, config: TransformerConfig, tokenizer, output, version: int | None = None,
-                 xla_warmup: bool = False, only_signatures=None) -> pathlib.Path:
+                 xla_warmup: bool = False, only_signatures=None, patience: float = 0.0) -> pathlib.Path:
     """Exports `model` to `output/<version>` atomically; returns that path.
 
     Args:
@@ -223,6 +236,8 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
         only_signatures: if given, export only these signature names
             (`serving_default` always): for benchmarks that time one
             signature and need not trace the others. Not a serving export.
+        patience: the default signatures' patience stop (0: the exact search;
+            see the module docstring).
     """
     output = pathlib.Path(output)
     output.mkdir(parents=True, exist_ok=True)
@@ -231,7 +246,9 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
     if final.exists():
         raise FileExistsError(f"{final} already exists; TF Serving versions are immutable, pick another --version")
     tokenizer_model = tokenizer if isinstance(tokenizer, bytes) else tokenizer.model_bytes
-    module = TranslationModule(model, config, tokenizer_model)
+    if patience < 0:
+        raise ValueError(f"patience must be >= 0 (0: the exact search), got {patience}")
+    module = TranslationModule(model, config, tokenizer_model, patience=patience)
     staging = output / f".tmp-{version}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -260,6 +277,10 @@ def main(argv=None) -> int:
                         help="also warm up translate_xla, one request per length and batch bucket; only for "
                              "a TF Serving started with --xla_cpu_compilation_enabled (a default one fails the "
                              "load on these requests)")
+    parser.add_argument("--patience", type=float, default=0.0,
+                        help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
+                             "does, in serving_default, translate_xla and translate_litert (default 0: the exact "
+                             "search; translate_options takes it per request)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
@@ -268,7 +289,8 @@ def main(argv=None) -> int:
 
     try:
         model, config, tokenizer = load_trained(args.model_dir)
-        path = export_model(model, config, tokenizer, args.output, args.version, xla_warmup=args.xla_warmup)
+        path = export_model(model, config, tokenizer, args.output, args.version, xla_warmup=args.xla_warmup,
+                            patience=args.patience)
     except (RunError, TokenizerError, FileExistsError, ValueError) as error:
         print(f"export.saved_model: error: {error}", file=sys.stderr)
         return 2

@@ -7,8 +7,8 @@ project's own code is not imported by the model). With the export's
 defaults it calls the `translate_xla` signature (the search XLA-compiled:
 this is our own Python process, where XLA runs; same translations as
 `serving_default`, which `--no-xla` calls, and which exports older than
-that signature fall back to); `--beam-size`, `--alpha`, `--n-best` use the
-`translate_options` signature. A syntax-aware export reads CoNLL-U from
+that signature fall back to); `--beam-size`, `--alpha`, `--n-best`,
+`--patience` use the `translate_options` signature. A syntax-aware export reads CoNLL-U from
 stdin instead (sentences separated by blank lines) and prints one
 translation per sentence.
 """
@@ -39,6 +39,9 @@ def main(argv=None) -> int:
     parser.add_argument("--alpha", type=float, default=None,
                         help=f"length penalty exponent (default {DEFAULTS.length_penalty_alpha})")
     parser.add_argument("--n-best", type=int, default=1, help="print the n best, tab-separated with scores")
+    parser.add_argument("--patience", type=float, default=None,
+                        help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
+                             "does (faster, not exact; default: the exact search)")
     parser.add_argument("--batch-size", type=int, default=64, help="lines per request")
     parser.add_argument("--no-xla", action="store_true",
                         help="call serving_default (plain TensorFlow, as TF Serving runs it) instead of "
@@ -62,12 +65,19 @@ def main(argv=None) -> int:
     # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
     # sentences separated by blank lines, one translation printed per sentence.
     source = "conllu" if "conllu" in default.structured_input_signature[1] else "text"
+    # Exports older than the patience input have none (and only the exact search).
+    has_patience = "patience" in options.structured_input_signature[1]
+    if args.patience is not None and not has_patience:
+        print(f"export.translate: error: {args.saved_model} predates --patience (its translate_options "
+              f"has no patience input); export the model again", file=sys.stderr)
+        return 2
+    patience = {"patience": tf.constant(args.patience or 0.0, tf.float32)} if has_patience else {}
 
     def flush(batch):
         if not batch:
             return
         text = tf.constant(batch)
-        if args.beam_size is None and args.n_best == 1 and args.alpha is None:
+        if args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None:
             for line in default(**{source: text})["translation"].numpy():
                 print(line.decode("utf-8"))
             return
@@ -75,7 +85,7 @@ def main(argv=None) -> int:
         out = options(**{source: text}, beam_size=tf.constant(args.beam_size or DEFAULTS.beam_size),
                       alpha=tf.constant(alpha, tf.float32),
                       extra_length=tf.constant(DEFAULTS.decode_extra_length),
-                      num_results=tf.constant(args.n_best))
+                      num_results=tf.constant(args.n_best), **patience)
         for row, scores in zip(out["translations"].numpy(), out["scores"].numpy()):
             if args.n_best == 1:
                 print(row[0].decode("utf-8"))

@@ -94,7 +94,7 @@ FRESH = """
     out = loaded.signatures["serving_default"](text=tf.constant(json.loads(sys.argv[2])))
     options = loaded.signatures["translate_options"](
         text=tf.constant(json.loads(sys.argv[2])), beam_size=tf.constant(1), alpha=tf.constant(0.6),
-        extra_length=tf.constant(50), num_results=tf.constant(1))
+        extra_length=tf.constant(50), num_results=tf.constant(1), patience=tf.constant(0.0))
     project = [m for m in sys.modules if m.split(".")[0] in ("keras_transformer", "export", "train")]
     assert not project, project
     print(json.dumps({"translation": [t.decode() for t in out["translation"].numpy()],
@@ -188,12 +188,42 @@ def test_batch_translates_like_each_sentence_alone(loaded):
         assert alone["score"].numpy()[0] == pytest.approx(batch["score"].numpy()[i], abs=1e-5)
 
 
+def test_patience_option_and_export_default(exported, loaded):
+    """translate_options' `patience`: 0 is the exact search (= serving_default);
+    0.25 at beam 4 (stop at the first finished hypothesis) gives what the
+    in-process search with that patience gives, never a better score than the
+    exact one; an export made with that patience as its default serves the
+    same translations from serving_default."""
+    from export.saved_model import TranslationModule
+
+    translator = exported["translator"]
+    options = loaded.signatures["translate_options"]
+    texts = tf.constant(GOLDEN)
+
+    def run(patience):
+        out = options(text=texts, beam_size=tf.constant(4), alpha=tf.constant(0.6), extra_length=tf.constant(50),
+                      num_results=tf.constant(1), patience=tf.constant(patience))
+        return [t.decode() for t in out["translations"].numpy()[:, 0]], out["scores"].numpy()[:, 0]
+
+    exact, exact_scores = run(0.0)
+    served = loaded.signatures["serving_default"](text=texts)
+    assert exact == [t.decode() for t in served["translation"].numpy()]
+    fast, fast_scores = run(0.25)
+    strings, scores = tf.function(lambda t: translator.translate_graph(
+        t, 4, 0.6, translator.config.decode_extra_length, 1, patience=0.25))(texts)
+    assert fast == [t.decode() for t in strings.numpy()[:, 0]]
+    np.testing.assert_allclose(fast_scores, scores.numpy()[:, 0], atol=1e-5)
+    assert (fast_scores <= exact_scores + 1e-5).all()
+    module = TranslationModule(translator.model, translator.config, translator.sentencepiece_model, patience=0.25)
+    assert [t.decode() for t in module.serve(texts)["translation"].numpy()] == fast
+
+
 def test_options_signature_n_best_and_clipping(exported, loaded):
     options = loaded.signatures["translate_options"]
 
     def run(beam, n, alpha=0.6):
         return options(text=tf.constant(GOLDEN[:2]), beam_size=tf.constant(beam), alpha=tf.constant(alpha),
-                       extra_length=tf.constant(10), num_results=tf.constant(n))
+                       extra_length=tf.constant(10), num_results=tf.constant(n), patience=tf.constant(0.0))
 
     out = run(4, 3)
     assert out["translations"].shape == (2, 3)
