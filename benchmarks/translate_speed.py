@@ -13,6 +13,10 @@ What it measures, in one process, on the same weights and the same sentences:
 * `translate_xla`: the same export's XLA signature (the search compiled, on
   inputs padded to batch and length buckets; what `export.translate` and
   training's BLEU run); its untimed warm-up pass compiles the programs;
+* `litert float32`: the same export's `translate_litert` signature converted
+  by `export.tflite` (float32, no quantization) and run by `ai_edge_litert`
+  with `--threads` threads (`--no-litert` skips it): what a user serving
+  LiteRT gets, search and tokenizer inside;
 * `ctranslate2 float32` / `ctranslate2 int8`: the same weights converted by
   `export.ctranslate2` and run by `ctranslate2.Translator` (CPU,
   `intra_threads=--threads`, one translator thread), strings in, strings out
@@ -46,6 +50,16 @@ the median tokens/s over rounds with the min-max, and for each variant the
 median (min-max) over rounds of the per-round ratio of its tokens/s to
 CTranslate2 float32's. The last line is `name: value` (the headline ratio:
 `serving_default` / CTranslate2 float32 at the first batch size).
+
+Per batch size a second table describes our search: loop steps per batch,
+rows per step (sentences x beam the step function runs on, mean over
+steps) and milliseconds per step (the variant's median pass time divided
+by the steps). The steps and rows are counted in the main process on the
+same search (`SearchProfile`: a `Translator` whose `logits_filter`
+counts); every variant of ours runs the same steps (same search, same
+stopping rule). `serving_default` drops finished sentences, so its rows
+shrink as sentences end; `translate_xla` runs every row of its padded
+batch bucket and LiteRT every sentence of the batch until the loop ends.
 
 Two model sources:
 
@@ -88,6 +102,7 @@ SHAPE_SENTENCES = SHARED_DATA / "newstest2014" / "newstest2014.en-de.en"
 BASELINE = "ctranslate2 float32"
 OURS = "serving_default"
 XLA = "translate_xla"
+LITERT = "litert float32"
 
 
 def parse_args(argv=None):
@@ -111,6 +126,9 @@ def parse_args(argv=None):
     parser.add_argument("--quantizations", default="float32,int8",
                         help="CTranslate2 compute types to compare (default float32,int8)")
     parser.add_argument("--no-xla", action="store_true", help="skip the translate_xla variant")
+    parser.add_argument("--no-litert", action="store_true",
+                        help="skip the LiteRT variant (the export's translate_litert signature converted by "
+                             "export.tflite, float32, run by ai_edge_litert with --threads threads)")
     parser.add_argument("--pause", type=float, default=1.0,
                         help="seconds of idle time before each variant's timed pass (default 1)")
     parser.add_argument("--vocab-size", type=int, default=32000,
@@ -191,7 +209,28 @@ def _serve_worker(connection, kind, path, threads, options, eos_id):
     their own thread pools; measured with this script before it used workers)."""
     import sentencepiece as spm
 
-    if kind.startswith("saved_model:"):
+    if kind == "litert":
+        import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
+        import tensorflow as tf
+
+        from export.tflite import load_interpreter, translate_lines
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        # LiteRT's runtime announces its XNNPACK delegate on stderr when the interpreter
+        # is made; keep the benchmark's stderr for real problems.
+        saved_stderr = os.dup(2)
+        try:
+            with open(os.devnull, "w") as devnull:
+                os.dup2(devnull.fileno(), 2)
+                interpreter = load_interpreter(path, num_threads=threads)
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+
+        def translate(texts):
+            return translate_lines(interpreter, texts)[0], None
+    elif kind.startswith("saved_model:"):
         import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
         import tensorflow as tf
         import tensorflow_text  # noqa: F401  (the tokenizer ops, as a user loads the export)
@@ -263,11 +302,16 @@ class Variants:
         options = _Options(config, args.beam_size, args.patience)
         # Only the signatures timed here (serving_default, translate_xla): the same
         # graphs as a full export's, without tracing the options and LiteRT ones.
-        export = str(export_model(model, config, tokenizer, work / "export",
-                                  only_signatures=() if args.no_xla else (XLA,)))
+        from export.saved_model import LITERT_SIGNATURE
+        from export.tflite import convert as convert_litert
+
+        signatures = (() if args.no_xla else (XLA,)) + (() if args.no_litert else (LITERT_SIGNATURE,))
+        export = str(export_model(model, config, tokenizer, work / "export", only_signatures=signatures))
         paths = {OURS: (f"saved_model:{OURS}", export)}
         if not args.no_xla:
             paths[XLA] = (f"saved_model:{XLA}", export)
+        if not args.no_litert:
+            paths[LITERT] = ("litert", str(convert_litert(export, work / "model.tflite")))
         for quantization in args.quantizations:
             path = convert(model, config, tokenizer, work / f"ctranslate2-{quantization}",
                            quantization=None if quantization == "float32" else quantization)
@@ -302,7 +346,42 @@ class Variants:
         return sum(len(self.processor.encode(t)) + 1 for t in translations)
 
 
-def run_batch_size(variants, sentences, batch_size, rounds, pause):
+class SearchProfile:
+    """Loop steps and rows of the search per batch, counted in this process by the
+    `Translator` the export is made from (the same search as `serving_default`),
+    through a `logits_filter` that counts the step function's calls and rows."""
+
+    def __init__(self, model, config, tokenizer, beam_size):
+        import tensorflow as tf
+
+        from keras_transformer.translator import Translator
+
+        self.counts = tf.Variable([0, 0], dtype=tf.int64)  # steps, rows (sentences x beams) run
+
+        def count(logits):
+            self.counts.assign_add(tf.cast(tf.stack([1, tf.shape(logits)[0]]), tf.int64))
+            return logits
+
+        translator = Translator(model, config, tokenizer.model_bytes, logits_filter=count)
+        self.beam_size = beam_size
+        self.search = tf.function(lambda text: translator.translate_graph(
+            text, beam_size, config.length_penalty_alpha, config.decode_extra_length, 1)[0],
+            input_signature=[tf.TensorSpec([None], tf.string)])
+        self.xla_batch = lambda n: int(translator.bucketed_shape(n, 1)[0])
+
+    def __call__(self, batches):
+        """`(steps, rows)`: loop steps and rows run, summed over `batches`."""
+        import tensorflow as tf
+
+        total = [0, 0]
+        for batch in batches:
+            self.counts.assign([0, 0])
+            self.search(tf.constant(batch))
+            total = [a + int(b) for a, b in zip(total, self.counts.numpy())]
+        return total
+
+
+def run_batch_size(variants, sentences, batch_size, rounds, pause, profile=None):
     batches = [sentences[i:i + batch_size] for i in range(0, len(sentences), batch_size)]
     names = list(variants.calls)
     warm_up = {name: variants.run(name, batches) for name in names}
@@ -313,9 +392,10 @@ def run_batch_size(variants, sentences, batch_size, rounds, pause):
         same = sum(a == b for a, b in zip(outputs[OURS], outputs[name]))
         lines.append(f"# {OURS} vs {name}: {same} of {len(sentences)} translations identical; "
                      f"target tokens {tokens[OURS]} vs {tokens[name]}")
-    if XLA in outputs:
-        same = sum(a == b for a, b in zip(outputs[OURS], outputs[XLA]))
-        lines.append(f"# {OURS} vs {XLA}: {same} of {len(sentences)} translations identical")
+    for name in (XLA, LITERT):
+        if name in outputs:
+            same = sum(a == b for a, b in zip(outputs[OURS], outputs[name]))
+            lines.append(f"# {OURS} vs {name}: {same} of {len(sentences)} translations identical")
     lengths = sorted(warm_up[BASELINE][2])
     lines.append(f"# generated tokens per sentence (CTranslate2 float32's ids, EOS included if produced): "
                  f"{lengths[0]}..{lengths[-1]}")
@@ -336,7 +416,28 @@ def run_batch_size(variants, sentences, batch_size, rounds, pause):
         ratios[name] = statistics.median(per_round)
         lines.append(f"| {name} | {statistics.median(rate[name]):.0f} ({min(rate[name]):.0f}-{max(rate[name]):.0f}) "
                      f"| {ratios[name]:.2f} ({min(per_round):.2f}-{max(per_round):.2f}) |")
+    if profile is not None:
+        lines += search_lines(profile, batches, seconds, batch_size)
     return lines, ratios
+
+
+def search_lines(profile, batches, seconds, batch_size):
+    """The search's loop steps per batch, rows per step and time per step of our variants.
+    Every variant of ours runs the same steps (the same search and stopping rule);
+    `serving_default` runs only the sentences not yet done, `translate_xla` every row of
+    its padded batch bucket, LiteRT every sentence of the batch, to the end of the loop."""
+    steps, rows = profile(batches)
+    beam = profile.beam_size
+    computed = {OURS: rows / steps,
+                XLA: sum(profile.xla_batch(len(b)) * beam for b in batches) / len(batches),
+                LITERT: sum(len(b) * beam for b in batches) / len(batches)}
+    lines = [f"\n| batch {batch_size}: search | loop steps per batch | rows per step, mean (sentences x beam) "
+             f"| ms per step |", "|---|---|---|---|"]
+    for name in (OURS, XLA, LITERT):
+        if name in seconds:
+            per_step = statistics.median(seconds[name]) / steps * 1000
+            lines.append(f"| {name} (search) | {steps / len(batches):.1f} | {computed[name]:.1f} | {per_step:.2f} |")
+    return lines
 
 
 def main(argv=None):
@@ -358,6 +459,7 @@ def main(argv=None):
         else:
             model, config, tokenizer, sentences, described = shaped_model(args, work)
         variants = Variants(model, config, tokenizer, work, args)
+        profile = SearchProfile(model, config, tokenizer, args.beam_size)
         load = os.getloadavg()
         print(f"# translate speed: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, "
               f"{os.cpu_count()} CPU(s), load average {load[0]:.2f} at start; TF {tf.__version__}, "
@@ -369,7 +471,7 @@ def main(argv=None):
         try:
             for batch_size in args.batch_sizes:
                 subset = sentences if batch_size > 1 else sentences[:args.batch_one_count]
-                lines, ratios = run_batch_size(variants, subset, batch_size, args.rounds, args.pause)
+                lines, ratios = run_batch_size(variants, subset, batch_size, args.rounds, args.pause, profile)
                 print("\n".join(lines) + "\n", flush=True)
                 headline = headline or (batch_size, ratios[OURS])
         finally:

@@ -89,13 +89,14 @@ def convert(saved_model_dir, output, quantize: str = "none") -> pathlib.Path:
     return output
 
 
-def load_interpreter(model_path):
-    """An `ai_edge_litert` interpreter with TF Text's kernels registered."""
+def load_interpreter(model_path, num_threads=None):
+    """An `ai_edge_litert` interpreter with TF Text's kernels registered
+    (`num_threads`: LiteRT's CPU threads; None is its default)."""
     import tensorflow_text
     from ai_edge_litert.interpreter import InterpreterWithCustomOps
 
     return InterpreterWithCustomOps(custom_op_registerers=tensorflow_text.tflite_registrar.SELECT_TFTEXT_OPS,
-                                    model_path=str(model_path))
+                                    model_path=str(model_path), num_threads=num_threads)
 
 
 def translate_lines(interpreter, lines):
