@@ -19,6 +19,11 @@ What it does, as a user would:
    100 validation sentences at every checkpoint against minutes of
    training, with the final test2016 BLEU.
 
+4. With `--patience 1,2`: translates valid and test2016 again with the
+   export's `translate_options` (plain graph) for each patience and for 0
+   (our exact search) and prints a table of cased BLEU, how many
+   translations equal the exact search's, and seconds.
+
 The last line is `test2016_bleu: X` (cased). The data is read from
 `../shared/data/multi30k` at run time and never copied into the repository.
 """
@@ -49,9 +54,19 @@ def parse_args(argv=None):
                         help="a directory with train/valid/test2016 .en/.de files (default: the shared Multi30k)")
     parser.add_argument("--config", default="multi30k", help="train.py preset (default: the multi30k recipe)")
     parser.add_argument("--test", default="test2016", help="test file stem in --data (default test2016)")
+    parser.add_argument("--patience", default="",
+                        help="comma-separated patience values (e.g. 1,2): also translate valid and the test file "
+                             "with translate_options at each and at 0 (the exact search) and print their BLEU "
+                             "(CTranslate2's stopping rule against ours)")
     parser.add_argument("--train-args", default="",
                         help="extra train.py flags, e.g. '--steps 20 --checkpoint-every 10' (smoke tests)")
     args = parser.parse_args(argv)
+    try:
+        args.patience = [float(p) for p in args.patience.split(",") if p.strip()]
+    except ValueError:
+        parser.error(f"--patience takes comma-separated numbers, got {args.patience!r}")
+    if any(p <= 0 for p in args.patience):
+        parser.error("--patience values must be > 0 (0, the exact search, is always included)")
     if args.minutes <= 0:
         parser.error("--minutes must be > 0")
     for lang in ("en", "de"):
@@ -91,6 +106,43 @@ def translate(export, sources, batch_size=64):
         out = signature(text=tf.constant(sources[i:i + batch_size]))["translation"].numpy()
         hypotheses.extend(t.decode("utf-8") for t in out)
     return hypotheses
+
+
+def patience_table(export, data, splits, values, batch_size=64):
+    """Cased BLEU of the export's `translate_options` (beam 4, alpha 0.6, +50) on each
+    split for patience 0 (exact) and each of `values`: the table's lines."""
+    import sacrebleu
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the tokenizer ops)
+
+    options = tf.saved_model.load(str(export)).signatures["translate_options"]
+
+    def translate(sources, patience):
+        out = []
+        for i in range(0, len(sources), batch_size):
+            result = options(text=tf.constant(sources[i:i + batch_size]), beam_size=tf.constant(4),
+                             alpha=tf.constant(0.6), extra_length=tf.constant(50), num_results=tf.constant(1),
+                             patience=tf.constant(patience, tf.float32))
+            out.extend(t.decode("utf-8") for t in result["translations"].numpy()[:, 0])
+        return out
+
+    header = " | ".join(f"{split} BLEU | {split} = exact | {split} s" for split in splits)
+    lines = [f"| patience | {header} |", "|---" * (1 + 3 * len(splits)) + "|"]
+    exact = {}
+    for patience in [0.0, *values]:
+        cells = []
+        for split in splits:
+            sources = (data / f"{split}.en").read_text(encoding="utf-8").splitlines()
+            references = (data / f"{split}.de").read_text(encoding="utf-8").splitlines()
+            started = time.time()
+            hypotheses = translate(sources, patience)
+            seconds = time.time() - started
+            exact.setdefault(split, hypotheses)
+            same = sum(a == b for a, b in zip(hypotheses, exact[split]))
+            bleu = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score
+            cells.append(f"{bleu:.2f} | {same}/{len(sources)} | {seconds:.1f}")
+        lines.append(f"| {patience:g}{' (exact)' if patience == 0 else ''} | {' | '.join(cells)} |")
+    return lines
 
 
 def plot(model_dir, test_bleu, minutes):
@@ -146,6 +198,10 @@ def main(argv=None):
     print(f"# {args.test} cased BLEU {score.score:.2f} [{cased.get_signature()}]")
     print(f"# {args.test} lowercased BLEU {lower.score:.2f} [{lowercased.get_signature()}]")
     print(f"# curve: {png}")
+    if args.patience:
+        print("# translate_options (beam 4, alpha 0.6, +50, no XLA) with CTranslate2's patience stop; cased BLEU:")
+        splits = ["valid", args.test] if args.test != "valid" else ["valid"]
+        print("\n".join(patience_table(results["export"], data, splits, args.patience)))
     print(f"{args.test}_bleu: {score.score:.2f}")
     return 0
 

@@ -67,12 +67,14 @@ Decoding differences (`translation_options` gives the closest options):
   alive hypotheses, and the alive sets are the same (the best `beam`
   candidates that do not end). We finish every EOS candidate among the
   `2 * beam`, keep the best `beam` finished ones and stop a sentence when no
-  alive hypothesis can beat the worst of them; CTranslate2 finishes only the
+  alive hypothesis can beat the best of them (the worst, when several
+  results are asked); CTranslate2 finishes only the
   EOS candidates among the first `beam` and stops once it has
   `beam * patience` finished hypotheses, then picks the best. Given the same
   length limit, ours therefore never returns a hypothesis that scores worse,
   under our penalty, than CTranslate2's; CTranslate2 can return a worse one
-  when it stops early.
+  when it stops early. (Our export can stop by CTranslate2's rule too:
+  `export.saved_model --patience`, or `translate_options`' `patience`.)
   With its default `patience=1` that happened on 1-3 of the tests' 20
   sentences (toy models, five seeds), with `patience=2` on 0-1:
   `translation_options` uses 2. On 200 validation sentences of the `tiny`

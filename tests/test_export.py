@@ -77,7 +77,8 @@ def export_processes(exported, tmp_path_factory, request):
             lambda: run_module("export.translate", "--saved-model", path, stdin="\n".join(GOLDEN) + "\n"),
         "test_multi30k_benchmark_scores_a_finished_runs_export": lambda: (multi30k_run, subprocess.run(
             [sys.executable, "benchmarks/multi30k.py", "--model-dir", str(multi30k_run),
-             "--data", str(exported["data"]), "--test", "valid"], cwd=ROOT, capture_output=True, text=True,
+             "--data", str(exported["data"]), "--test", "valid", "--patience", "0.25"], cwd=ROOT,
+            capture_output=True, text=True,
             timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))),
     }
     selected = {item.originalname for item in request.session.items if item.module is request.module}
@@ -318,7 +319,7 @@ def test_multi30k_benchmark_scores_a_finished_runs_export(exported, export_proce
     sources = (data / "valid.en").read_text(encoding="utf-8").splitlines()
     references = (data / "valid.de").read_text(encoding="utf-8").splitlines()
     want = in_process(exported["translator"], sources)[0]
-    # benchmarks/multi30k.py --model-dir RUN --data DATA --test valid, RUN holding only results.json
+    # benchmarks/multi30k.py --model-dir RUN --data DATA --test valid --patience 0.25, RUN holding only results.json
     # (steps 250, 1.5 minutes, 1 checkpoint averaged, this export) and a two-row history.csv
     model_dir, result = export_processes["test_multi30k_benchmark_scores_a_finished_runs_export"].result()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -331,6 +332,12 @@ def test_multi30k_benchmark_scores_a_finished_runs_export(exported, export_proce
     assert f"# valid lowercased BLEU {lower:.2f} [nrefs:1|case:lc|" in out, out
     assert out.strip().splitlines()[-1] == f"valid_bleu: {cased:.2f}"
     assert (model_dir / "bleu_minutes.png").stat().st_size > 0
+    # --patience 0.25: the exact search's row scores what serving_default translates.
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in out.splitlines()
+            if line.startswith("| 0")}
+    assert set(rows) == {"0 (exact)", "0.25"}, out
+    assert float(rows["0 (exact)"][0]) == pytest.approx(cased, abs=0.006)
+    assert rows["0 (exact)"][1].strip() == f"{len(sources)}/{len(sources)}"
 
 
 def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch):
