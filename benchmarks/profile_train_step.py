@@ -9,7 +9,7 @@ The model, batches and compile settings are `benchmarks/train_speed.py`'s
 run). After a warm-up pass (tracing), `--passes` passes over the batches are
 timed without the profiler, then one pass is traced with
 `tf.profiler.experimental` (to `--logdir`) and read back with the profiler's
-own `framework_op_stats` tool (`profile_step.framework_op_stats`). Printed:
+own `framework_op_stats` tool (`framework_op_stats` below). Printed:
 
 1. seconds per pass, and the matmul FLOPs' share of the measured matmul
    peak (float32, or bfloat16 for a `-bf16` variant; best of 3 measurements,
@@ -28,6 +28,9 @@ than the wall time: read the fractions. The last line is
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
+import json
 import os
 import pathlib
 import re
@@ -37,7 +40,38 @@ import sys
 import time
 
 os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # train_speed, profile_step, gpu_step beside it
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # train_speed, gpu_step beside it
+
+
+@contextlib.contextmanager
+def stderr_silenced():
+    """File descriptor 2 to /dev/null (the profiler's C++ start-up lines)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def framework_op_stats(logdir):
+    """The profiler's framework_op_stats table of the trace in `logdir`: a list of row dicts."""
+    from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
+
+    paths = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True),
+                   key=os.path.getmtime)[-1:]
+    if not paths:
+        return None
+    data, ok = _pywrap_profiler_plugin.xspace_to_tools_data(paths, "framework_op_stats", {})
+    if not ok:
+        return None
+    table = json.loads(data)[0]
+    columns = [c["id"] for c in table["cols"]]
+    return [dict(zip(columns, (cell["v"] for cell in row["c"]))) for row in table["rows"]]
 
 def parse_args(argv=None):
     from train_speed import add_step_arguments
@@ -111,7 +145,6 @@ def main(argv=None):
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     from gpu_step import matmul_peak
-    from profile_step import framework_op_stats, stderr_silenced
     from train_speed import VARIANTS, build_variant, training_batches
 
     if args.variant not in VARIANTS or not args.variant.startswith("ours"):
