@@ -8,7 +8,8 @@ JAX backend.  Every buffer is preallocated with a fixed size
 tensor fixed for the call) and the loop is a ``keras.ops.while_loop``; new
 tokens are written into the sequence buffers with a one-hot ``where`` blend
 at position ``step`` (no scatter / ``slice_update``), and beams are reordered
-with ``take`` (GATHER).
+with ``take`` (GATHER). (``drop_finished``, for TensorFlow graphs without
+XLA, adds ``nonzero`` and ``scatter_update`` and changes shapes in the loop.)
 
 The model is hidden behind a *step function*::
 
@@ -19,8 +20,11 @@ The model is hidden behind a *step function*::
 * ``cache``: a nested structure (dict / list / tuple) of tensors whose
   leaves all have leading dimension ``batch * beam`` (batch-major: row
   ``b * beam + k`` is beam ``k`` of sentence ``b``).  The returned cache
-  must have the same structure, shapes and dtypes as the one passed in
-  (a ``while_loop`` requirement: preallocate growing key/value caches);
+  must have the same structure and dtypes as the one passed in, and the
+  same shapes unless the loop allows them to change (``drop_finished``
+  with a ``while_loop`` of relaxed shape invariants: caches may then grow
+  by concatenation; with static shapes, preallocate them, or grow them
+  between ``cache_stages``);
 * ``step``: int32 scalar, the position of ``ids``;
 * ``logits``: float ``[batch * beam, vocab]`` for the token at position
   ``step + 1``.
@@ -32,8 +36,11 @@ divided by ``length_penalty(len, alpha) = ((5 + len) / 6) ** alpha`` where
 ``beam_size`` alive and ``beam_size`` finished hypotheses per sentence with
 the usual top-``2 * beam_size`` candidate scheme (tensor2tensor, Flax WMT
 example, T5X), stops a sentence as soon as no alive hypothesis can beat the
-worst of its ``beam_size`` finished ones, and stops the loop when every
-sentence is done or the buffer is full.
+best of its finished ones (the worst of its ``beam_size`` finished ones when
+an n-best list is asked), and stops the loop when every sentence is done or
+the buffer is full. Optionally it drops finished sentences from the loop,
+runs the loop in cache stages, and stops by CTranslate2's patience rule
+(`beam_search`'s arguments).
 
 One loop step (each a small helper below): the step function scores the
 next token of every alive beam; `_grow_candidates` keeps the best
