@@ -128,12 +128,13 @@ def patience_table(export, data, splits, values, batch_size=64):
 
     header = " | ".join(f"{split} BLEU | {split} = exact | {split} s" for split in splits)
     lines = [f"| patience | {header} |", "|---" * (1 + 3 * len(splits)) + "|"]
+    texts = {split: [(data / f"{split}.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de")]
+             for split in splits}
     exact = {}
     for patience in [0.0, *values]:
         cells = []
         for split in splits:
-            sources = (data / f"{split}.en").read_text(encoding="utf-8").splitlines()
-            references = (data / f"{split}.de").read_text(encoding="utf-8").splitlines()
+            sources, references = texts[split]
             started = time.time()
             hypotheses = translate(sources, patience)
             seconds = time.time() - started

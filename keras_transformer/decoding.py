@@ -172,12 +172,6 @@ def gather_beams(x, beam_indices):
     return ops.take(flat_x, beam_indices + offsets, axis=0)  # [batch, new_beam, ...]
 
 
-def _gather_flat_beams(x, beam_indices, beam_size):
-    """`gather_beams` for a ``[batch * beam, ...]`` cache leaf; returns ``[batch * new_beam, ...]``."""
-    x = unflatten_beams(x, beam_size)  # [batch, beam, ...]
-    return flatten_beams(gather_beams(x, beam_indices))  # [batch * new_beam, ...]
-
-
 def _infer_max_decode_length(max_lengths):
     """``max(max_lengths)`` as a python int; only for concrete (eager/numpy) values."""
     try:
@@ -250,7 +244,7 @@ def _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bo
         finished_seqs    int32 [b, k, L]  best finished hypotheses, best first
         finished_scores  float32 [b, k]   their length-penalised scores
         finished_valid   bool [b, k]      whether the finished slot is used
-        finished_count   int32 [b]        hypotheses finished so far (patience)
+        finished_count   int32 [b]        hypotheses finished so far (only with patience)
         done             bool [b]         sentence finished: state frozen
         max_lengths      int32 [b]        length limit, clipped to [1, L]
         max_penalty      float32 [b]      length_penalty(max_lengths, alpha)
@@ -266,7 +260,7 @@ def _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bo
     alive_valid = ops.logical_and(
         ops.ones((batch_size, k), dtype="bool"), first_beam[None, :]
     )  # [batch, k]
-    return {
+    state = {
         "step": ops.convert_to_tensor(0, "int32"),
         "alive_seqs": ops.full((batch_size, k, length), PAD_ID, dtype="int32"),
         "alive_last": ops.full((batch_size, k), bos_id, dtype="int32"),
@@ -275,13 +269,15 @@ def _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bo
         "finished_seqs": ops.full((batch_size, k, length), PAD_ID, dtype="int32"),
         "finished_scores": ops.full((batch_size, k), NEG_INF, dtype="float32"),
         "finished_valid": ops.zeros((batch_size, k), dtype="bool"),
-        "finished_count": ops.zeros((batch_size,), dtype="int32"),
         "done": ops.zeros((batch_size,), dtype="bool"),
         "max_lengths": max_lengths,
         # Upper bound on the length penalty of any hypothesis of a sentence.
         "max_penalty": length_penalty(max_lengths, spec.alpha),  # [batch]
         "cache": keras.tree.map_structure(lambda x: tile_beams(x, k), initial_cache),
     }
+    if spec.patience is not None:  # counted only for the patience stop (ops saved every step otherwise)
+        state["finished_count"] = ops.zeros((batch_size,), dtype="int32")
+    return state
 
 
 def _gather_per_beam(x, beam_indices):
@@ -424,7 +420,7 @@ def _update_finished(state, candidates, spec):
 
     Returns:
         dict with the state's ``finished_seqs``, ``finished_scores``,
-        ``finished_valid`` and ``finished_count``.
+        ``finished_valid`` and, with patience, ``finished_count``.
     """
     done = state["done"]  # [b]
     old_scores = state["finished_scores"]  # [b, k]
@@ -445,13 +441,15 @@ def _update_finished(state, candidates, spec):
     scores = _gather_per_beam(all_scores, idx)  # [b, k]
     valid = _gather_per_beam(all_valid, idx)  # [b, k]
     seqs = gather_beams(all_seqs, idx)  # [b, k, L]
-    count = state["finished_count"] + ops.sum(ops.cast(candidates["finishing"], "int32"), axis=1)
-    return {
+    finished = {
         "finished_seqs": ops.where(done[:, None, None], old_seqs, seqs),
         "finished_scores": ops.where(done[:, None], old_scores, scores),
         "finished_valid": ops.where(done[:, None], old_valid, valid),
-        "finished_count": ops.where(done, state["finished_count"], count),  # [b]
     }
+    if spec.patience is not None:
+        count = state["finished_count"] + ops.sum(ops.cast(candidates["finishing"], "int32"), axis=1)
+        finished["finished_count"] = ops.where(done, state["finished_count"], count)  # [b]
+    return finished
 
 
 def _update_done(state, candidates, alive, finished, spec):
@@ -721,7 +719,8 @@ def beam_search(
         rows = _beam_rows(ops.take(source_beam, kept, axis=0), beam_size, kept)  # [b' * k]
         state["cache"] = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache)
         for name in _PER_SENTENCE:
-            state[name] = ops.take(state[name], kept, axis=0)
+            if name in state:  # finished_count only with patience
+                state[name] = ops.take(state[name], kept, axis=0)
         state["static"] = keras.tree.map_structure(lambda x: ops.take(x, kept, axis=0), state["static"])
         state["done"] = ops.zeros_like(state["sentence"]) > 0  # [b']: the kept ones are not done
         return state

@@ -102,8 +102,9 @@ class IncrementalDecoder:
         where `cache` is the self-attention caches; start from
         `initial_self_attention_cache(batch, max_length)`, which has leading
         dimension `batch` (beam search tiles it to `batch * beam`). The rows
-        are batch-major (`b * beam + k`); `beam_size` is only checked
-        against them by the reshape of the cross-attention queries.
+        are batch-major (`b * beam + k`); the beams per sentence follow from
+        the shapes (`rows / batch`), so `beam_size` is not used: it stays in
+        the signature for existing callers.
         """
         static = self.static_cache(source_ids, source_features)
 

@@ -99,7 +99,7 @@ def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
     # One loop variable (the search's state dict) as a 1-tuple, as keras.ops.while_loop does.
     loop_vars = (loop_vars,)
     invariants = tf.nest.map_structure(relax, loop_vars)
-    (state,) = tf.while_loop(lambda s: cond(s), lambda s: (body(s),), loop_vars, shape_invariants=invariants,
+    (state,) = tf.while_loop(cond, lambda s: (body(s),), loop_vars, shape_invariants=invariants,
                              maximum_iterations=maximum_iterations)
     return state
 
