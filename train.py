@@ -23,6 +23,7 @@ its defaults are `keras_transformer.config`, the export is `export.saved_model`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -33,7 +34,8 @@ if __name__ == "__main__":
     os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
 
 from keras_transformer import console  # noqa: E402  (imports TensorFlow quietly when asked)
-from keras_transformer.config import BATCH_TOKENS, PRESETS, SYNTAX_FIELDS, TrainingConfig  # noqa: E402
+from keras_transformer.config import (  # noqa: E402
+    BATCH_TOKENS, MODEL_OVERRIDE_FIELDS, PRESETS, SYNTAX_FIELDS, TrainingConfig, TransformerConfig)
 
 log = logging.getLogger("train")
 
@@ -98,6 +100,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="skip the SavedModel export at the end")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's and Keras's own log lines and warnings")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="set a model field on top of the preset, repeatable, e.g. --set dropout=0.3 "
+                             f"--set num_layers=4; fields: {', '.join(MODEL_OVERRIDE_FIELDS)} "
+                             "(keras_transformer.config.TransformerConfig documents each)")
     syntax = parser.add_argument_group(
         "syntax-aware models (survey section 3; README 'Syntax-aware models'): the source side must be "
         "CoNLL-U (SPLIT.SRC.conllu in a --data directory, or the embedded corpus's gold trees)")
@@ -120,6 +126,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         options = _syntax_options(args)
+        model = _model_options(args.set)
     except ValueError as error:
         parser.error(str(error))
     try:
@@ -131,13 +138,40 @@ def parse_args(argv=None) -> argparse.Namespace:
             average=args.average, beam_size=args.beam_size,
             bleu_every_sentences=args.bleu_every_sentences, jit_compile=args.jit_compile,
             mixed_precision=args.mixed_precision, seed=args.seed,
-            allow_data_change=args.allow_data_change, max_minutes=args.max_minutes, syntax=options)
+            allow_data_change=args.allow_data_change, max_minutes=args.max_minutes, syntax=options,
+            model=model)
     except ValueError as error:  # e.g. "steps must be a positive integer, got -1"
         if options and any(name in str(error) for name in SYNTAX_FIELDS):
             parser.error(f"syntax-aware options: {error}")
+        if model and (str(error).startswith("model:") or any(name in str(error) for name in model)):
+            parser.error(f"--set: {error}")
         field, _, rest = str(error).partition(" ")
         parser.error(f"--{field.replace('_', '-')} {rest}")
     return args
+
+
+def _model_options(settings: list[str]) -> dict:
+    """`--set FIELD=VALUE` flags as `TrainingConfig.model`, each value read as its
+    field's type (`TransformerConfig`'s default tells it)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    model = {}
+    for setting in settings:
+        name, equals, text = setting.partition("=")
+        name = name.strip().replace("-", "_")
+        if not equals or name not in MODEL_OVERRIDE_FIELDS:
+            raise ValueError(f"--set {setting!r}: expected FIELD=VALUE with FIELD one of "
+                             f"{', '.join(MODEL_OVERRIDE_FIELDS)}")
+        kind = type(defaults[name])
+        try:
+            if kind is bool:
+                if text.strip().lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                model[name] = text.strip().lower() in ("true", "1")
+            else:
+                model[name] = kind(text)
+        except ValueError:
+            raise ValueError(f"--set {setting!r}: {name} takes a {kind.__name__}") from None
+    return model
 
 
 def _syntax_options(args) -> dict:

@@ -243,6 +243,13 @@ SYNTAX_FIELDS = ("source_tags", "tag_combination", "syntax_attention", "syntax_f
 # `TransformerConfig` fields that describe a run's length rather than the
 # model: a run directory may be resumed with other values of them.
 SCHEDULE_ONLY_FIELDS = ("train_steps", "checkpoints_to_average")
+# `TransformerConfig` fields a run may set on top of its preset (`TrainingConfig.model`,
+# `train.py --set FIELD=VALUE`): all but those with their own `TrainingConfig` field
+# (vocab_size, max_length; the run's steps and average set train_steps'/
+# checkpoints_to_average's roles) and the syntax options.
+MODEL_OVERRIDE_FIELDS = ("num_layers", "d_model", "d_ff", "num_heads", "dropout", "attention_dropout",
+                         "label_smoothing", "norm_first", "layer_norm_epsilon", "decode_extra_length",
+                         "beam_size", "length_penalty_alpha", "warmup_steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +283,10 @@ class TrainingConfig:
             `TransformerConfig`) set on top of the preset, e.g.
             `{"source_tags": ("upos", "deprel"), "syntax_attention": "hard"}`.
             The data must then carry CoNLL-U sources.
+        model: other `TransformerConfig` fields set on top of the preset
+            (`MODEL_OVERRIDE_FIELDS`), e.g. `{"dropout": 0.3, "num_layers": 4}`:
+            what `train.py --set FIELD=VALUE` gives. `vocab_size` and
+            `max_length` have their own fields, the syntax options `syntax`.
     """
 
     preset: str = "tiny"
@@ -298,6 +309,7 @@ class TrainingConfig:
     allow_data_change: bool = False
     max_minutes: float = 0.0
     syntax: dict = dataclasses.field(default_factory=dict)
+    model: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def create(cls, preset: str = "tiny", **values: Any) -> "TrainingConfig":
@@ -323,6 +335,12 @@ class TrainingConfig:
             raise ValueError(f"unknown syntax option(s) {sorted(unknown_syntax)}; expected {list(SYNTAX_FIELDS)}")
         if given.get("syntax"):
             TransformerConfig.from_preset(preset, **given["syntax"])  # raises naming a bad value
+        not_model = set(given.get("model", {})) - set(MODEL_OVERRIDE_FIELDS)
+        if not_model:
+            raise ValueError(f"model: {sorted(not_model)} cannot be set this way; settable "
+                             f"TransformerConfig fields: {list(MODEL_OVERRIDE_FIELDS)}")
+        if given.get("model"):  # raises naming a bad value; its beam_size is the run's default
+            model = TransformerConfig.from_preset(preset, **given["model"], **given.get("syntax", {}))
         if given.get("bleu_every_sentences", 0) < 0:
             raise ValueError(f"bleu_every_sentences must be >= 0, got {given['bleu_every_sentences']}")
         steps = given.get("steps", model.train_steps)
@@ -342,7 +360,7 @@ class TrainingConfig:
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
         """The `TransformerConfig` of this run for a tokenizer of `vocab_size` pieces."""
-        overrides: dict[str, Any] = {"vocab_size": vocab_size, **self.syntax}
+        overrides: dict[str, Any] = {"vocab_size": vocab_size, **self.model, **self.syntax}
         if self.max_length:
             overrides["max_length"] = self.max_length
         return TransformerConfig.from_preset(self.preset, **overrides)

@@ -1,0 +1,212 @@
+"""Multi30k recipe search at equal wall clock (issue #17): one command, resumable.
+
+    python benchmarks/multi30k_sweep.py --minutes 20 --runs-dir runs/sweep20
+    python benchmarks/multi30k_sweep.py --minutes 60 --runs-dir runs/sweep60 --only wu-4x4
+    python benchmarks/multi30k_sweep.py --minutes 60 --runs-dir runs/sweep60 --only wu-4x4 --decode
+
+Each candidate is `benchmarks/multi30k.py --minutes M` with its own `train.py`
+flags (`--set FIELD=VALUE` on top of the `multi30k` preset), in
+`RUNS_DIR/NAME`, one after another (the budget is wall clock: two runs side
+by side on two cores halve each other). A finished candidate is not trained
+again, so re-running the command resumes the sweep; a candidate interrupted
+mid-run resumes from its last checkpoint, with a fresh budget for this
+process (say so when you report it).
+
+Every candidate keeps its last 10 checkpoints (`--keep-checkpoints 10`) so
+that `--decode` can choose, **on the validation set only**, how many to
+average (5 or 10), the beam size (4, 5) and the length penalty (0.6, 1.0);
+test2016 is scored once for the chosen setting and never used to choose.
+
+The table printed at the end has, per candidate: its flags, steps done,
+minutes of training, cased and lowercased sacreBLEU on valid (the run's own
+in-process beam search) and on test2016 (the SavedModel export), and the
+budget. `--plot FILE` draws greedy BLEU on 100 validation sentences against
+minutes for every candidate. The last line is `best_valid: NAME`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+
+os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+# Flags every candidate gets: run until the time budget (the cap is never reached
+# in an hour here) and keep 10 checkpoints for `--decode`'s averaging choice.
+COMMON_FLAGS = "--steps 40000 --keep-checkpoints 10"
+CANDIDATES: dict[str, tuple[str, str]] = {
+    "multi30k": ("the multi30k preset (2+2 layers, d 128, FFN 512, dropout 0.2, warm-up 200)", ""),
+    "wu-4x4": ("the literature's shape (Wu et al. 2021): 4+4 layers, FFN 256, dropout 0.3, warm-up 800",
+               "--set num_layers=4 --set d_ff=256 --set dropout=0.3 --set warmup_steps=800"),
+    "dropout-0.3": ("the preset with dropout 0.3", "--set dropout=0.3"),
+}
+DECODE_GRID = {"average": (5, 10), "beam_size": (4, 5), "alpha": (0.6, 1.0)}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=20.0, help="budget per candidate (default 20)")
+    parser.add_argument("--runs-dir", required=True, help="one directory per candidate goes here")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="Multi30k directory (default: the shared one)")
+    parser.add_argument("--only", default="", help=f"comma-separated candidates (default all: {', '.join(CANDIDATES)})")
+    parser.add_argument("--decode", action="store_true",
+                        help="also choose averaging/beam/alpha on valid for each finished candidate")
+    parser.add_argument("--plot", default="", help="write the valid-BLEU-against-minutes plot here")
+    parser.add_argument("--train-args", default="", help="extra train.py flags for every candidate (smoke tests)")
+    args = parser.parse_args(argv)
+    args.names = [n.strip() for n in args.only.split(",") if n.strip()] or list(CANDIDATES)
+    unknown = [n for n in args.names if n not in CANDIDATES]
+    if unknown:
+        parser.error(f"--only: unknown candidate(s) {unknown}; expected some of {list(CANDIDATES)}")
+    if args.minutes <= 0:
+        parser.error("--minutes must be > 0")
+    return args
+
+
+def run_candidate(args, name) -> dict:
+    """Trains (or finds finished) one candidate; returns its figures."""
+    model_dir = pathlib.Path(args.runs_dir) / name
+    flags = " ".join(f for f in (COMMON_FLAGS, CANDIDATES[name][1], args.train_args) if f)
+    command = [sys.executable, str(REPO_ROOT / "benchmarks" / "multi30k.py"), "--minutes", f"{args.minutes:g}",
+               "--model-dir", str(model_dir), "--data", args.data, "--train-args", flags]
+    print(f"# {name}: {' '.join(command)}", flush=True)
+    output = subprocess.run(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    (model_dir / "multi30k.log").write_text(output.stdout, encoding="utf-8")
+    if output.returncode != 0:
+        sys.exit(f"multi30k_sweep: {name} failed (exit {output.returncode}); its output is in "
+                 f"{model_dir / 'multi30k.log'}")
+    test = {key: float(value) for key, value in
+            re.findall(r"^# \S+ (cased|lowercased) BLEU ([\d.]+)", output.stdout, re.MULTILINE)}
+    results = json.loads((model_dir / "results.json").read_text())
+    return {"name": name, "flags": CANDIDATES[name][1], "steps": results["steps"],
+            "minutes": results.get("train_minutes"), "valid": results.get("valid_bleu"),
+            "valid_lc": lowercased_valid(args.data, model_dir), "test": test.get("cased"),
+            "test_lc": test.get("lowercased")}
+
+
+def lowercased_valid(data, model_dir) -> float:
+    import sacrebleu
+
+    from keras_transformer.run_dir import hypothesis_path
+
+    hypotheses = hypothesis_path(model_dir, "valid").read_text(encoding="utf-8").splitlines()
+    references = (pathlib.Path(data) / "valid.de").read_text(encoding="utf-8").splitlines()
+    return round(sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hypotheses, [references]).score, 2)
+
+
+def decode_choice(data, model_dir) -> dict:
+    """Valid BLEU of each `DECODE_GRID` point (cached in `decode.json`), the best one, and
+    test2016 for that one only."""
+    import itertools
+
+    import sacrebleu
+
+    from keras_transformer import build_transformer, make_optimizer
+    from keras_transformer.checkpoints import CheckpointStore, average_checkpoints
+    from keras_transformer.data import Tokenizer, tokenizer_path
+    from keras_transformer.run_dir import CHECKPOINT_DIR, load_config
+    from keras_transformer.translator import Translator
+
+    model_dir = pathlib.Path(model_dir)
+    cache = model_dir / "decode.json"
+    done = json.loads(cache.read_text()) if cache.exists() else {}
+    config = load_config(model_dir)
+    tokenizer = Tokenizer.load(tokenizer_path(model_dir))
+    model = build_transformer(config)
+    optimizer = make_optimizer(config)
+    optimizer.build(model.trainable_variables)
+    store = CheckpointStore(model_dir / CHECKPOINT_DIR, model, optimizer, tokenizer.sha256, max_to_keep=100)
+    texts = {split: [(pathlib.Path(data) / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+                     for lang in ("en", "de")] for split in ("valid", "test2016")}
+
+    def bleu(split, beam_size, alpha):
+        sources, references = texts[split]
+        hypotheses = []
+        for i in range(0, len(sources), 64):
+            hypotheses.extend(translator.translate(sources[i:i + 64], beam_size=beam_size, alpha=alpha))
+        return round(sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score, 2)
+
+    translator = None
+    for average in [k for k in DECODE_GRID["average"] if k <= len(store.paths)]:
+        keys = [f"average={average} beam={b} alpha={a}" for b, a in
+                itertools.product(DECODE_GRID["beam_size"], DECODE_GRID["alpha"])]
+        if all(k in done for k in keys):
+            continue
+        average_checkpoints(model, store.paths[-average:])
+        translator = Translator(model, config, tokenizer.model_bytes)
+        for beam_size, alpha in itertools.product(DECODE_GRID["beam_size"], DECODE_GRID["alpha"]):
+            key = f"average={average} beam={beam_size} alpha={alpha}"
+            if key not in done:
+                done[key] = bleu("valid", beam_size, alpha)
+                print(f"#   {model_dir.name} {key}: valid {done[key]:.2f}", flush=True)
+                cache.write_text(json.dumps(done, indent=1))
+    best = max((k for k in done if not k.startswith("test ")), key=lambda k: done[k])
+    if f"test {best}" not in done:
+        average, beam_size, alpha = (float(v.split("=")[1]) for v in best.split())
+        average_checkpoints(model, store.paths[-int(average):])
+        translator = Translator(model, config, tokenizer.model_bytes)
+        done[f"test {best}"] = bleu("test2016", int(beam_size), alpha)
+        cache.write_text(json.dumps(done, indent=1))
+    return {"grid": {k: v for k, v in done.items() if not k.startswith("test ")}, "best": best,
+            "test": done[f"test {best}"]}
+
+
+def plot(runs_dir, names, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from keras_transformer.run_dir import read_history
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for name in names:
+        rows = [r for r in read_history(pathlib.Path(runs_dir) / name) if r.get("minutes") and r.get("bleu")]
+        axis.plot([float(r["minutes"]) for r in rows], [float(r["bleu"]) for r in rows], "o-", label=name,
+                  markersize=3)
+    axis.set_xlabel("minutes of training")
+    axis.set_ylabel("greedy sacreBLEU, 100 valid sentences")
+    axis.grid(True, alpha=0.3)
+    axis.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    print(f"# multi30k_sweep: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {os.cpu_count()} "
+          f"CPU(s), load average {os.getloadavg()[0]:.2f} at start; {args.minutes:g} min per candidate",
+          flush=True)
+    rows = [run_candidate(args, name) for name in args.names]
+    print("| candidate | flags (on top of --config multi30k) | steps | minutes | valid | valid lc | "
+          "test2016 | test2016 lc |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['name']} | `{r['flags'] or '-'}` | {r['steps']} | {r['minutes']} | {r['valid']:.2f} | "
+              f"{r['valid_lc']:.2f} | {r['test']:.2f} | {r['test_lc']:.2f} |")
+    if args.decode:
+        for r in rows:
+            choice = decode_choice(args.data, pathlib.Path(args.runs_dir) / r["name"])
+            grid = ", ".join(f"{k}: {v:.2f}" for k, v in choice["grid"].items())
+            print(f"# {r['name']} decoding on valid: {grid}")
+            print(f"# {r['name']} chosen on valid: {choice['best']} -> test2016 {choice['test']:.2f}")
+    if args.plot:
+        plot(args.runs_dir, args.names, args.plot)
+        print(f"# plot: {args.plot}")
+    best = max(rows, key=lambda r: r["valid"])
+    print(f"best_valid: {best['name']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
