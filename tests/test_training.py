@@ -13,7 +13,7 @@ from helpers import WORDS_DE, WORDS_EN
 
 import keras_transformer
 from keras_transformer import run_dir
-from keras_transformer.config import TrainingConfig
+from keras_transformer.config import TrainingConfig, TransformerConfig
 from keras_transformer.constants import PAD_ID
 from keras_transformer.run_dir import RunError
 from keras_transformer.training import (NonFiniteLossError, Progress, StepGuard, StopSignals, TargetTokens,
@@ -64,7 +64,6 @@ def test_training_config_defaults_come_from_the_preset():
 
 
 def test_multi30k_recipe_preset():
-    from keras_transformer.config import TransformerConfig
 
     run = TrainingConfig.create("multi30k")
     assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size) == (
@@ -77,6 +76,35 @@ def test_multi30k_recipe_preset():
     with pytest.raises(ValueError, match="^max_minutes must be >= 0, got -1$"):
         TrainingConfig.create("tiny", max_minutes=-1)
     assert TransformerConfig.from_preset("multi30k").max_length == 64
+
+
+def test_set_flag_changes_model_fields_and_names_bad_ones(capsys):
+    """train.py --set FIELD=VALUE: each value read as its field's type, on top of the preset
+    (its beam becomes the run's BLEU beam); a bad one is a one-line error naming it."""
+    import train
+
+    run = train.parse_args(["--config", "multi30k", "--set", "dropout=0.3", "--set", "num_layers=4",
+                            "--set", "d_ff=256", "--set", "norm_first=true", "--set", "beam_size=5"]).run
+    assert run.model == {"dropout": 0.3, "num_layers": 4, "d_ff": 256, "norm_first": True, "beam_size": 5}
+    config = run.model_config(8000)
+    assert (config.num_layers, config.d_ff, config.dropout, config.norm_first, config.beam_size,
+            config.d_model, config.warmup_steps) == (4, 256, 0.3, True, 5, 128, 200)
+    assert run.beam_size == 5
+    assert train.parse_args(["--config", "multi30k"]).run.model_config(8000) == TransformerConfig.from_preset(
+        "multi30k", vocab_size=8000)
+    for flags, message in [
+            (["--set", "dropout=1.5"], "--set: TransformerConfig.dropout must be in [0, 1), got 1.5"),
+            (["--set", "dropout=high"], "--set 'dropout=high': dropout takes a float"),
+            (["--set", "vocab_size=9"], "--set 'vocab_size=9': expected FIELD=VALUE with FIELD one of num_layers"),
+            (["--set", "num_heads=3"], "--set: num_heads=3 does not divide d_model=128"),
+            (["--set", "norm_first=maybe"], "--set 'norm_first=maybe': norm_first takes a bool")]:
+        with pytest.raises(SystemExit) as exit_:
+            train.parse_args(flags)
+        assert exit_.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], lines
+    with pytest.raises(ValueError, match=r"model: \['max_length'\] cannot be set this way"):
+        TrainingConfig.create("tiny", model={"max_length": 32})
 
 
 def test_time_budget_stops_when_the_next_round_would_end_past_it(monkeypatch):
