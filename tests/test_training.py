@@ -64,7 +64,6 @@ def test_training_config_defaults_come_from_the_preset():
 
 
 def test_multi30k_recipe_preset():
-
     run = TrainingConfig.create("multi30k")
     assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size) == (
         4096, 250, 5, 60.0, 8000)
