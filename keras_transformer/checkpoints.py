@@ -53,8 +53,20 @@ class CheckpointStore:
         return list(self.manager.checkpoints)
 
     def save(self, step: int) -> str:
+        """Writes `ckpt-<step>`; returns its path. Raises `CheckpointError` in one line
+        when it cannot be written (a full disk, no permission): the checkpoints
+        written before stay complete (TensorFlow writes the data, then the index,
+        then the `checkpoint` state file that names the newest)."""
         self._stored_sha256.assign(self.tokenizer_sha256)
-        return self.manager.save(checkpoint_number=step)
+        try:
+            return self.manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as error:
+            newest = os.path.basename(self.paths[-1]) if self.paths else None
+            reason = getattr(error, "strerror", None) or getattr(error, "message", None) or str(error)
+            raise CheckpointError(
+                f"cannot write checkpoint ckpt-{step} in {self.directory}: {reason.splitlines()[0]}; "
+                + (f"the newest complete checkpoint is still {newest}" if newest else "no checkpoint was written")
+                + ". Free space (or fix the permissions) and rerun the same command to resume") from None
 
     def restore_latest(self) -> int:
         """Restores the newest readable checkpoint; returns its step (0 if none).
@@ -94,15 +106,28 @@ def average_checkpoints(model, paths) -> None:
     """Sets `model`'s weights to the element-wise mean of the checkpoints in `paths`.
 
     Only model weights are averaged (the paper's "averaging the last 5
-    checkpoints"); optimizer state is not read.
+    checkpoints"); optimizer state is not read. A checkpoint that cannot be
+    read (truncated or deleted files) is skipped with a warning naming it, as
+    resuming skips it; `CheckpointError` when none can be read.
     """
     if not paths:
         raise CheckpointError("no checkpoints to average")
     checkpoint = tf.train.Checkpoint(model=model)
-    total = None
+    total, read, unreadable = None, 0, []
     for path in paths:
-        checkpoint.restore(path).expect_partial()
+        try:
+            checkpoint.restore(path).expect_partial()
+        except Exception as error:  # noqa: BLE001 - TF raises OpError, IndexError, ValueError...
+            unreadable.append(f"{os.path.basename(path)} ({str(error).splitlines()[0][:120]})")
+            continue
         weights = [np.asarray(w, dtype=np.float64) for w in model.get_weights()]
         total = weights if total is None else [t + w for t, w in zip(total, weights)]
-    model.set_weights([(t / len(paths)).astype(w.dtype)
+        read += 1
+    if unreadable:  # as resuming does: a checkpoint that cannot be read is skipped, loudly
+        log.warning("averaging %d of %d checkpoints: skipped unreadable %s", read, len(paths),
+                    "; ".join(unreadable))
+    if not read:
+        raise CheckpointError(f"none of the {len(paths)} checkpoints to average can be read: "
+                              + "; ".join(unreadable))
+    model.set_weights([(t / read).astype(w.dtype)
                        for t, w in zip(total, model.get_weights())])

@@ -77,3 +77,53 @@ def test_empty_directory_starts_at_zero(tmp_path):
     assert CheckpointStore(tmp_path, *fresh(), "hash").restore_latest() == 0
     with pytest.raises(CheckpointError, match="no checkpoints to average"):
         average_checkpoints(fresh()[0], [])
+
+
+def test_averaging_skips_an_unreadable_checkpoint_as_resuming_does(tmp_path, caplog):
+    """Issue #19: a corrupt checkpoint among the last K made averaging raise a traceback."""
+    model, optimizer = fresh()
+    store = CheckpointStore(tmp_path, model, optimizer, "hash")
+    rng = np.random.default_rng(1)
+    saved = []
+    for step in (1, 2, 3):
+        saved.append([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
+        model.set_weights(saved[-1])
+        store.save(step)
+    with open(store.paths[1] + ".data-00000-of-00001", "wb") as f:
+        f.write(b"truncated")
+    other, _ = fresh()
+    with caplog.at_level("WARNING", logger="keras_transformer.checkpoints"):
+        average_checkpoints(other, store.paths)
+    for got, a, c in zip(other.get_weights(), saved[0], saved[2]):
+        np.testing.assert_allclose(got, (a + c) / 2, atol=1e-6)  # the mean of the two readable ones
+    assert "averaging 2 of 3 checkpoints: skipped unreadable ckpt-2" in caplog.text
+    with open(store.paths[0] + ".index", "wb") as f:
+        f.write(b"")
+    with open(store.paths[2] + ".data-00000-of-00001", "wb") as f:
+        f.write(b"")
+    with pytest.raises(CheckpointError, match="^none of the 3 checkpoints to average can be read: ckpt-1"):
+        average_checkpoints(other, store.paths)
+
+
+def test_a_checkpoint_that_cannot_be_written_is_a_one_line_error(tmp_path, monkeypatch):
+    """Issue #19: a full disk while checkpointing was a traceback. The error names the
+    checkpoint, the reason and the newest complete one, which stays restorable."""
+    import errno
+
+    import tensorflow as tf
+
+    model, optimizer = fresh()
+    store = CheckpointStore(tmp_path, model, optimizer, "hash")
+    optimizer.iterations.assign(5)
+    store.save(5)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", full_disk)
+    with pytest.raises(CheckpointError, match=r"^cannot write checkpoint ckpt-9 in .*: No space left on device; "
+                                              r"the newest complete checkpoint is still ckpt-5\. Free space"):
+        store.save(9)
+    monkeypatch.undo()
+    model2, optimizer2 = fresh()
+    assert CheckpointStore(tmp_path, model2, optimizer2, "hash").restore_latest() == 5
