@@ -17,6 +17,7 @@ and writes the small files (`run.json`, `history.csv`, `results.json`).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import pathlib
@@ -44,10 +45,23 @@ def hypothesis_path(model_dir, split: str) -> pathlib.Path:
     return pathlib.Path(model_dir) / HYPOTHESIS_FILE.format(split=split)
 
 
-def _write_json_atomically(path: pathlib.Path, value) -> None:
+def _write_text_atomically(path: pathlib.Path, text: str) -> None:
+    """Writes `text` to a temporary file beside `path` and renames it over `path`: readers
+    see the old file or the new one, never a part. A failed write (a full disk) removes the
+    temporary file and raises `RunError` naming `path`."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2))
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", newline="", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"cannot write {path}: {error.strerror or error}; the previous version is "
+                       f"unchanged. Free space (or fix the permissions) and rerun the same command") from None
+
+
+def _write_json_atomically(path: pathlib.Path, value) -> None:
+    _write_text_atomically(path, json.dumps(value, indent=2))
 
 
 def _compared(config: dict) -> dict:
@@ -163,11 +177,18 @@ def append_history(model_dir, row: dict) -> None:
     if not new:  # a run started by an older version keeps its own columns
         with path.open(newline="") as f:
             columns = next(csv.reader(f), columns)
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        if new:
-            writer.writeheader()
-        writer.writerow({column: row.get(column, "") for column in columns})
+    # The whole file is written anew beside the old one and renamed over it: a crash or a
+    # full disk mid-write leaves the previous history.csv, never a half row.
+    old = ""
+    if not new:
+        with path.open(newline="", encoding="utf-8") as f:  # as written: csv's \r\n line ends kept
+            old = f.read()
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    if new:
+        writer.writeheader()
+    writer.writerow({column: row.get(column, "") for column in columns})
+    _write_text_atomically(path, old + buffer.getvalue())
 
 
 def read_history(model_dir) -> list[dict]:
