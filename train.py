@@ -221,6 +221,10 @@ def main(argv=None) -> int:
     except (RunError, CorpusError, TokenizerError, CheckpointError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C/SIGTERM: quit at once, no new checkpoint
+        print("train.py: interrupted; run the same command again to resume from the newest complete "
+              "checkpoint", file=sys.stderr)
+        return 130
     print(json.dumps(results), flush=True)
     return 0
 

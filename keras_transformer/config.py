@@ -267,7 +267,7 @@ class TrainingConfig:
         vocab_size: SentencePiece pieces when a tokenizer is trained.
         max_length: longest source/target in tokens (None: the preset's).
         checkpoint_every: steps between checkpoints (steps / 10).
-        keep_checkpoints: checkpoints kept on disk (at least `average`).
+        keep_checkpoints: checkpoints kept on disk (`average`; fewer is an error).
         average: the last K checkpoints averaged (5 base, 20 big).
         beam_size: beam for the final BLEU (the preset's, 4).
         bleu_every_sentences: validation sentences for the greedy BLEU curve (0: off).
@@ -355,7 +355,14 @@ class TrainingConfig:
         )
         defaults.update(TRAINING_DEFAULTS.get(preset, {}))
         merged = {**defaults, **given, "preset": preset}
-        merged["keep_checkpoints"] = max(given.get("keep_checkpoints", average), average)
+        if merged.get("keep_checkpoints", average) < average:
+            raise ValueError(f"keep_checkpoints={merged['keep_checkpoints']} is below average={average}: "
+                             f"the last {average} checkpoints must stay on disk to be averaged")
+        merged["keep_checkpoints"] = merged.get("keep_checkpoints") or average
+        max_length = given.get("max_length", model.max_length)
+        if merged["batch_tokens"] < max_length:
+            raise ValueError(f"batch_tokens={merged['batch_tokens']} cannot hold one pair of max_length="
+                             f"{max_length} tokens; use batch_tokens >= max_length")
         return cls(**merged)
 
     def model_config(self, vocab_size: int) -> TransformerConfig:

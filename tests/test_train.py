@@ -69,6 +69,8 @@ CLI_MISUSE = [
     (["--config", "huge"], "argument --config: invalid choice: 'huge'"),
     (["--steps", "0"], "--steps must be a positive integer, got 0"),
     (["--data", "nosuch"], "--data=nosuch: no such directory and not a TFDS dataset name"),
+    # Issue #19: a batch budget below one longest pair was a traceback from the batching code.
+    (["--batch-tokens", "32"], "--batch-tokens=32 cannot hold one pair of max_length=64 tokens"),
 ]
 
 

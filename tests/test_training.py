@@ -54,8 +54,16 @@ def test_training_config_defaults_come_from_the_preset():
     tiny = TrainingConfig.create("tiny")
     assert (tiny.steps, tiny.batch_tokens, tiny.checkpoint_every, tiny.average, tiny.keep_checkpoints,
             tiny.beam_size, tiny.vocab_size) == (600, 2048, 60, 5, 5, 4, 1000)
-    big = TrainingConfig.create("big", steps=1000, keep_checkpoints=3)
+    big = TrainingConfig.create("big", steps=1000)
     assert (big.batch_tokens, big.checkpoint_every, big.average, big.keep_checkpoints) == (25000, 100, 20, 20)
+    assert TrainingConfig.create("big", steps=1000, keep_checkpoints=30).keep_checkpoints == 30
+    # Issue #19: fewer checkpoints kept than averaged was raised to the average without a word.
+    with pytest.raises(ValueError, match="^keep_checkpoints=3 is below average=20: the last 20 checkpoints"):
+        TrainingConfig.create("big", steps=1000, keep_checkpoints=3)
+    # ...and a batch that cannot hold one longest pair was a traceback from the batching code.
+    with pytest.raises(ValueError, match="^batch_tokens=32 cannot hold one pair of max_length=64 tokens"):
+        TrainingConfig.create("tiny", batch_tokens=32)
+    assert TrainingConfig.create("tiny", batch_tokens=32, max_length=32).batch_tokens == 32
     assert TrainingConfig.create("base").steps == 100_000
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         TrainingConfig.create("huge")
@@ -223,6 +231,78 @@ def test_stop_signals_ask_once_then_interrupt():
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)  # a second Ctrl-C quits at once
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stop_signal_exits_after_the_grace_period_when_the_main_thread_is_stuck():
+    """Issue #19: a SIGTERM while the input pipeline stalled was caught and never acted on
+    (Python runs handlers only between the main thread's bytecodes). The watcher thread
+    ends the process (128 + the signal) when the grace period passes, or 2 s after a
+    second signal; a run that stops by itself in time is left alone."""
+    calls = []
+    with StopSignals(grace_seconds=0.3, exit=calls.append) as signals:
+        signal.raise_signal(signal.SIGTERM)
+        assert signals.received == "SIGTERM"
+        time.sleep(1.0)  # the "step" never ends
+        assert calls == [128 + signal.SIGTERM]
+    with StopSignals(grace_seconds=0.5, exit=calls.append):
+        signal.raise_signal(signal.SIGTERM)  # the run then stops by itself, in time
+    time.sleep(1.0)
+    assert calls == [128 + signal.SIGTERM]
+
+
+def test_a_stop_signal_ends_a_process_blocked_inside_tensorflow():
+    """The real case: the main thread waits inside a TensorFlow op that never returns."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tensorflow as tf\n"
+            "from keras_transformer.training import StopSignals\n"
+            "queue = tf.queue.FIFOQueue(1, tf.int32)\n"
+            "with StopSignals(grace_seconds=1.5):\n"
+            "    print('ready', flush=True)\n"
+            "    queue.dequeue()  # blocks forever, in C++\n")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert process.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    started = time.time()
+    process.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert 1.4 < time.time() - started < 30
+    assert "no training step ended within 1.5 s of SIGTERM: exiting now without a new checkpoint" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_corpus_with_every_pair_too_long_is_refused_before_fit(toy_data, tmp_path):
+    """Issue #19: the length filter runs after repeat(), so `fit` waited forever for a
+    first batch. Now a one-line error names the files and the figures, at once."""
+    started = time.time()
+    with pytest.raises(RunError, match=r"train\.en / .*train\.de: all 160 training pairs are longer than "
+                                       r"max_length=3 tokens \(source \d+, target \d+\), so no batch"):
+        train_and_evaluate(run_config(toy_data, tmp_path / "run", max_length=3))
+    assert time.time() - started < 120
+    assert not (tmp_path / "run" / run_dir.CHECKPOINT_DIR).exists()
+
+
+def test_every_test_set_of_a_directory_is_scored(toy_data, tmp_path):
+    """Issue #19: with several test*.* files (test2016, test2017) no test BLEU was
+    computed and nothing said so. Each is scored under its own name."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(toy_data, data)
+    lines = {lang: (toy_data / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de")}
+    for stem, start in (("test2016", 0), ("test2017", 3)):
+        for lang in ("en", "de"):
+            (data / f"{stem}.{lang}").write_text("\n".join(lines[lang][start:start + 2]) + "\n", encoding="utf-8")
+    results = train_and_evaluate(run_config(data, tmp_path / "run", steps=2, max_length=12, beam_size=1)).results
+    assert {"test2016_bleu", "test2017_bleu"} <= set(results) and "test_bleu" not in results
+    for stem in ("test2016", "test2017"):
+        assert len(run_dir.hypothesis_path(tmp_path / "run", stem).read_text(encoding="utf-8").splitlines()) == 2
 
 
 def test_stop_waits_for_the_checkpoint_of_a_rounds_last_step():
