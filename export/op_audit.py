@@ -25,6 +25,9 @@ if __name__ == "__main__":
     os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
 
 REFERENCE = pathlib.Path(__file__).with_name("reference")
+# Core TensorFlow ops that run a Python function of the process that built the graph: in
+# TensorFlow's op list, but a SavedModel holding one fails wherever that process is not.
+PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 
 
 from keras_transformer.console import OneLineArgumentParser  # noqa: E402
@@ -61,7 +64,7 @@ def saved_model_ops(path) -> tuple[dict, set]:
 
 
 def audit_saved_model(path) -> list[dict]:
-    """One row per op: `kind` is core / tensorflow_text / function / unknown;
+    """One row per op: `kind` is core / tensorflow_text / function / python / unknown;
     `problem` says why TF Serving 2.20 could not run it (absent otherwise)."""
     core = _load("tensorflow_2.20_ops.json")["ops"]
     text_ops = set(_load("tensorflow_text_2.20_ops.json")["ops"])
@@ -69,7 +72,11 @@ def audit_saved_model(path) -> list[dict]:
     rows = []
     for op in sorted(ops):
         row = {"op": op, "count": ops[op]["count"]}
-        if op in core:
+        if op in PYTHON_OPS:
+            row["kind"] = "python"
+            row["problem"] = ("calls back into Python (tf.py_function / tf.numpy_function): the export's "
+                              "Python code is not saved with it, and TF Serving and LiteRT have no Python")
+        elif op in core:
             row["kind"] = "core"
             unknown_attrs = sorted(ops[op]["attrs"] - set(core[op]))
             if unknown_attrs:

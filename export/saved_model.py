@@ -49,6 +49,7 @@ load it. `assets.extra/tf_serving_warmup_requests` holds warm-up requests.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import shutil
@@ -220,6 +221,28 @@ def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator
     return path
 
 
+# The model config and serving defaults an export was built with, beside the warm-up
+# requests (TF Serving ignores the rest of `assets.extra`): `export.translate` reads its
+# defaults from it.
+EXPORT_CONFIG_FILE = "keras_transformer.json"
+
+
+def write_export_config(directory, config: TransformerConfig, patience: float) -> pathlib.Path:
+    path = pathlib.Path(directory) / "assets.extra" / EXPORT_CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"config": config.to_dict(), "patience": patience}, indent=1))
+    return path
+
+
+def read_export_config(directory) -> tuple[TransformerConfig, float] | None:
+    """`(config, patience)` an export was built with; None for exports older than the file."""
+    path = pathlib.Path(directory) / "assets.extra" / EXPORT_CONFIG_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return TransformerConfig.from_dict(record["config"]), float(record.get("patience", 0.0))
+
+
 def export_model(model, config: TransformerConfig, tokenizer, output, version: int | None = None,
                  xla_warmup: bool = False, only_signatures=None, patience: float = 0.0) -> pathlib.Path:
     """Exports `model` to `output/<version>` atomically; returns that path.
@@ -261,6 +284,7 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
             raise ValueError("--xla-warmup: a syntax-aware model has no translate_xla signature")
         xla_texts = [text for _, text in bucket_warmup_texts(tokenizer_model, config)] if xla_warmup else None
         write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware)
+        write_export_config(staging, config, patience)
         os.rename(staging, final)  # atomic on one file system
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

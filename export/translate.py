@@ -27,21 +27,25 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from keras_transformer.config import TransformerConfig  # noqa: E402
 from keras_transformer.console import OneLineArgumentParser  # noqa: E402
 
-# The paper's decoding options (beam 4, alpha 0.6, +50): the same defaults the export was built with.
-DEFAULTS = TransformerConfig()
+# Exports made before `assets.extra/keras_transformer.json` recorded their config were all
+# built with the paper's decoding options (beam 4, alpha 0.6, +50).
+PAPER = TransformerConfig()
 
 
 def main(argv=None) -> int:
     parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
     parser.add_argument("--beam-size", type=int, default=None,
-                        help=f"1..8 (default: the export's, {DEFAULTS.beam_size})")
+                        help="1..8 (default: the export's own, recorded in its assets.extra/keras_transformer.json; "
+                             f"{PAPER.beam_size} for exports older than that file)")
     parser.add_argument("--alpha", type=float, default=None,
-                        help=f"length penalty exponent (default {DEFAULTS.length_penalty_alpha})")
+                        help=f"length penalty exponent (default: the export's own; {PAPER.length_penalty_alpha} "
+                             f"for older exports)")
     parser.add_argument("--n-best", type=int, default=1, help="print the n best, tab-separated with scores")
     parser.add_argument("--patience", type=float, default=None,
                         help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
-                             "does (faster, not exact; default: the exact search)")
+                             "does (faster, not exact; default: the export's own, the exact search unless "
+                             "it was exported with --patience)")
     parser.add_argument("--batch-size", type=int, default=64, help="lines per request")
     parser.add_argument("--no-xla", action="store_true",
                         help="call serving_default (plain TensorFlow, as TF Serving runs it) instead of "
@@ -71,7 +75,12 @@ def main(argv=None) -> int:
         print(f"export.translate: error: {args.saved_model} predates --patience (its translate_options "
               f"has no patience input); export the model again", file=sys.stderr)
         return 2
-    patience = {"patience": tf.constant(args.patience or 0.0, tf.float32)} if has_patience else {}
+    from export.saved_model import read_export_config
+
+    recorded = read_export_config(args.saved_model)
+    defaults, default_patience = recorded or (PAPER, 0.0)
+    patience_value = default_patience if args.patience is None else args.patience
+    patience = {"patience": tf.constant(patience_value, tf.float32)} if has_patience else {}
 
     def flush(batch):
         if not batch:
@@ -81,10 +90,10 @@ def main(argv=None) -> int:
             for line in default(**{source: text})["translation"].numpy():
                 print(line.decode("utf-8"))
             return
-        alpha = DEFAULTS.length_penalty_alpha if args.alpha is None else args.alpha
-        out = options(**{source: text}, beam_size=tf.constant(args.beam_size or DEFAULTS.beam_size),
+        alpha = defaults.length_penalty_alpha if args.alpha is None else args.alpha
+        out = options(**{source: text}, beam_size=tf.constant(args.beam_size or defaults.beam_size),
                       alpha=tf.constant(alpha, tf.float32),
-                      extra_length=tf.constant(DEFAULTS.decode_extra_length),
+                      extra_length=tf.constant(defaults.decode_extra_length),
                       num_results=tf.constant(args.n_best), **patience)
         for row, scores in zip(out["translations"].numpy(), out["scores"].numpy()):
             if args.n_best == 1:

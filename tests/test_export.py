@@ -150,6 +150,33 @@ def test_translate_command_reads_stdin(exported, export_processes):
     assert out.stdout.splitlines() == in_process(exported["translator"], GOLDEN)[0]
 
 
+def test_translate_command_takes_its_defaults_from_the_export(exported, tmp_path, monkeypatch, capsys):
+    """Issue #19: `export.translate --beam-size` said "default: the export's" but took
+    TransformerConfig()'s. The export records its config (assets.extra); an export whose
+    recorded beam is 1 translates greedily when an option (here --alpha) is given."""
+    import dataclasses
+    import io
+
+    from export import translate
+    from export.saved_model import EXPORT_CONFIG_FILE, read_export_config
+
+    assert read_export_config(exported["path"]) == (exported["config"], 0.0)
+    greedy = tmp_path / "1"
+    shutil.copytree(exported["path"], greedy)
+    record = greedy / "assets.extra" / EXPORT_CONFIG_FILE
+    record.write_text(json.dumps({"config": dataclasses.replace(exported["config"], beam_size=1).to_dict(),
+                                  "patience": 0.0}))
+    # Sentences whose greedy translation differs from beam 4's, so that the test can tell.
+    sources = (exported["data"] / "valid.en").read_text(encoding="utf-8").splitlines()[:64]
+    beam1, beam4 = (in_process(exported["translator"], sources, beam_size=k)[0] for k in (1, 4))
+    differ = [i for i in range(len(sources)) if beam1[i] != beam4[i]]
+    assert differ
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
+        ("\n".join(sources[i] for i in differ) + "\n").encode())))
+    assert translate.main(["--saved-model", str(greedy), "--alpha", "0.6"]) == 0
+    assert capsys.readouterr().out.splitlines() == [beam1[i] for i in differ]
+
+
 @pytest.fixture(scope="module")
 def loaded(exported):
     return tf.saved_model.load(str(exported["path"]))
@@ -385,6 +412,20 @@ def test_op_audit_accepts_the_export_and_flags_foreign_ops(exported, tmp_path):
     problems = {row["op"]: row["problem"] for row in audit_saved_model(tmp_path / "foreign") if "problem" in row}
     assert list(problems) == ["DecodeJxl"]
     assert "neither a TensorFlow 2.20 op" in problems["DecodeJxl"]
+
+    # Issue #19: PyFunc/EagerPyFunc are in TensorFlow's op list, so an export calling
+    # tf.py_function (which no server can run: the Python is not saved) passed the audit.
+    class Python(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+        def upper(self, text):
+            return tf.py_function(lambda t: t.numpy().upper(), [text], tf.string), tf.numpy_function(
+                lambda t: t.upper(), [text], tf.string)
+
+    tf.saved_model.save(Python(), str(tmp_path / "python"))
+    rows = {row["op"]: row for row in audit_saved_model(tmp_path / "python")}
+    assert {op for op, row in rows.items() if "problem" in row} == {"EagerPyFunc", "PyFunc"}
+    assert rows["EagerPyFunc"]["kind"] == "python" and "TF Serving and LiteRT have no Python" in rows["PyFunc"][
+        "problem"]
 
 
 LITERT = """
