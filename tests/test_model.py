@@ -119,6 +119,17 @@ def test_config_and_keras_file_round_trip(tmp_path):
     assert len(loaded.get_layer("embedding").weights) == 1
 
 
+def test_a_keras_file_with_arbitrary_code_is_refused(tmp_path):
+    """Models are programs: `load_model` keeps safe_mode on, so a `.keras` file whose
+    Lambda layer carries Python bytecode is refused instead of run (issue #19)."""
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Lambda(lambda x: x * 2.0)(inputs))
+    path = tmp_path / "lambda.keras"
+    model.save(path)
+    with pytest.raises(ValueError, match="arbitrary code execution"):
+        keras.saving.load_model(path)
+
+
 def test_config_presets_and_validation():
     base = TransformerConfig.from_preset("base")
     assert (base.num_layers, base.d_model, base.d_ff, base.num_heads, base.head_size,
