@@ -49,3 +49,26 @@ def make_optimizer(config: TransformerConfig) -> keras.optimizers.Adam:
     return keras.optimizers.Adam(
         learning_rate=TransformerSchedule(config.d_model, config.warmup_steps),
         beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class CountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras's dynamic loss scaling (`mixed_float16`), whose skipped steps still count.
+
+    When the scaled gradients overflow, `LossScaleOptimizer` skips the update and
+    halves the scale, but `iterations` (which numbers our checkpoints and drives
+    the learning-rate schedule) does not advance: rounds would then end one step
+    short of their multiple of `--checkpoint-every`, and averaging, which takes
+    checkpoints on those multiples, would find none. Here a skipped step advances
+    `iterations` like any other batch and is counted in `skipped_steps`.
+    """
+
+    def build(self, var_list):
+        self.skipped_steps = self.add_variable(shape=(), dtype="int", initializer="zeros", aggregation="none",
+                                               name="skipped_steps")
+        super().build(var_list)
+
+    def _stateful_handle_non_finite_grads(self):
+        super()._stateful_handle_non_finite_grads()
+        self.skipped_steps.assign_add(1)
+        self.inner_optimizer.iterations.assign_add(1)

@@ -551,6 +551,16 @@ class TimeBudget(keras.callbacks.Callback):
 
 # -- the run -----------------------------------------------------------------------
 
+# `mixed_float16`'s first loss scale (Keras's default); halved at every overflowing step.
+INITIAL_LOSS_SCALE = 2.0 ** 15
+
+
+def mixed_precision_policy() -> str:
+    """`--mixed-precision`'s policy: mixed_float16 (with loss scaling) on GPUs,
+    mixed_bfloat16 (no scaling needed) on CPU."""
+    return "mixed_float16" if tf.config.list_logical_devices("GPU") else "mixed_bfloat16"
+
+
 def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every, stopped=lambda: False):
     """Runs `fit` from `start_step` to `steps` in rounds ending at multiples of
     `every` (and at `steps`), so checkpoints fall on the same steps whether or
@@ -597,6 +607,7 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     from keras_transformer.checkpoints import CheckpointStore, average_checkpoints
     from keras_transformer.data import count_overlong, load_corpus, make_batches
     from keras_transformer.model import source_feature_names
+    from keras_transformer.schedule import CountingLossScaleOptimizer
     from keras_transformer.translator import Translator
 
     started = time.time()
@@ -607,8 +618,7 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     model_dir.mkdir(parents=True, exist_ok=True)
     keras.utils.set_random_seed(run.seed)
     if run.mixed_precision:
-        gpu = bool(tf.config.list_logical_devices("GPU"))
-        keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
+        keras.mixed_precision.set_global_policy(mixed_precision_policy())
 
     corpus = load_corpus(run.data, run.source_lang, run.target_lang, seed=run.seed)
     log.info("data %s (%s -> %s): %s", corpus.name, corpus.source_lang, corpus.target_lang,
@@ -649,7 +659,10 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
 
     with strategy.scope():
         model = build_transformer(config)
-        model.compile(optimizer=make_optimizer(config),
+        optimizer = make_optimizer(config)
+        if keras.mixed_precision.global_policy().name == "mixed_float16":  # loss scaling, skips counted
+            optimizer = CountingLossScaleOptimizer(optimizer, initial_scale=INITIAL_LOSS_SCALE)
+        model.compile(optimizer=optimizer,
                       loss=LabelSmoothedCrossEntropy(config.label_smoothing),
                       metrics=[MaskedAccuracy(), TargetTokens()], jit_compile=run.jit_compile)
         model.optimizer.build(model.trainable_variables)
@@ -728,6 +741,8 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
 
     results = {"steps": int(model.optimizer.iterations.numpy()), "averaged_checkpoints": len(averaged),
                "train_minutes": round((time.time() - started) / 60, 2)}
+    if hasattr(model.optimizer, "skipped_steps"):  # mixed_float16: steps skipped by loss scaling
+        results["skipped_steps"] = int(model.optimizer.skipped_steps.numpy())
     if budget and budget.exhausted:
         results["stopped_by_time_budget"] = run.max_minutes
     # Every test set of the data is scored: `test` when there is one, each by its own

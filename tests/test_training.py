@@ -305,6 +305,47 @@ def test_every_test_set_of_a_directory_is_scored(toy_data, tmp_path):
         assert len(run_dir.hypothesis_path(tmp_path / "run", stem).read_text(encoding="utf-8").splitlines()) == 2
 
 
+def test_overflowing_mixed_float16_steps_are_skipped_counted_and_keep_checkpoint_numbering(
+        toy_data, tmp_path, monkeypatch):
+    """Issue #19: under mixed_float16 (GPUs), loss scaling skips a step whose gradients
+    overflow without advancing `optimizer.iterations`, which numbers our checkpoints:
+    rounds would end off their multiples and averaging find none. Forced here on CPU with
+    a loss scale of 2^40 (every step overflows float16): each step is skipped and counted,
+    the weights stay at their initial values, and checkpoints and averaging are as usual."""
+    from keras_transformer import training
+
+    monkeypatch.setattr(training, "mixed_precision_policy", lambda: "mixed_float16")
+    monkeypatch.setattr(training, "INITIAL_LOSS_SCALE", 2.0 ** 40)
+    try:
+        trained = train_and_evaluate(run_config(toy_data, tmp_path / "run", steps=6, checkpoint_every=2,
+                                                average=2, mixed_precision=True))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert (trained.results["steps"], trained.results["skipped_steps"], trained.results["averaged_checkpoints"]) == (
+        6, 6, 2)
+    assert [int(row["step"]) for row in run_dir.read_history(tmp_path / "run")] == [2, 4, 6]
+    assert sorted(p.name for p in (tmp_path / "run" / run_dir.CHECKPOINT_DIR).glob("*.index")) == [
+        "ckpt-2.index", "ckpt-4.index", "ckpt-6.index"]
+    keras.utils.set_random_seed(0)  # the run's seed: the weights it started from
+    initial = keras_transformer.build_transformer(trained.config)
+    for got, want in zip(trained.model.get_weights(), initial.get_weights()):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_counting_loss_scale_optimizer_applies_finite_steps_and_counts_skipped_ones():
+    from keras_transformer.schedule import CountingLossScaleOptimizer
+
+    variable = keras.Variable(np.ones(3, "float32"))
+    optimizer = CountingLossScaleOptimizer(keras.optimizers.SGD(learning_rate=0.5), initial_scale=4.0)
+    optimizer.build([variable])
+    optimizer.apply([np.full(3, 4.0, "float32")], [variable])  # scaled by 4: an unscaled gradient of 1
+    np.testing.assert_allclose(variable.numpy(), 0.5)
+    optimizer.apply([np.array([1.0, np.inf, 1.0], "float32")], [variable])  # overflow: skipped
+    np.testing.assert_allclose(variable.numpy(), 0.5)
+    assert (int(optimizer.iterations.numpy()), int(optimizer.skipped_steps.numpy())) == (2, 1)
+    assert float(optimizer.dynamic_scale.numpy()) == 2.0
+
+
 def test_stop_waits_for_the_checkpoint_of_a_rounds_last_step():
     signals = StopSignals()
     guard = StepGuard(signals)
