@@ -47,11 +47,11 @@ MIRRORED = textwrap.dedent("""
     target_out = source.copy()
     dataset = tf.data.Dataset.from_tensors(((source, target_in), target_out)).repeat(4)
 
-    def train(strategy):
+    def train(strategy, optimizer=lambda: make_optimizer(config)):
         keras.utils.set_random_seed(0)
         with strategy.scope():
             model = build_transformer(config)
-            model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy())
+            model.compile(optimizer=optimizer(), loss=LabelSmoothedCrossEntropy())
         losses = []
         for _ in range(4):
             losses.append(float(model.train_on_batch((source, target_in), target_out)))
@@ -61,7 +61,18 @@ MIRRORED = textwrap.dedent("""
     mirrored = tf.distribute.MirroredStrategy(cpus)
     many, model_many = train(mirrored)
     one, model_one = train(tf.distribute.get_strategy())
-    print(json.dumps({"replicas": mirrored.num_replicas_in_sync, "many": many, "one": one}))
+    # Plain SGD moves weights in proportion to the gradient: a sum over replicas instead of
+    # a mean would step 8x as far (Adam, scale-invariant, would not show it).
+    sgd = lambda: keras.optimizers.SGD(learning_rate=0.5)
+    many_sgd, model_many_sgd = train(mirrored, sgd)
+    one_sgd, model_one_sgd = train(tf.distribute.get_strategy(), sgd)
+    keras.utils.set_random_seed(0)
+    initial = build_transformer(config)  # the weights both runs started from
+    moved = [float(np.abs(a - b).max()) for a, b in zip(model_one_sgd.get_weights(), initial.get_weights())]
+    gaps = [float(np.abs(a - b).max()) for a, b in zip(model_many_sgd.get_weights(), model_one_sgd.get_weights())]
+    print(json.dumps({"replicas": mirrored.num_replicas_in_sync, "many": many, "one": one,
+                      "many_sgd": many_sgd, "one_sgd": one_sgd, "sgd_moved": max(moved),
+                      "sgd_weight_gap": max(gaps)}))
 """)
 
 
@@ -116,6 +127,14 @@ def test_mirrored_strategy_on_8_cpu_devices_matches_single_device():
     # Weights are not compared element-wise: rows of tokens absent from the
     # batch get gradients of ~1e-12 from summation-order noise, which Adam
     # (epsilon 1e-9) turns into full-size steps on one device but not the other.
+    # Adam divides by the gradient's own scale, so a sum instead of a mean would pass the
+    # check above (issue #19). With SGD the step is the gradient times 0.5: the replicas'
+    # losses and weights after 4 steps equal one device's, while the weights moved by far
+    # more than the tolerance (a sum would have moved them 8x as far).
+    for many, one in zip(figures["many_sgd"], figures["one_sgd"]):
+        assert many == pytest.approx(one, rel=1e-5)
+    assert figures["sgd_moved"] > 1e-2
+    assert figures["sgd_weight_gap"] < 1e-5
 
 
 def read_history(model_dir):
