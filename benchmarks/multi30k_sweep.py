@@ -57,6 +57,7 @@ def parse_args(argv=None):
     parser.add_argument("--minutes", type=float, default=20.0, help="budget per candidate (default 20)")
     parser.add_argument("--runs-dir", required=True, help="one directory per candidate goes here")
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="Multi30k directory (default: the shared one)")
+    parser.add_argument("--test", default="test2016", help="test file stem in --data (default test2016)")
     parser.add_argument("--only", default="", help=f"comma-separated candidates (default all: {', '.join(CANDIDATES)})")
     parser.add_argument("--decode", action="store_true",
                         help="also choose averaging/beam/alpha on valid for each finished candidate")
@@ -77,7 +78,7 @@ def run_candidate(args, name) -> dict:
     model_dir = pathlib.Path(args.runs_dir) / name
     flags = " ".join(f for f in (COMMON_FLAGS, CANDIDATES[name][1], args.train_args) if f)
     command = [sys.executable, str(REPO_ROOT / "benchmarks" / "multi30k.py"), "--minutes", f"{args.minutes:g}",
-               "--model-dir", str(model_dir), "--data", args.data, "--train-args", flags]
+               "--model-dir", str(model_dir), "--data", args.data, "--test", args.test, "--train-args", flags]
     print(f"# {name}: {' '.join(command)}", flush=True)
     output = subprocess.run(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     (model_dir / "multi30k.log").write_text(output.stdout, encoding="utf-8")
@@ -103,7 +104,7 @@ def lowercased_valid(data, model_dir) -> float:
     return round(sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hypotheses, [references]).score, 2)
 
 
-def decode_choice(data, model_dir) -> dict:
+def decode_choice(data, model_dir, test="test2016") -> dict:
     """Valid BLEU of each `DECODE_GRID` point (cached in `decode.json`), the best one, and
     test2016 for that one only."""
     import itertools
@@ -126,7 +127,7 @@ def decode_choice(data, model_dir) -> dict:
     optimizer.build(model.trainable_variables)
     store = CheckpointStore(model_dir / CHECKPOINT_DIR, model, optimizer, tokenizer.sha256, max_to_keep=100)
     texts = {split: [(pathlib.Path(data) / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
-                     for lang in ("en", "de")] for split in ("valid", "test2016")}
+                     for lang in ("en", "de")] for split in ("valid", test)}
 
     def bleu(split, beam_size, alpha):
         sources, references = texts[split]
@@ -154,7 +155,7 @@ def decode_choice(data, model_dir) -> dict:
         average, beam_size, alpha = (float(v.split("=")[1]) for v in best.split())
         average_checkpoints(model, store.paths[-int(average):])
         translator = Translator(model, config, tokenizer.model_bytes)
-        done[f"test {best}"] = bleu("test2016", int(beam_size), alpha)
+        done[f"test {best}"] = bleu(test, int(beam_size), alpha)
         cache.write_text(json.dumps(done, indent=1))
     return {"grid": {k: v for k, v in done.items() if not k.startswith("test ")}, "best": best,
             "test": done[f"test {best}"]}
@@ -196,7 +197,7 @@ def main(argv=None):
               f"{r['valid_lc']:.2f} | {r['test']:.2f} | {r['test_lc']:.2f} |")
     if args.decode:
         for r in rows:
-            choice = decode_choice(args.data, pathlib.Path(args.runs_dir) / r["name"])
+            choice = decode_choice(args.data, pathlib.Path(args.runs_dir) / r["name"], args.test)
             grid = ", ".join(f"{k}: {v:.2f}" for k, v in choice["grid"].items())
             print(f"# {r['name']} decoding on valid: {grid}")
             print(f"# {r['name']} chosen on valid: {choice['best']} -> test2016 {choice['test']:.2f}")

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import hypothesis
+import hypothesis.strategies
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -81,6 +83,20 @@ def export_processes(exported, tmp_path_factory, request):
             capture_output=True, text=True,
             timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))),
     }
+    # benchmarks/multi30k_sweep.py over one finished candidate (multi30k): its results.json,
+    # history and valid translations as train.py leaves them, and this export.
+    sweep_runs = tmp_path_factory.mktemp("sweep")
+    candidate = sweep_runs / "multi30k"
+    candidate.mkdir()
+    (candidate / "results.json").write_text(json.dumps(
+        {"steps": 250, "train_minutes": 1.5, "averaged_checkpoints": 1, "valid_bleu": 12.34, "export": path}))
+    (candidate / "history.csv").write_text("step,loss,bleu,minutes\n100,3.0,10.00,0.60\n250,2.0,20.00,1.50\n")
+    references = (exported["data"] / "valid.de").read_text(encoding="utf-8").splitlines()
+    (candidate / "valid.hyp.txt").write_text("\n".join(references[:-1] + ["x"]) + "\n", encoding="utf-8")
+    starts["test_multi30k_sweep_tables_a_finished_candidate"] = lambda: (sweep_runs, subprocess.run(
+        [sys.executable, "benchmarks/multi30k_sweep.py", "--runs-dir", str(sweep_runs), "--only", "multi30k",
+         "--data", str(exported["data"]), "--test", "valid", "--plot", str(sweep_runs / "plot.png")], cwd=ROOT,
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")))
     selected = {item.originalname for item in request.session.items if item.module is request.module}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
     yield {name: pool.submit(start) for name, start in starts.items() if name in selected}
@@ -152,8 +168,9 @@ def test_translate_command_reads_stdin(exported, export_processes):
 
 def test_translate_command_takes_its_defaults_from_the_export(exported, tmp_path, monkeypatch, capsys):
     """Issue #19: `export.translate --beam-size` said "default: the export's" but took
-    TransformerConfig()'s. The export records its config (assets.extra); an export whose
-    recorded beam is 1 translates greedily when an option (here --alpha) is given."""
+    TransformerConfig()'s (beam 4, alpha 0.6, +50, exact search). The export records its
+    config and patience (assets.extra); export.translate calls `translate_options` with
+    them for every option not given."""
     import dataclasses
     import io
 
@@ -161,20 +178,35 @@ def test_translate_command_takes_its_defaults_from_the_export(exported, tmp_path
     from export.saved_model import EXPORT_CONFIG_FILE, read_export_config
 
     assert read_export_config(exported["path"]) == (exported["config"], 0.0)
-    greedy = tmp_path / "1"
-    shutil.copytree(exported["path"], greedy)
-    record = greedy / "assets.extra" / EXPORT_CONFIG_FILE
-    record.write_text(json.dumps({"config": dataclasses.replace(exported["config"], beam_size=1).to_dict(),
-                                  "patience": 0.0}))
-    # Sentences whose greedy translation differs from beam 4's, so that the test can tell.
-    sources = (exported["data"] / "valid.en").read_text(encoding="utf-8").splitlines()[:64]
-    beam1, beam4 = (in_process(exported["translator"], sources, beam_size=k)[0] for k in (1, 4))
-    differ = [i for i in range(len(sources)) if beam1[i] != beam4[i]]
-    assert differ
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
-        ("\n".join(sources[i] for i in differ) + "\n").encode())))
-    assert translate.main(["--saved-model", str(greedy), "--alpha", "0.6"]) == 0
-    assert capsys.readouterr().out.splitlines() == [beam1[i] for i in differ]
+    other = tmp_path / "1"
+    shutil.copytree(exported["path"], other)
+    recorded = dataclasses.replace(exported["config"], beam_size=2, length_penalty_alpha=1.5, decode_extra_length=7)
+    (other / "assets.extra" / EXPORT_CONFIG_FILE).write_text(json.dumps({"config": recorded.to_dict(),
+                                                                         "patience": 0.5}))
+    calls = []
+    real_load = tf.saved_model.load
+
+    class Recorded:  # translate_options, recording what it is called with
+        def __init__(self, function):
+            self.function = function
+            self.structured_input_signature = function.structured_input_signature
+
+        def __call__(self, **inputs):
+            calls.append({k: v.numpy().item() for k, v in inputs.items() if k != "text"})
+            return self.function(**inputs)
+
+    def load(path):
+        loaded = real_load(path)
+        signatures = dict(loaded.signatures)
+        signatures["translate_options"] = Recorded(signatures["translate_options"])
+        return type("Loaded", (), {"signatures": signatures})()
+
+    monkeypatch.setattr(tf.saved_model, "load", load)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
+    assert translate.main(["--saved-model", str(other), "--n-best", "2"]) == 0
+    assert calls == [{"beam_size": 2, "alpha": 1.5, "extra_length": 7, "num_results": 2, "patience": 0.5}]
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(GOLDEN) and all(len(line.split("\t")) == 4 for line in lines)  # 2 x (text, score)
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +237,36 @@ def test_bad_inputs_give_one_string_each(exported, loaded):
     assert out["translation"].shape == (256,)
     empty = [i for i, text in enumerate(batch) if not text.strip()]
     assert all(out["translation"].numpy()[i] == b"" for i in empty)
+
+
+# Requests as a client may send them: any Unicode (control characters, surrogates are not
+# encodable and so cannot be sent), raw bytes that are not UTF-8, empty strings, and
+# strings of up to ~300,000 characters made of a short random piece repeated.
+REQUEST_TEXT = hypothesis.strategies.one_of(
+    hypothesis.strategies.text(max_size=60).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    hypothesis.strategies.text(alphabet=hypothesis.strategies.characters(categories=["Cc", "Cf", "Zs", "Zl"]),
+                               max_size=20).map(str.encode),
+    hypothesis.strategies.binary(max_size=80),
+    hypothesis.strategies.builds(lambda piece, n: (piece * n).encode("utf-8", "surrogatepass"),
+                                 hypothesis.strategies.text(min_size=1, max_size=6),
+                                 hypothesis.strategies.integers(1_000, 50_000)),
+    hypothesis.strategies.just(b""))
+
+
+@hypothesis.settings(max_examples=30, deadline=None, derandomize=True,
+                     suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.given(batch=hypothesis.strategies.lists(REQUEST_TEXT, min_size=1, max_size=6))
+def test_served_signature_answers_any_request(loaded, batch):
+    """Property (issue #19): whatever strings a client sends, serving_default answers one
+    valid UTF-8 translation with a finite score per input, and "" for an empty one."""
+    out = loaded.signatures["serving_default"](text=tf.constant(batch, tf.string))
+    translations = out["translation"].numpy()
+    assert translations.shape == (len(batch),) and out["score"].shape == (len(batch),)
+    for text, translation in zip(batch, translations):
+        translation.decode("utf-8")  # raises unless valid UTF-8
+        if not text:
+            assert translation == b""
+    assert np.isfinite(out["score"].numpy()).all()
 
 
 def test_batch_translates_like_each_sentence_alone(loaded):
@@ -365,6 +427,31 @@ def test_multi30k_benchmark_scores_a_finished_runs_export(exported, export_proce
     assert set(rows) == {"0 (exact)", "0.25"}, out
     assert float(rows["0 (exact)"][0]) == pytest.approx(cased, abs=0.006)
     assert rows["0 (exact)"][1].strip() == f"{len(sources)}/{len(sources)}"
+
+
+@pytest.mark.slow
+def test_multi30k_sweep_tables_a_finished_candidate(exported, export_processes):
+    """benchmarks/multi30k_sweep.py (issue #17) on a finished candidate: it is not trained
+    again; its table row holds the run's steps, minutes and valid BLEU, the lowercased
+    valid BLEU of its translations, and the export's test BLEU (here on valid) as
+    multi30k.py scores it; the plot is written; the last line names the best on valid."""
+    import sacrebleu
+
+    runs, result = export_processes["test_multi30k_sweep_tables_a_finished_candidate"].result()
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    data = exported["data"]
+    references = (data / "valid.de").read_text(encoding="utf-8").splitlines()
+    sources = (data / "valid.en").read_text(encoding="utf-8").splitlines()
+    hypotheses = references[:-1] + ["x"]
+    valid_lc = sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
+    export = in_process(exported["translator"], sources)[0]
+    test, test_lc = (sacrebleu.corpus_bleu(export, [references], lowercase=lc).score for lc in (False, True))
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| multi30k |")]
+    assert rows == [f"| multi30k | `-` | 250 | 1.5 | 12.34 | {valid_lc:.2f} | {test:.2f} | {test_lc:.2f} |"], \
+        result.stdout
+    assert "holds a finished run" in (runs / "multi30k" / "multi30k.log").read_text()
+    assert (runs / "plot.png").stat().st_size > 0
+    assert result.stdout.strip().splitlines()[-1] == "best_valid: multi30k"
 
 
 def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch):
