@@ -101,14 +101,26 @@ def main(argv=None) -> int:
             else:
                 print("\t".join(f"{t.decode('utf-8')}\t{s:.4f}" for t, s in zip(row, scores)))
 
-    batch = []
-    for item in (_conllu_blocks(sys.stdin.buffer) if source == "conllu"
-                 else (line.rstrip(b"\r\n") for line in sys.stdin.buffer)):
-        batch.append(item)
-        if len(batch) == args.batch_size:
-            flush(batch)
-            batch = []
-    flush(batch)
+    batch, done = [], 0
+    try:
+        for item in (_conllu_blocks(sys.stdin.buffer) if source == "conllu"
+                     else (line.rstrip(b"\r\n") for line in sys.stdin.buffer)):
+            batch.append(item)
+            if len(batch) == args.batch_size:
+                flush(batch)
+                done, batch = done + len(batch), []
+        flush(batch)
+    except tf.errors.InvalidArgumentError as error:  # e.g. a malformed CoNLL-U sentence: the request fails
+        sys.stdout.flush()
+        unit = "sentences" if source == "conllu" else "lines"
+        # A graph error's first line is "Graph execution error:"; the op's own message comes later.
+        lines = [line.strip() for line in str(error.message or error).splitlines()
+                 if line.strip() and not line.strip().startswith(("Graph execution error", "Detected at node",
+                                                                  "File ", "[["))]
+        message = (lines[-1] if lines else "invalid request").split(" [[")[0].split("[Op:")[0].strip()
+        print(f"export.translate: error: the request of {unit} {done + 1}-{done + len(batch)} failed: {message}; "
+              f"the {done} {unit} before it were translated", file=sys.stderr)
+        return 1
     sys.stdout.flush()
     return 0
 

@@ -269,6 +269,28 @@ def test_served_signature_answers_any_request(loaded, batch):
     assert np.isfinite(out["score"].numpy()).all()
 
 
+def test_a_huge_request_reaches_the_tokenizer_cut(exported, monkeypatch):
+    """The cost bound behind the 1 MB test above (issue #19: that test checks the output,
+    which the tokenizer's own truncation to max_length tokens would give too): the text
+    the tokenizer receives in the served graph is at most 16 * max_length characters."""
+    translator, config = exported["translator"], exported["config"]
+    bound = CHARS_PER_TOKEN_BOUND * config.max_length
+    huge = tf.constant(["the man sees the dog " * 50_000, "caf\u00e9 \u2603 " * 100_000, "a dog"])
+    assert [len(t.decode("utf-8")) for t in translator.clean_text(huge).numpy()] == [bound, bound, 5]
+    real_encode = translator.encode_text
+    seen = []
+
+    def encode_text(text):  # the tokenizer's input, checked inside the graph
+        longest = tf.reduce_max(tf.strings.length(text, unit="UTF8_CHAR"))
+        seen.append(text)
+        with tf.control_dependencies([tf.debugging.assert_less_equal(longest, bound)]):
+            return real_encode(tf.identity(text))
+
+    monkeypatch.setattr(translator, "encode_text", encode_text)
+    strings, _ = tf.function(lambda t: translator.translate_graph(t, 1, 0.6, 0, 1))(huge)
+    assert len(seen) == 1 and strings.shape == (3, 1)
+
+
 def test_batch_translates_like_each_sentence_alone(loaded):
     serve = loaded.signatures["serving_default"]
     batch = serve(text=tf.constant(GOLDEN))

@@ -4,6 +4,7 @@ attention, the annotated input pipeline and serving, each against a reference.""
 import hashlib
 import math
 import pathlib
+import sys
 
 import keras
 import numpy as np
@@ -506,6 +507,30 @@ def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run):
                      for line in blocks[0].split("\n"))
     scores = loaded.signatures["serving_default"](conllu=tf.constant([blocks[0], flat]))["score"].numpy()
     assert abs(scores[0] - scores[1]) > 1e-4
+
+
+def test_translate_command_names_a_malformed_conllu_request_in_one_line(syntax_run, monkeypatch, capsys):
+    """Issue #19: a malformed CoNLL-U sentence made export.translate print a traceback.
+    Now: the requests before it are printed, then one line naming the failed request's
+    sentences and the problem, exit 1. (The served request itself still fails whole.)"""
+    import io
+
+    from export import translate
+    from keras_transformer.translator import Translator
+
+    trained, export, data = syntax_run
+    blocks = (data / "valid.en.conllu").read_text().strip().split("\n\n")[:3]
+    cycle = "1\ta\t_\tX\t_\t_\t2\tdep\t_\t_\n2\tb\t_\tX\t_\t_\t1\tdep\t_\t_"
+    stdin = "\n\n".join(blocks[:2] + [blocks[2], cycle]) + "\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+    assert translate.main(["--saved-model", str(export), "--batch-size", "2"]) == 1
+    out, err = capsys.readouterr()
+    expected = Translator(trained.model, trained.config, trained.tokenizer.model_bytes).translate(blocks[:2])
+    assert out.splitlines() == expected
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("export.translate: error: the request of sentences 3-4 failed: ")
+    assert "does not lead to the root" in lines[0] and lines[0].endswith("the 2 sentences before it were translated")
 
 
 def test_linearised_trees_as_a_target_side(tmp_path):
