@@ -253,7 +253,7 @@ REQUEST_TEXT = hypothesis.strategies.one_of(
     hypothesis.strategies.just(b""))
 
 
-@hypothesis.settings(max_examples=30, deadline=None, derandomize=True,
+@hypothesis.settings(max_examples=15, deadline=None, derandomize=True,
                      suppress_health_check=list(hypothesis.HealthCheck))
 @hypothesis.given(batch=hypothesis.strategies.lists(REQUEST_TEXT, min_size=1, max_size=6))
 def test_served_signature_answers_any_request(loaded, batch):
