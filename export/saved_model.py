@@ -38,7 +38,13 @@ A syntax-aware model (`TransformerConfig.syntax_aware`) is exported with
 the user's choice writes), parsed, tokenized per word and turned into tags
 and tree distances inside the graph (`keras_transformer.data.annotated`, the
 training pipeline's own ops). It has no LiteRT or XLA signature: those stay
-plain-text only.
+plain-text only. Its signatures have one more output, `error` string
+`[None]` (`serving_default`) or `errors` (`translate_options`): "" for a
+well-formed sentence, else what is wrong with it (`annotated.sentence_errors`:
+a word line without 10 tab-separated columns, a HEAD that is not a number,
+names no word or does not lead to the root); such a sentence gets the
+translation "" and score 0, and the other sentences of the request translate
+as they would alone.
 
 The version directory is written under a hidden temporary name in `OUTPUT`
 and renamed into place only when complete (TF Serving ignores non-numeric
@@ -122,6 +128,11 @@ class TranslationModule(tf.Module):
 
     def _serve(self, text):
         config = self._config
+        if config.syntax_aware:  # a malformed sentence: "" and its problem in its own row of `error`
+            strings, scores, errors = self._translator.translate_conllu_graph(
+                text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1,
+                patience=self._patience)
+            return {"translation": strings[:, 0], "score": scores[:, 0], "error": errors}
         strings, scores = self._translator.translate_graph(
             text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1,
             patience=self._patience)
@@ -145,17 +156,28 @@ class TranslationModule(tf.Module):
         beam_size = tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE)
         num_results = tf.clip_by_value(num_results, 1, beam_size)
 
+        syntax_aware = self._config.syntax_aware
+
         def branch(beam):
             def run():
-                strings, scores = self._translator.translate_graph(text, beam, alpha, extra_length, beam,
-                                                                   patience=patience)
+                if syntax_aware:
+                    strings, scores, errors = self._translator.translate_conllu_graph(
+                        text, beam, alpha, extra_length, beam, patience=patience)
+                else:
+                    strings, scores = self._translator.translate_graph(text, beam, alpha, extra_length, beam,
+                                                                       patience=patience)
+                    errors = tf.zeros([0], tf.string)  # not an output of a plain-text model
                 pad = [[0, 0], [0, MAX_BEAM_SIZE - beam]]
                 return (tf.pad(strings, pad, constant_values=""),  # [batch, MAX_BEAM_SIZE]
-                        tf.pad(scores, pad, constant_values=NEG_INF))
+                        tf.pad(scores, pad, constant_values=NEG_INF), errors)
             return run
 
-        strings, scores = tf.switch_case(beam_size - 1, [branch(b) for b in range(1, MAX_BEAM_SIZE + 1)])
-        return {"translations": strings[:, :num_results], "scores": scores[:, :num_results]}
+        strings, scores, errors = tf.switch_case(beam_size - 1,
+                                                 [branch(b) for b in range(1, MAX_BEAM_SIZE + 1)])
+        outputs = {"translations": strings[:, :num_results], "scores": scores[:, :num_results]}
+        if syntax_aware:
+            outputs["errors"] = errors
+        return outputs
 
     def signatures(self):
         if self._config.syntax_aware:  # CoNLL-U in; no LiteRT / XLA variants

@@ -10,7 +10,9 @@ this is our own Python process, where XLA runs; same translations as
 that signature fall back to); `--beam-size`, `--alpha`, `--n-best`,
 `--patience` use the `translate_options` signature. A syntax-aware export reads CoNLL-U from
 stdin instead (sentences separated by blank lines) and prints one
-translation per sentence.
+translation per sentence; a malformed sentence gets an empty line, one
+line on stderr naming it and its problem, and exit status 1, while the
+sentences around it are translated.
 """
 
 import argparse
@@ -82,13 +84,25 @@ def main(argv=None) -> int:
     patience_value = default_patience if args.patience is None else args.patience
     patience = {"patience": tf.constant(patience_value, tf.float32)} if has_patience else {}
 
+    failed = []  # (sentence number, problem) of the malformed CoNLL-U sentences
+
+    def report(errors, first):
+        """A syntax-aware export names a malformed sentence in its own row of `error(s)`."""
+        for number, error in enumerate(errors.numpy() if errors is not None else [], start=first):
+            if error:
+                failed.append((number, error.decode("utf-8")))
+                print(f"export.translate: error: sentence {number}: {error.decode('utf-8')} "
+                      f"(an empty line printed for it)", file=sys.stderr)
+
     def flush(batch):
         if not batch:
             return
         text = tf.constant(batch)
         if args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None:
-            for line in default(**{source: text})["translation"].numpy():
+            out = default(**{source: text})
+            for line in out["translation"].numpy():
                 print(line.decode("utf-8"))
+            report(out.get("error"), done + 1)
             return
         alpha = defaults.length_penalty_alpha if args.alpha is None else args.alpha
         out = options(**{source: text}, beam_size=tf.constant(args.beam_size or defaults.beam_size),
@@ -100,6 +114,7 @@ def main(argv=None) -> int:
                 print(row[0].decode("utf-8"))
             else:
                 print("\t".join(f"{t.decode('utf-8')}\t{s:.4f}" for t, s in zip(row, scores)))
+        report(out.get("errors"), done + 1)
 
     batch, done = [], 0
     try:
@@ -110,7 +125,8 @@ def main(argv=None) -> int:
                 flush(batch)
                 done, batch = done + len(batch), []
         flush(batch)
-    except tf.errors.InvalidArgumentError as error:  # e.g. a malformed CoNLL-U sentence: the request fails
+        done, batch = done + len(batch), []
+    except tf.errors.InvalidArgumentError as error:  # a request that fails whole (an export without `error`)
         sys.stdout.flush()
         unit = "sentences" if source == "conllu" else "lines"
         # A graph error's first line is "Graph execution error:"; the op's own message comes later.
@@ -122,6 +138,10 @@ def main(argv=None) -> int:
               f"the {done} {unit} before it were translated", file=sys.stderr)
         return 1
     sys.stdout.flush()
+    if failed:
+        print(f"export.translate: error: {len(failed)} of {done} sentences were malformed CoNLL-U "
+              f"(named above); the others were translated", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -170,19 +170,25 @@ class Translator:
         # EOS right after each input's last token.
         return tf.where(tf.expand_dims(positions, 0) == tf.expand_dims(lengths, 1), EOS_ID, dense), lengths
 
-    def encode_conllu(self, conllu):
+    def encode_conllu(self, conllu, strict=True):
         """CoNLL-U sentences -> source ids, lengths and the model's syntax features.
+
+        Args:
+            strict: True fails (InvalidArgumentError naming the problem) on
+                a malformed sentence; False makes it an empty source and
+                names the problem in `errors` (`annotated_features`).
 
         Returns:
             source ids int32 `[batch, S]` (pieces of each word, EOS, PAD;
             at most `max_length`), the number of pieces per input int32
-            `[batch]`, and the dict of the model's extra encoder inputs
-            (`source_tags`, `source_distances`, as it needs).
+            `[batch]`, the dict of the model's extra encoder inputs
+            (`source_tags`, `source_distances`, as it needs), and each
+            sentence's problem, string `[batch]` ("" when well-formed).
         """
         features = annotated_features(conllu, self.sentencepiece, self.config.max_length,
-                                      self.config.source_tags, truncate=True)
+                                      self.config.source_tags, truncate=True, strict=strict)
         return (features["source_ids"], features["source_lengths"],
-                {name: features[name] for name in source_feature_names(self.config)})
+                {name: features[name] for name in source_feature_names(self.config)}, features["errors"])
 
     def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
                static_buffer=False, source_features=None, patience=None):
@@ -345,16 +351,16 @@ class Translator:
             with score 0.
 
         A syntax-aware model reads `text` as CoNLL-U sentences
-        (`encode_conllu`) and searches in the plain graph.
+        (`translate_conllu_graph`, strict: a malformed sentence fails the
+        call) and searches in the plain graph.
         """
         if self.config.syntax_aware:
             if litert_batch is not None or xla:
                 raise ValueError("a syntax-aware model translates CoNLL-U in the plain TensorFlow graph; "
                                  "its LiteRT and XLA variants are not built (plain-text models only)")
-            source_ids, lengths, features = self.encode_conllu(text)
-            ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                      source_features=features, patience=patience)
-            return self._strings(ids, scores, lengths, num_results, litert_batch)
+            strings, scores, _ = self.translate_conllu_graph(text, beam_size, alpha, extra_length, num_results,
+                                                             patience=patience, strict=True)
+            return strings, scores
         if litert_batch is None:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
@@ -365,6 +371,29 @@ class Translator:
             ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
                                       static_buffer=litert_batch is not None, patience=patience)
         return self._strings(ids, scores, lengths, num_results, litert_batch)
+
+    def translate_conllu_graph(self, conllu, beam_size, alpha, extra_length, num_results, patience=None,
+                               strict=False):
+        """`translate_graph` for a syntax-aware model, with each sentence's problem.
+
+        Args:
+            conllu: string `[batch]`, one CoNLL-U sentence each.
+            strict: False (the served signatures): a malformed sentence
+                (`annotated.sentence_errors`) is translated as an empty
+                input ("" with score 0) and its problem returned, while the
+                other sentences translate as they would alone; True fails
+                the whole call (InvalidArgumentError naming the problem).
+
+        Returns:
+            translations string `[batch, num_results]`, scores float32
+            `[batch, num_results]`, errors string `[batch]` ("" for a
+            well-formed sentence).
+        """
+        source_ids, lengths, features, errors = self.encode_conllu(conllu, strict=strict)
+        ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
+                                  source_features=features, patience=patience)
+        strings, scores = self._strings(ids, scores, lengths, num_results, None)
+        return strings, scores, errors
 
     def _strings(self, ids, scores, lengths, num_results, litert_batch):
         """Search results -> (translations string `[batch, n]`, scores `[batch, n]`)."""

@@ -313,6 +313,46 @@ def test_bad_trees_fail_with_a_message_naming_the_problem():
         parse_conllu(["1 a X 0 root"])
 
 
+# Malformed CoNLL-U sentences (issue #19), each with the problem `sentence_errors` names.
+MALFORMED = {
+    "1\ta\t_\tX\t_\t_\t2\tdep\t_\t_\n2\tb\t_\tX\t_\t_\t1\tdep\t_\t_": "does not lead to the root",
+    "1\ta\t_\tX\t_\t_\t7\tdep\t_\t_": "names no word",
+    "1 a X 0 root": "10 tab-separated columns",
+    "1\ta\t_\tX\t_\t_\thead\tdep\t_\t_": "HEAD must be a word id",
+}
+
+
+def test_a_malformed_sentence_is_named_and_empties_only_its_own_row(pieces):
+    """Issue #19: with strict=False (the served signatures) each malformed sentence gets its
+    problem in its own row and an empty source (EOS only); the well-formed sentences around it
+    get exactly the features they get alone. strict=True (training) still fails naming it."""
+    other = syntax.AnnotatedSentence(("dogs", "barked"), ("NOUN", "VERB"), ("nsubj", "root"), (1, -1))
+    good = [syntax.to_conllu(SENTENCE), syntax.to_conllu(other)]
+    blocks = [good[0], *MALFORMED, good[1]]
+    features = annotated_features(blocks, pieces.fast, max_length=64, strict=False)
+    errors = [e.decode() for e in features["errors"].numpy()]
+    assert errors[0] == errors[-1] == ""
+    for error, expected in zip(errors[1:-1], MALFORMED.values()):
+        assert error.startswith("CoNLL-U: ") and expected in error, (error, expected)
+    alone = annotated_features(good, pieces.fast, max_length=64)
+    assert [e.decode() for e in alone["errors"].numpy()] == ["", ""]
+    for row, alone_row in ((0, 0), (len(blocks) - 1, 1)):
+        width = int(alone["source_lengths"][alone_row]) + 1
+        assert int(features["source_lengths"][row]) == width - 1
+        for name in ("source_ids", "source_tags"):
+            np.testing.assert_array_equal(features[name][row, :width], alone[name][alone_row, :width])
+        np.testing.assert_array_equal(features["source_distances"][row, :width, :width],
+                                      alone["source_distances"][alone_row, :width, :width])
+    for row in range(1, len(blocks) - 1):  # empty: EOS, then padding; no tags but EOS's, no distance
+        assert int(features["source_lengths"][row]) == 0 and features["text"][row].numpy() == b""
+        assert features["source_ids"][row].numpy().tolist() == [EOS_ID] + [PAD_ID] * (features["source_ids"].shape[1] - 1)
+        assert features["source_tags"][row, 0].numpy().tolist() == [TAG_EOS_ID, TAG_EOS_ID]
+        assert not features["source_distances"][row].numpy().any()
+    for block, expected in MALFORMED.items():
+        with pytest.raises(tf.errors.InvalidArgumentError, match=expected):
+            annotated_features([good[0], block], pieces.fast, max_length=64)
+
+
 def test_pieces_inherit_their_words_tags_and_distances(pieces):
     other = syntax.AnnotatedSentence(("Unbelievably", "dogs", "barked"), ("ADV", "NOUN", "VERB"),
                                      ("advmod", "nsubj:pass", "root"), (2, 2, -1))
@@ -509,10 +549,43 @@ def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run):
     assert abs(scores[0] - scores[1]) > 1e-4
 
 
-def test_translate_command_names_a_malformed_conllu_request_in_one_line(syntax_run, monkeypatch, capsys):
-    """Issue #19: a malformed CoNLL-U sentence made export.translate print a traceback.
-    Now: the requests before it are printed, then one line naming the failed request's
-    sentences and the problem, exit 1. (The served request itself still fails whole.)"""
+def test_served_signatures_name_a_malformed_sentence_in_its_own_row(syntax_run):
+    """Issue #19: one malformed CoNLL-U sentence no longer fails the whole served request:
+    its row gets "" (score 0) and its problem in `error`/`errors`, the other rows translate
+    exactly as they do alone."""
+    from keras_transformer.translator import Translator
+
+    trained, export, data = syntax_run
+    blocks = (data / "valid.en.conllu").read_text().strip().split("\n\n")[:3]
+    malformed = list(MALFORMED)
+    request = [blocks[0], malformed[0], blocks[1], malformed[2], blocks[2]]
+    translator = Translator(trained.model, trained.config, trained.tokenizer.model_bytes)
+    expected = translator.translate(blocks)
+    loaded = tf.saved_model.load(str(export))
+    served = loaded.signatures["serving_default"](conllu=tf.constant(request))
+    assert [t.decode() for t in served["translation"].numpy()] == [expected[0], "", expected[1], "", expected[2]]
+    alone = loaded.signatures["serving_default"](conllu=tf.constant(blocks))
+    np.testing.assert_allclose(served["score"].numpy()[[0, 2, 4]], alone["score"].numpy(), rtol=1e-5)
+    assert served["score"].numpy()[[1, 3]].tolist() == [0.0, 0.0]
+    errors = [e.decode() for e in served["error"].numpy()]
+    assert errors[0] == errors[2] == errors[4] == "" and alone["error"].numpy().tolist() == [b""] * 3
+    assert MALFORMED[malformed[0]] in errors[1] and MALFORMED[malformed[2]] in errors[3]
+    options = loaded.signatures["translate_options"](
+        conllu=tf.constant(request), beam_size=tf.constant(2), alpha=tf.constant(0.6),
+        extra_length=tf.constant(50), num_results=tf.constant(2), patience=tf.constant(0.0))
+    n_best = translator.translate(blocks, beam_size=2, num_results=2)
+    assert [[t.decode() for t in row] for row in options["translations"].numpy()] == [
+        n_best[0], ["", ""], n_best[1], ["", ""], n_best[2]]
+    assert [e.decode() for e in options["errors"].numpy()] == errors
+    # In process (training's BLEU), a malformed sentence still fails the call, naming it.
+    with pytest.raises(tf.errors.InvalidArgumentError, match=MALFORMED[malformed[0]]):
+        translator.translate([blocks[0], malformed[0]])
+
+
+def test_translate_command_names_a_malformed_conllu_sentence_in_one_line(syntax_run, monkeypatch, capsys):
+    """Issue #19: a malformed CoNLL-U sentence made export.translate print a traceback, then
+    failed its whole request. Now: every other sentence is translated, the malformed one gets
+    an empty line, stderr names it and its problem in one line (plus a closing count), exit 1."""
     import io
 
     from export import translate
@@ -520,17 +593,19 @@ def test_translate_command_names_a_malformed_conllu_request_in_one_line(syntax_r
 
     trained, export, data = syntax_run
     blocks = (data / "valid.en.conllu").read_text().strip().split("\n\n")[:3]
-    cycle = "1\ta\t_\tX\t_\t_\t2\tdep\t_\t_\n2\tb\t_\tX\t_\t_\t1\tdep\t_\t_"
+    cycle = list(MALFORMED)[0]
     stdin = "\n\n".join(blocks[:2] + [blocks[2], cycle]) + "\n"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
     assert translate.main(["--saved-model", str(export), "--batch-size", "2"]) == 1
     out, err = capsys.readouterr()
-    expected = Translator(trained.model, trained.config, trained.tokenizer.model_bytes).translate(blocks[:2])
-    assert out.splitlines() == expected
+    expected = Translator(trained.model, trained.config, trained.tokenizer.model_bytes).translate(blocks)
+    assert out.splitlines() == expected + [""]
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("export.translate: error: the request of sentences 3-4 failed: ")
-    assert "does not lead to the root" in lines[0] and lines[0].endswith("the 2 sentences before it were translated")
+    assert "Traceback" not in err, err
+    assert lines == ["export.translate: error: sentence 4: CoNLL-U: a HEAD does not lead to the root (a cycle) "
+                     "(an empty line printed for it)",
+                     "export.translate: error: 1 of 4 sentences were malformed CoNLL-U (named above); "
+                     "the others were translated"]
 
 
 def test_linearised_trees_as_a_target_side(tmp_path):
