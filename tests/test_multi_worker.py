@@ -29,14 +29,18 @@ source = rng.integers(4, 40, size=(64, 6)).astype("int32")
 target_in = np.concatenate([np.full((64, 1), 2, "int32"), source], axis=1)
 target_out = np.concatenate([source, np.full((64, 1), 3, "int32")], axis=1)
 ds = tf.data.Dataset.from_tensor_slices(((source, target_in), target_out)).batch(16).repeat()
-with strategy.scope():
-    keras.utils.set_random_seed(0)
-    model = build_transformer(config)
-    model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy(0.1))
-enable_multi_worker_fit(model, strategy)
-history = model.fit(ds, epochs=3, steps_per_epoch=2, verbose=0)
+losses = {}
+# The paper's Adam, and plain SGD: Adam is invariant to a constant gradient scale, so only
+# SGD tells a sum of the workers' gradients from their mean.
+for name, make in (("adam", lambda: make_optimizer(config)), ("sgd", lambda: keras.optimizers.SGD(0.5))):
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = build_transformer(config)
+        model.compile(optimizer=make(), loss=LabelSmoothedCrossEntropy(0.1))
+    enable_multi_worker_fit(model, strategy)
+    losses[name] = model.fit(ds, epochs=3, steps_per_epoch=2, verbose=0).history["loss"]
 print(json.dumps({"multi": is_multi_worker(strategy), "replicas": strategy.num_replicas_in_sync,
-                  "loss": history.history["loss"]}))
+                  "loss": losses}))
 """
 
 
@@ -118,10 +122,12 @@ def test_two_workers_train_like_one_process_on_the_same_global_batch(process_wav
         results.append(json.loads(out.strip().splitlines()[-1]))
     first, second, alone = results
     assert (first["multi"], first["replicas"], alone["multi"], alone["replicas"]) == (True, 2, False, 1)
-    # Global batch 16: 8 sentences per worker, gradients all-reduced; no dropout.
-    assert first["loss"] == second["loss"]
-    assert first["loss"] == pytest.approx(alone["loss"], rel=1e-5)
-    assert first["loss"][-1] < first["loss"][0]
+    # Global batch 16: 8 sentences per worker, gradients all-reduced; no dropout. With SGD a
+    # sum instead of a mean over the 2 workers doubles every step (issue #19).
+    for optimizer in ("adam", "sgd"):
+        assert first["loss"][optimizer] == second["loss"][optimizer]
+        assert first["loss"][optimizer] == pytest.approx(alone["loss"][optimizer], rel=1e-5), optimizer
+        assert first["loss"][optimizer][-1] < first["loss"][optimizer][0]
 
 
 @pytest.mark.slow
