@@ -72,6 +72,7 @@ __all__ = [
     "greedy_search",
     "length_penalty",
     "tile_beams",
+    "top_k_blockwise",
     "unflatten_beams",
 ]
 
@@ -170,6 +171,57 @@ def gather_beams(x, beam_indices):
     offsets = ops.arange(batch, dtype="int32")[:, None] * num_beams  # [batch, 1]
     flat_x = flatten_beams(x)  # [batch * beam, ...]
     return ops.take(flat_x, beam_indices + offsets, axis=0)  # [batch, new_beam, ...]
+
+
+# Smallest and largest block of `top_k_blockwise`, and how many blocks per wanted entry
+# it needs before it beats one `top_k` over the whole row.
+_MIN_BLOCK, _MAX_BLOCK, _MIN_BLOCKS_PER_ENTRY = 16, 256, 2
+
+
+def top_k_blockwise(x, k, block_size=None):
+    """``ops.top_k(x, k)`` over the last axis of a float ``[rows, V]``, exactly (same
+    values, same indices, ties to the lower index), in two small passes instead of
+    one ``top_k`` over ``V``.
+
+    The row is cut into blocks of ``block_size`` entries; the ``k`` blocks with
+    the largest maxima hold the row's ``k`` largest entries (any entry outside
+    them is beaten by those ``k`` maxima, and on a tie a block of lower index
+    wins, as does its entry), so ``top_k`` over those ``k * block_size``
+    candidates, in their original order, is the row's ``top_k``. One pass of
+    ``max`` over the row replaces the per-entry comparisons of ``top_k`` with a
+    heap: on ``[128, 8000]``, k 8, 3.3 -> 0.8 ms in a TensorFlow graph and
+    1.6 -> 0.6 ms under XLA on this 2-core CPU (BENCHMARKS.md). Plain
+    ``top_k`` where the row is too short for blocks to help.
+
+    Args:
+        x: float ``[rows, V]``, ``V`` static.
+        k: python int, ``1 <= k <= V``.
+        block_size: None (a power of two near ``sqrt(V / k)``, within
+            [16, 256]) or a python int.
+
+    Returns:
+        ``(values [rows, k], indices int32 [rows, k])``, as ``ops.top_k``.
+    """
+    vocab = x.shape[-1]
+    if block_size is None and vocab is not None:
+        block_size = 2 ** int(round(np.log2(max(np.sqrt(vocab / k), 1.0))))
+        block_size = min(max(block_size, _MIN_BLOCK), _MAX_BLOCK)
+    if vocab is None or -(-vocab // block_size) < _MIN_BLOCKS_PER_ENTRY * k:
+        values, indices = ops.top_k(x, k)
+        return values, ops.cast(indices, "int32")
+    num_blocks = -(-vocab // block_size)
+    padding = num_blocks * block_size - vocab
+    if padding:  # the last block filled with the lowest float: never above a real entry
+        x = ops.pad(x, [[0, 0], [0, padding]], constant_values=float(np.finfo(np.float32).min))
+    blocks = ops.reshape(x, (-1, num_blocks, block_size))  # [rows, blocks, block]
+    _, best = ops.top_k(ops.max(blocks, axis=2), k)  # [rows, k]
+    best = ops.sort(ops.cast(best, "int32"), axis=-1)  # [rows, k]: candidates in index order
+    rows = ops.arange(ops.shape(best)[0], dtype="int32")[:, None] * num_blocks + best  # [rows, k]
+    candidates = ops.take(ops.reshape(blocks, (-1, block_size)), rows, axis=0)  # [rows, k, block]
+    values, position = ops.top_k(ops.reshape(candidates, (-1, k * block_size)), k)  # [rows, k] x2
+    position = ops.cast(position, "int32")
+    block = ops.take_along_axis(best, position // block_size, axis=1)  # [rows, k]
+    return values, block * block_size + position % block_size
 
 
 def _infer_max_decode_length(max_lengths):
@@ -335,7 +387,7 @@ def _grow_candidates(state, log_probs, spec):
     vocab = log_probs.shape[-1]
     # Each beam's best tokens (a beam never contributes more than C candidates).
     per_beam = num_candidates if vocab is None else min(num_candidates, vocab)
-    beam_logp, beam_tok = ops.top_k(log_probs, per_beam)  # [b * k, P] x2
+    beam_logp, beam_tok = top_k_blockwise(log_probs, per_beam)  # [b * k, P] x2
     beam_logp = ops.reshape(beam_logp, (-1, k, per_beam))  # [b, k, P]
     beam_tok = ops.reshape(ops.cast(beam_tok, "int32"), (-1, k * per_beam))  # [b, k * P]
     valid = ops.logical_and(

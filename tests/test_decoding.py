@@ -25,6 +25,7 @@ from keras_transformer.decoding import (
     greedy_search,
     length_penalty,
     tile_beams,
+    top_k_blockwise,
     unflatten_beams,
 )
 
@@ -226,6 +227,53 @@ def test_beam4_matches_reference_beam_without_early_stop(alpha):
     seqs, scores = run(model, max_lengths, beam_size=4, num_results=4, alpha=alpha)
     for b, max_len in enumerate(max_lengths):
         ref = ref_beam(model, b, max_len, 4, alpha)
+        assert [strip(r) for r in seqs[b, : len(ref)]] == [r[1] for r in ref]
+        np.testing.assert_allclose(scores[b, : len(ref)], [r[0] for r in ref], rtol=1e-5)
+
+
+def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
+    """Same values and indices as one top_k (ties to the lower index), for rows whose
+    length is or is not a multiple of the block, with ties, masked entries, k = 1."""
+    rng = np.random.default_rng(5)
+    cases = [(rng.normal(size=(6, 8000)), 8, None), (rng.integers(0, 4, size=(5, 1000)), 8, None),
+             (rng.integers(0, 3, size=(4, 333)), 3, 16), (rng.normal(size=(3, 1000)), 1, None),
+             (rng.normal(size=(2, 40)), 8, None)]  # 40: too short for blocks, plain top_k
+    masked = rng.normal(size=(4, 700))
+    masked[:, rng.integers(0, 700, size=650)] = NEG_INF  # a few real entries left per row
+    cases.append((masked, 8, None))
+    for x, k, block in cases:
+        x = x.astype("float32")
+        expected_values, expected_indices = (np.asarray(t) for t in tf.math.top_k(x, k))
+        eager = top_k_blockwise(ops.convert_to_tensor(x), k, block)
+        graph = tf.function(lambda t: top_k_blockwise(t, k, block),
+                            input_signature=[tf.TensorSpec([None, x.shape[1]], tf.float32)])(x)
+        xla = tf.function(lambda t: top_k_blockwise(t, k, block), jit_compile=True)(x)
+        for values, indices in (eager, graph, xla):
+            np.testing.assert_array_equal(np.asarray(values), expected_values)
+            np.testing.assert_array_equal(np.asarray(indices), expected_indices)
+    interpreter_lib = pytest.importorskip("ai_edge_litert.interpreter")
+    x = cases[1][0].astype("float32")
+    litert_fn = tf.function(lambda t: top_k_blockwise(t, 8), input_signature=[tf.TensorSpec(x.shape, tf.float32)])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([litert_fn.get_concrete_function()], litert_fn)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    interpreter = interpreter_lib.Interpreter(model_content=converter.convert())
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+    interpreter.invoke()
+    outputs = sorted((interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()),
+                     key=lambda o: o.dtype.kind)  # float values, then int indices
+    np.testing.assert_array_equal(outputs[0], tf.math.top_k(x, 8).values.numpy())
+    np.testing.assert_array_equal(outputs[1], tf.math.top_k(x, 8).indices.numpy())
+
+
+def test_large_vocabulary_search_matches_the_reference():
+    """A vocabulary large enough for `top_k_blockwise`'s blocks (300 tokens, k = 8
+    candidates per beam): same n-best and scores as the pure-python reference."""
+    model = ToyModel(seed=101, vocab=300, batch=3, eos_bias=2.0)
+    max_lengths = np.array([3, 7, 5])
+    seqs, scores = run(model, max_lengths, beam_size=4, num_results=4, alpha=0.6)
+    for b, max_len in enumerate(max_lengths):
+        ref = ref_beam(model, b, max_len, 4, 0.6)
         assert [strip(r) for r in seqs[b, : len(ref)]] == [r[1] for r in ref]
         np.testing.assert_allclose(scores[b, : len(ref)], [r[0] for r in ref], rtol=1e-5)
 
