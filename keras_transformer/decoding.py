@@ -760,22 +760,33 @@ def beam_search(
         logits, cache = call_step(state, state["static"])
         state, source_beam = _search_step(state, logits, cache, spec)
         done = state.pop("done")  # [b]
-        seqs, scores = _best_results(state, num_results, spec)  # [b, n, L], [b, n]
-        ended = ops.nonzero(done)[0]  # [e]
-        written = ops.expand_dims(ops.take(state["sentence"], ended, axis=0), 1)  # [e, 1]
-        state["out_seqs"] = ops.scatter_update(state["out_seqs"], written, ops.take(seqs, ended, axis=0))
-        state["out_scores"] = ops.scatter_update(state["out_scores"], written,
-                                                 ops.take(scores, ended, axis=0))
-        kept = ops.nonzero(ops.logical_not(done))[0]  # [b']
-        # One gather per cache leaf: beam reorder and dropped sentences together.
-        rows = _beam_rows(ops.take(source_beam, kept, axis=0), beam_size, kept)  # [b' * k]
-        state["cache"] = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache)
-        for name in _PER_SENTENCE:
-            if name in state:  # finished_count only with patience
-                state[name] = ops.take(state[name], kept, axis=0)
-        state["static"] = keras.tree.map_structure(lambda x: ops.take(x, kept, axis=0), state["static"])
-        state["done"] = ops.zeros_like(state["sentence"]) > 0  # [b']: the kept ones are not done
-        return state
+
+        def reorder():  # no sentence ended this step (most steps): the beam reorder only
+            rows = _beam_rows(source_beam, beam_size)  # [b * k]
+            return {**state, "cache": keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache),
+                    "done": ops.logical_and(done, False)}
+
+        def write_and_drop():
+            dropped = dict(state)
+            seqs, scores = _best_results(state, num_results, spec)  # [b, n, L], [b, n]
+            ended = ops.nonzero(done)[0]  # [e]
+            written = ops.expand_dims(ops.take(state["sentence"], ended, axis=0), 1)  # [e, 1]
+            dropped["out_seqs"] = ops.scatter_update(state["out_seqs"], written, ops.take(seqs, ended, axis=0))
+            dropped["out_scores"] = ops.scatter_update(state["out_scores"], written,
+                                                       ops.take(scores, ended, axis=0))
+            kept = ops.nonzero(ops.logical_not(done))[0]  # [b']
+            # One gather per cache leaf: beam reorder and dropped sentences together.
+            rows = _beam_rows(ops.take(source_beam, kept, axis=0), beam_size, kept)  # [b' * k]
+            dropped["cache"] = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache)
+            for name in _PER_SENTENCE:
+                if name in state:  # finished_count only with patience
+                    dropped[name] = ops.take(state[name], kept, axis=0)
+            dropped["static"] = keras.tree.map_structure(lambda x: ops.take(x, kept, axis=0), state["static"])
+            dropped["done"] = ops.zeros_like(dropped["sentence"]) > 0  # [b']: the kept ones are not done
+            return dropped
+
+        # The results are written and the batch shrinks only on a step where a sentence ended.
+        return ops.cond(ops.any(done), write_and_drop, reorder)
 
     state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
     return state["out_seqs"], state["out_scores"]
