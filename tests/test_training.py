@@ -73,8 +73,10 @@ def test_training_config_defaults_come_from_the_preset():
 
 def test_multi30k_recipe_preset():
     run = TrainingConfig.create("multi30k")
-    assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size) == (
-        4096, 250, 5, 60.0, 8000)
+    # Issue #17: the whole hour (56 training minutes; averaging, BLEU and export in the rest),
+    # the step count only a cap.
+    assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size,
+            run.steps) == (4096, 250, 5, 56.0, 8000, 40_000)
     config = run.model_config(8000)
     assert (config.num_layers, config.d_model, config.d_ff, config.num_heads, config.dropout,
             config.warmup_steps) == (2, 128, 512, 4, 0.2, 200)
