@@ -7,7 +7,9 @@ import pytest
 
 from keras_transformer.layers import (FeedForward, MultiHeadAttention, PositionalEmbedding,
                                       ResidualConnection, sinusoidal_encoding)
+from keras_transformer.layers import attention as attention_module
 from keras_transformer.layers.attention import write_cache
+from keras_transformer.layers.per_token import apply_per_token
 
 
 def numpy_attention(layer, query, value, mask=None, bias=None):
@@ -126,6 +128,64 @@ def test_self_attention_cache_step_by_step_equals_causal_full_pass():
     keys = np.asarray(layer.compute_key_value(x)[0])
     np.testing.assert_allclose(np.asarray(cache[0])[:, :, :6], keys, atol=1e-6)
     assert not np.asarray(cache[0])[:, :, 6:].any()
+
+
+@pytest.mark.parametrize("threshold", [0, 10**9], ids=["batched-matmuls", "broadcast-products"])
+def test_small_kernels_equal_numpy_in_both_regimes(monkeypatch, threshold):
+    """`small_kernels` picks, per call, oneDNN's batched matmuls or broadcast products
+    (`SMALL_ATTENTION`); forced to each, a growing-cache decoding step equals the causal
+    full pass in NumPy, and cross-attention with 3 beams' queries per cached sentence
+    equals NumPy's attention over the sentence repeated per beam."""
+    monkeypatch.setattr(attention_module, "SMALL_ATTENTION", threshold)
+    rng = np.random.default_rng(7)
+    layer = MultiHeadAttention(num_heads=2, d_model=8)
+    x = rng.normal(size=(3, 6, 8)).astype("float32")
+    layer(x, x)  # build
+    want = numpy_attention(layer, x, x, mask=np.broadcast_to(np.tril(np.ones((6, 6), bool)), (3, 6, 6)))
+    cache = (np.zeros((3, 2, 0, 4), "float32"), np.zeros((3, 2, 0, 4), "float32"))  # grows by one slot a step
+    for t in range(6):
+        out, cache = layer(x[:, t:t + 1], cache=cache, cache_index=t, grow_cache=True, small_kernels=True)
+        np.testing.assert_allclose(np.asarray(out)[:, 0], want[:, t], atol=1e-5)
+
+    memory = rng.normal(size=(2, 5, 8)).astype("float32")  # 2 sentences
+    padding = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    beams = rng.normal(size=(6, 1, 8)).astype("float32")  # 3 beams per sentence, one step
+    got, _ = layer(beams, cache=layer.compute_key_value(memory), attention_mask=padding[:, None, :],
+                   small_kernels=True)
+    repeated = np.repeat(memory, 3, axis=0)  # [6, 5, 8]
+    mask = np.broadcast_to(np.repeat(padding, 3, axis=0)[:, None, :], (6, 1, 5))
+    np.testing.assert_allclose(np.asarray(got), numpy_attention(layer, beams, repeated, mask=mask), atol=1e-5)
+
+
+def test_small_kernels_choose_by_the_size_of_the_product(monkeypatch):
+    """The choice is made per call from the dynamic shapes: below the threshold the
+    broadcast products run, above it the batched matmuls (seen through which kernel
+    `_products` is asked for)."""
+    layer = MultiHeadAttention(num_heads=2, d_model=8)
+    x = np.ones((4, 1, 8), "float32")
+    cache = (np.zeros((4, 2, 2, 4), "float32"), np.zeros((4, 2, 2, 4), "float32"))
+    layer(x, cache=cache, cache_index=2, grow_cache=True)  # build
+    asked = []
+    products = MultiHeadAttention._products
+    monkeypatch.setattr(MultiHeadAttention, "_products",
+                        staticmethod(lambda q, k, few: asked.append(few) or products(q, k, few)))
+    size = 4 * 2 * 1 * 3 * 4  # rows x heads x queries x keys (2 cached + this one) x head size
+    for threshold, want in ((size, [True]), (size - 1, [False])):
+        monkeypatch.setattr(attention_module, "SMALL_ATTENTION", threshold)
+        asked.clear()
+        layer(x, cache=cache, cache_index=2, grow_cache=True, small_kernels=True)
+        assert asked == want, threshold
+
+
+def test_apply_per_token_equals_dense_on_rank_3_exactly():
+    """`apply_per_token` (one 2-D matmul) gives Dense's rank-3 result (a tensordot) bit for bit."""
+    import keras
+    rng = np.random.default_rng(3)
+    dense = keras.layers.Dense(5)
+    x = rng.normal(size=(3, 4, 6)).astype("float32")
+    want = np.asarray(dense(x))
+    np.testing.assert_array_equal(np.asarray(apply_per_token(dense, x)), want)
+    np.testing.assert_array_equal(np.asarray(apply_per_token(dense, x[:, :1])), want[:, :1])
 
 
 def test_write_cache_places_rows():

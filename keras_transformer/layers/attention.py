@@ -8,6 +8,13 @@ import keras
 from keras import ops
 
 from keras_transformer.constants import NEG_INF
+from keras_transformer.layers.per_token import apply_per_token, leading_shape
+
+# Largest product `q * k` (entries: rows x heads x queries x keys x head size)
+# that `MultiHeadAttention(small_kernels=True)` computes by broadcasting instead
+# of oneDNN's batched matmuls: the crossover measured on this 2-core CPU
+# (BENCHMARKS.md, "Serving speed, part 4").
+SMALL_ATTENTION = 65536
 
 
 def write_cache(cache, update, index):
@@ -126,6 +133,12 @@ class MultiHeadAttention(keras.layers.Layer):
             decoding step then costs in proportion to its position, not to
             the buffer. Its shape changes every step (a TensorFlow graph
             without XLA, or eager). Same results as the preallocated cache.
+        small_kernels: with a cache and one query position (a decoding
+            step), choose per call between oneDNN's batched matmuls and
+            broadcast products by the size of the product (`SMALL_ATTENTION`;
+            see `_attend`): for a TensorFlow graph without XLA, where a
+            step's batch shrinks as sentences end. Same results up to float
+            rounding.
         training: enables dropout.
 
     Returns:
@@ -192,15 +205,16 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def split_heads(self, x):
         """`[batch, T, d_model]` -> `[batch, heads, T, head_size]`."""
-        batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        x = ops.reshape(x, (batch, length, self.num_heads, self.head_size))  # [batch, T, heads, head_size]
+        if x.shape[1] == 1:  # one position (a decoding step): the transpose is a reshape
+            return ops.reshape(x, (-1, self.num_heads, 1, self.head_size))  # [batch, heads, 1, head_size]
+        x = ops.reshape(x, leading_shape(x) + (self.num_heads, self.head_size))  # [batch, T, heads, head_size]
         return ops.transpose(x, (0, 2, 1, 3))  # [batch, heads, T, head_size]
 
     def project(self, x, layers, fused):
         """`[layer(x) for layer in layers]` (each `[batch, T, d_model]`); with `fused`,
         one matmul of `x` against the layers' kernels side by side, split back."""
         if not fused:
-            return [layer(x) for layer in layers]
+            return [apply_per_token(layer, x) for layer in layers]
         kernel = ops.concatenate([layer.kernel for layer in layers], axis=-1)  # [d_model, n * d_model]
         y = ops.matmul(x, kernel)  # [batch, T, n * d_model]
         if self.use_bias:
@@ -213,16 +227,17 @@ class MultiHeadAttention(keras.layers.Layer):
         return self.split_heads(k), self.split_heads(v)
 
     def call(self, query, value=None, attention_mask=None, attention_bias=None,
-             cache=None, cache_index=None, training=None, attention_scale=None, grow_cache=False):
+             cache=None, cache_index=None, training=None, attention_scale=None, grow_cache=False,
+             small_kernels=False):
         if cache is not None and cache_index is None:
             return self._attend_static_cache(query, cache, attention_mask, attention_bias,
-                                             attention_scale, training)
+                                             attention_scale, training, small_kernels)
         self_attention = value is None or value is query
         if cache is None and self_attention and self.fuse_projections:  # whole sequences
             q, k, v = (self.split_heads(x) for x in self.project(
                 query, (self.query_dense, self.key_dense, self.value_dense), fused=True))
         else:
-            q = self.split_heads(self.query_dense(query))  # [batch, heads, T_q, head_size]
+            q = self.split_heads(apply_per_token(self.query_dense, query))  # [batch, heads, T_q, head_size]
         if cache is None:
             if not (self_attention and self.fuse_projections):
                 k, v = self.compute_key_value(query if value is None else value,
@@ -244,12 +259,14 @@ class MultiHeadAttention(keras.layers.Layer):
                                          0)  # [1, T_q, slots]
                 attention_mask = causal if attention_mask is None else ops.logical_and(attention_mask, causal)
 
-        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training)
+        small = small_kernels and cache is not None and q.shape[2] == 1  # one query per row: a decoding step
+        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training, small)
         if cache is None:
             return output
         return output, (k, v)
 
-    def _attend_static_cache(self, query, cache, attention_mask, attention_bias, attention_scale, training):
+    def _attend_static_cache(self, query, cache, attention_mask, attention_bias, attention_scale, training,
+                             small_kernels):
         """Attention over precomputed `(key, value)` `[rows, heads, S, head_size]`
         (cross-attention during decoding), where `query` `[rows * m, T, d_model]`
         may hold `m` query rows per cache row (the beams of one sentence: the
@@ -257,31 +274,71 @@ class MultiHeadAttention(keras.layers.Layer):
         attend to them together, as `[rows, m * T]` queries); masks and biases
         have one row per cache row. Returns `(output [rows * m, T, d_model], cache)`."""
         k, v = cache
+        small = small_kernels and query.shape[1] == 1  # a decoding step: m beams' queries per row
         shape = ops.shape(query)
         query = ops.reshape(query, (ops.shape(k)[0], -1, self.d_model))  # [rows, m * T, d_model]
-        q = self.split_heads(self.query_dense(query))  # [rows, heads, m * T, head_size]
-        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training)
+        q = self.split_heads(apply_per_token(self.query_dense, query))  # [rows, heads, m * T, head_size]
+        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training, small)
         return ops.reshape(output, shape), cache  # [rows * m, T, d_model]
 
-    def _attend(self, q, k, v, attention_mask, attention_bias, attention_scale, training):
-        """softmax(q k^T / sqrt(d_k) (* scale) + bias, masked) v, then the output projection."""
-        # Scores in float32 so that NEG_INF and the softmax are exact under
-        # mixed precision.
-        scores = ops.einsum("bhqd,bhkd->bhqk", q, k)  # [batch, heads, T_q, T_k]
-        scores = ops.cast(scores, "float32") / math.sqrt(self.head_size)
-        if attention_scale is not None:
-            scores = scores * ops.cast(attention_scale, "float32")
-        if attention_bias is not None:
-            scores = scores + ops.cast(attention_bias, "float32")
-        if attention_mask is not None:
-            mask = ops.expand_dims(ops.cast(attention_mask, "bool"), 1)  # [batch, 1, T_q, T_k]
-            scores = ops.where(mask, scores, NEG_INF)
-        weights = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
-        weights = self.dropout_layer(weights, training=training)
-        context = ops.einsum("bhqk,bhkd->bqhd", weights, v)  # [batch, T_q, heads, head_size]
-        batch, length = ops.shape(context)[0], ops.shape(context)[1]
-        context = ops.reshape(context, (batch, length, self.d_model))  # [batch, T_q, d_model]
-        return self.output_dense(context)
+    def _attend(self, q, k, v, attention_mask, attention_bias, attention_scale, training, small=False):
+        """softmax(q k^T / sqrt(d_k) (* scale) + bias, masked) v, then the output projection.
+
+        With `small` (a decoding step with few queries per row, in a graph
+        whose shapes change per call) a call whose product
+        `q * k` has at most `SMALL_ATTENTION` entries computes the two products
+        as broadcast multiplies and sums and writes the softmax out (exp, max,
+        sum): on such shapes TensorFlow's oneDNN BatchMatMul, Einsum and
+        Softmax kernels cost ~35-45 us a call each, over half of a batch-1
+        decoding step; on larger ones they are the faster (BENCHMARKS.md).
+        The same formulas, so the same numbers up to float rounding.
+        """
+        def context(few):
+            scores = self._products(q, k, few)  # [batch, heads, T_q, T_k]
+            # Scores in float32 so that NEG_INF and the softmax are exact under
+            # mixed precision.
+            scores = ops.cast(scores, "float32") / math.sqrt(self.head_size)
+            if attention_scale is not None:
+                scores = scores * ops.cast(attention_scale, "float32")
+            if attention_bias is not None:
+                scores = scores + ops.cast(attention_bias, "float32")
+            if attention_mask is not None:
+                mask = ops.expand_dims(ops.cast(attention_mask, "bool"), 1)  # [batch, 1, T_q, T_k]
+                scores = ops.where(mask, scores, NEG_INF)
+            if few:
+                exp = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))  # [batch, heads, T_q, T_k]
+                weights = exp / ops.sum(exp, axis=-1, keepdims=True)
+            else:
+                weights = ops.softmax(scores, axis=-1)
+            weights = self.dropout_layer(ops.cast(weights, self.compute_dtype), training=training)
+            if not few:
+                out = ops.einsum("bhqk,bhkd->bqhd", weights, v)  # [batch, T_q, heads, head_size]
+            elif q.shape[2] == 1:
+                out = ops.sum(ops.expand_dims(ops.squeeze(weights, 2), 3) * v, axis=2)  # [batch, heads, head_size]
+            else:
+                out = ops.sum(ops.expand_dims(weights, 4) * ops.expand_dims(v, 2), axis=3)  # [batch, heads, T_q, head_size]
+                out = ops.transpose(out, (0, 2, 1, 3))  # [batch, T_q, heads, head_size]
+            if q.shape[2] == 1:
+                return ops.reshape(out, (-1, 1, self.d_model))  # [batch, 1, d_model]
+            return ops.reshape(out, leading_shape(out)[:-1] + (self.d_model,))  # [batch, T_q, d_model]
+
+        if small:
+            shape_q, shape_k = ops.shape(q), ops.shape(k)
+            size = shape_q[0] * self.num_heads * shape_q[2] * shape_k[2] * self.head_size
+            attended = ops.cond(size <= SMALL_ATTENTION, lambda: context(True), lambda: context(False))
+        else:
+            attended = context(False)
+        return apply_per_token(self.output_dense, attended)
+
+    @staticmethod
+    def _products(q, k, few):
+        """`q k^T` `[batch, heads, T_q, T_k]` from q `[batch, heads, T_q, head_size]` and
+        k `[batch, heads, T_k, head_size]`: an einsum, or with `few` a broadcast product."""
+        if not few:
+            return ops.einsum("bhqd,bhkd->bhqk", q, k)
+        if q.shape[2] == 1:  # q broadcasts over the keys
+            return ops.expand_dims(ops.sum(q * k, axis=-1), 2)  # [batch, heads, 1, T_k]
+        return ops.sum(ops.expand_dims(q, 3) * ops.expand_dims(k, 2), axis=-1)  # [batch, heads, T_q, T_k]
 
     def compute_output_shape(self, query_shape, value_shape=None, cache_shape=None):
         output_shape = tuple(query_shape[:-1]) + (self.d_model,)  # [batch, T_q, d_model]

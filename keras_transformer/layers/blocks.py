@@ -142,7 +142,9 @@ class DecoderBlock(_BlockBase):
             `encoder_padding_mask` then has one row per sentence too).
         training: enables dropout.
         grow_cache: append this call's keys/values to `self_attention_cache`
-            instead of writing them at `cache_index` (see `MultiHeadAttention`).
+            instead of writing them at `cache_index` (see `MultiHeadAttention`);
+            both attentions then pick their kernels per call by size
+            (`MultiHeadAttention`'s `small_kernels`).
 
     Returns:
         `[batch, T, d_model]`, and the updated self-attention cache when one
@@ -174,14 +176,15 @@ class DecoderBlock(_BlockBase):
             def self_attend(h):
                 return self.self_attention(h, attention_bias=self_attention_bias,
                                            cache=self_attention_cache, cache_index=cache_index,
-                                           grow_cache=grow_cache, training=training)
+                                           grow_cache=grow_cache, small_kernels=grow_cache, training=training)
         x, new_cache = self._apply(self.self_attention_residual, self_attend, inputs, training)
 
         cross_mask = None if encoder_padding_mask is None else ops.expand_dims(encoder_padding_mask, 1)
         x, _ = self._apply(
             self.cross_attention_residual,
             lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask,
-                                           cache=cross_attention_cache, training=training),
+                                           cache=cross_attention_cache, training=training,
+                                           small_kernels=grow_cache and cross_attention_cache is not None),
             x, training)
         x, _ = self._apply(self.feed_forward_residual, self.feed_forward, x, training)
         if self_attention_cache is None:

@@ -7,6 +7,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.per_token import leading_shape
+
 
 def sinusoidal_encoding(positions, d_model, max_wavelength=10000.0):
     """The paper's positional encoding (section 3.5).
@@ -92,7 +94,9 @@ class PositionalEmbedding(keras.layers.Layer):
     def call(self, inputs, start_position=0, reverse=False, positions=True):
         if reverse:
             embeddings = ops.cast(self.embeddings, self.compute_dtype)
-            return ops.matmul(inputs, ops.transpose(embeddings))  # [batch, T, vocab]
+            flat = ops.reshape(inputs, (-1, self.d_model))  # [tokens, d_model]: a 2-D matmul (see apply_per_token)
+            logits = ops.matmul(flat, ops.transpose(embeddings))  # [tokens, vocab]
+            return ops.reshape(logits, leading_shape(inputs) + (self.vocab_size,))  # [batch, T, vocab]
         x = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)  # [batch, T, d_model]
         x = ops.cast(x, self.compute_dtype) * math.sqrt(self.d_model)
         if not positions:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from keras_transformer.layers.attention import sublayer_initializer
+from keras_transformer.layers.per_token import apply_per_token
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -52,7 +53,7 @@ class FeedForward(keras.layers.Layer):
         self.outer.build(tuple(input_shape[:-1]) + (self.d_ff,))
 
     def call(self, inputs):
-        return self.outer(self.inner(inputs))
+        return apply_per_token(self.outer, apply_per_token(self.inner, inputs))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.d_model,)  # [batch, T, d_model]
