@@ -48,6 +48,7 @@ CANDIDATES: dict[str, tuple[str, str]] = {
     "wu-4x4": ("the literature's shape (Wu et al. 2021): 4+4 layers, FFN 256, dropout 0.3, warm-up 800",
                "--set num_layers=4 --set d_ff=256 --set dropout=0.3 --set warmup_steps=800"),
     "dropout-0.3": ("the preset with dropout 0.3", "--set dropout=0.3"),
+    "layers-3": ("the preset with 3+3 layers (more depth at ~1.4x the step time)", "--set num_layers=3"),
 }
 DECODE_GRID = {"average": (5, 10), "beam_size": (4, 5), "alpha": (0.6, 1.0)}
 
