@@ -8,8 +8,10 @@ What it does, as a user would:
    --max-minutes N --model-dir D` (a subprocess): the recipe preset trains
    until the budget (stopping at a checkpoint boundary), averages the last 5
    checkpoints, scores valid/test2016 and exports the SavedModel to
-   `D/export/<version>`. A model directory holding a finished run is
-   evaluated again without training.
+   `D/export/<version>`. A model directory holding a finished run
+   (`results.json`) is evaluated again without training, never trained
+   further; if its own export failed, the newest one in `D/export` is used
+   (or the script stops, naming the command that makes one).
 2. Loads that export (`tf.saved_model.load`, the `translate_xla` signature:
    beam 4, alpha 0.6, +50, the search XLA-compiled) and translates
    test2016.en in batches of 64.
@@ -78,12 +80,23 @@ def parse_args(argv=None):
 
 
 def train(args):
-    """Runs train.py (skipped when the run directory holds a finished run with an export)."""
+    """Runs train.py, or when the run directory holds a finished run (`results.json`) returns
+    its results: with its export, or the newest in `MODEL_DIR/export` when its own export
+    failed; without any export it stops with the command that makes one."""
     model_dir = pathlib.Path(args.model_dir)
     results_path = model_dir / "results.json"
-    if results_path.exists() and "export" in json.loads(results_path.read_text()):
+    if results_path.exists():  # a finished run: never trained again (that would start a second budget)
+        results = json.loads(results_path.read_text())
+        if "export" not in results:  # its export failed; one made since is in EXPORT_DIR
+            exports = sorted((int(p.parent.name), p.parent) for p in (model_dir / "export").glob("*/saved_model.pb")
+                             if p.parent.name.isdigit())
+            if not exports:
+                sys.exit(f"multi30k: {model_dir} holds a finished run without an export (results.json has no "
+                         f"'export'): make one with `python -m export.saved_model --model-dir {model_dir} "
+                         f"--output {model_dir / 'export'}` and run this again")
+            results["export"] = str(exports[-1][1])
         print(f"# {model_dir} holds a finished run: evaluating it without training", flush=True)
-        return json.loads(results_path.read_text())
+        return results
     command = [sys.executable, "train.py", "--config", args.config, "--data", args.data,
                "--model-dir", str(model_dir), "--max-minutes", f"{args.minutes:g}", *args.train_args.split()]
     print("# " + " ".join(command), flush=True)

@@ -82,6 +82,7 @@ def run_candidate(args, name) -> dict:
                "--model-dir", str(model_dir), "--data", args.data, "--test", args.test, "--train-args", flags]
     print(f"# {name}: {' '.join(command)}", flush=True)
     output = subprocess.run(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    model_dir.mkdir(parents=True, exist_ok=True)  # multi30k.py may stop before making it (bad --data)
     (model_dir / "multi30k.log").write_text(output.stdout, encoding="utf-8")
     if output.returncode != 0:
         sys.exit(f"multi30k_sweep: {name} failed (exit {output.returncode}); its output is in "

@@ -192,3 +192,24 @@ def test_loss_benchmark_reference_is_the_package_loss_and_runs(capsys):
     assert [int(r[0]) for r in rows] == [40, 60]
     name, value = out.strip().splitlines()[-1].split(": ")
     assert name == "speedup_at_60" and float(value) == pytest.approx(float(rows[-1][3].split()[0]), abs=0.006)
+
+
+def test_multi30k_benchmark_never_trains_a_finished_run_again(tmp_path):
+    """A finished run whose export failed (results.json without 'export'): the benchmark
+    stops with one line naming the export command instead of resuming training (which
+    would start a second time budget); train.py never runs (no checkpoints appear)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("test2016.en", "test2016.de"):
+        (data / name).write_text("a\n", encoding="utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text('{"steps": 250}', encoding="utf-8")
+    result = subprocess.run([sys.executable, "benchmarks/multi30k.py", "--model-dir", str(run), "--data", str(data)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"multi30k: {run} holds a finished run without an export (results.json has no 'export'): make one with "
+        f"`python -m export.saved_model --model-dir {run} --output {run / 'export'}` and run this again")
+    assert "Traceback" not in result.stderr and "train.py" not in result.stdout
+    assert sorted(p.name for p in run.iterdir()) == ["results.json"]
