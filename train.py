@@ -35,67 +35,29 @@ if __name__ == "__main__":
 
 from keras_transformer import console  # noqa: E402  (imports TensorFlow quietly when asked)
 from keras_transformer.config import (  # noqa: E402
-    BATCH_TOKENS, MODEL_OVERRIDE_FIELDS, PRESETS, SYNTAX_FIELDS, TrainingConfig, TransformerConfig)
+    MODEL_OVERRIDE_FIELDS, SYNTAX_FIELDS, ConfigError, TrainingConfig, TransformerConfig, command_line_options)
+from keras_transformer.console import OneLineArgumentParser  # noqa: E402
 
 log = logging.getLogger("train")
 
 
-from keras_transformer.console import OneLineArgumentParser  # noqa: E402
-
 def parse_args(argv=None) -> argparse.Namespace:
+    """The flags, made from the config fields' option definitions
+    (`keras_transformer.config.command_line_options`), as a `TrainingConfig` in `args.run`."""
     parser = OneLineArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    batch_tokens = ", ".join(f"{name} {value}" for name, value in BATCH_TOKENS.items())
-    parser.add_argument("--config", default="tiny", choices=sorted(PRESETS), metavar="PRESET",
-                        help="model preset: tiny (default, CPU minutes), small, base or big (paper Table 3), or "
-                             "multi30k (the Multi30k recipe for a 60-minute CPU budget)")
-    parser.add_argument("--data", default="embedded",
-                        help="'embedded' (default: generated En->De corpus shipped with the package), "
-                             "a directory of train.SRC/train.TGT, valid.*, test*.* text files, "
-                             "or a TFDS name such as wmt14_translate/de-en or tfds:NAME")
-    parser.add_argument("--source-lang", default=None, help="source language code (default en)")
-    parser.add_argument("--target-lang", default=None, help="target language code (default de)")
-    parser.add_argument("--model-dir", default="runs/default",
-                        help="where the tokenizer, checkpoints, logs, curves and export go; "
-                             "an existing run there is resumed")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="total optimizer steps (default: the preset's train_steps: 600 for tiny, "
-                             "100000 for base)")
-    parser.add_argument("--batch-tokens", type=int, default=None,
-                        help=f"padded tokens per side in one global batch (paper: 25000; default "
-                             f"per preset: {batch_tokens})")
-    parser.add_argument("--vocab-size", type=int, default=None,
-                        help="SentencePiece vocabulary size when a tokenizer is trained "
-                             "(default: the preset's, 37000 for base/big as in the paper)")
-    parser.add_argument("--max-length", type=int, default=None,
-                        help="longest source/target in tokens; longer pairs are dropped and counted "
-                             "(default: the preset's max_length)")
-    parser.add_argument("--checkpoint-every", type=int, default=None,
-                        help="steps between checkpoints (default: steps/10, at least 1)")
-    parser.add_argument("--keep-checkpoints", type=int, default=None,
-                        help="checkpoints kept on disk (default: the number averaged; one more is "
-                             "kept for a checkpoint written at a stop signal)")
-    parser.add_argument("--average", type=int, default=None,
-                        help="average the last K checkpoints into the final weights "
-                             "(default: 5 for base/tiny/small, 20 for big, as in the paper)")
-    parser.add_argument("--max-minutes", type=float, default=None,
-                        help="wall-clock budget for training, in minutes: at a checkpoint, stop if the next "
-                             "round would end past it, then average, evaluate and export as usual "
-                             "(default: none; 60 for --config multi30k)")
-    parser.add_argument("--beam-size", type=int, default=None, help="beam for BLEU (default 4)")
-    parser.add_argument("--bleu-every-sentences", type=int, default=None,
-                        help="validation sentences translated greedily at every checkpoint for the "
-                             "BLEU curve (default 100; 0 disables)")
-    parser.add_argument("--jit-compile", action="store_true",
-                        help="compile the train step with XLA")
-    parser.add_argument("--mixed-precision", action="store_true",
-                        help="mixed_float16 on GPUs (with loss scaling), mixed_bfloat16 on CPU")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of weights, dropout, shuffling and data: two runs from scratch with "
-                             "the same seed on one device give identical losses and weights")
-    parser.add_argument("--allow-data-change", action="store_true",
-                        help="resume a run although its training data changed (run.json records a "
-                             "fingerprint: file sizes and hashes, or TFDS name and version)")
+    options = command_line_options()
+    syntax_group = parser.add_argument_group(
+        "syntax-aware models (survey section 3; README 'Syntax-aware models'): the source side must be "
+        "CoNLL-U (SPLIT.SRC.conllu in a --data directory, or the embedded corpus's gold trees)")
+    for item in options:
+        group = syntax_group if item.group == "syntax" else parser
+        help_text = f"{item.help} (default: {item.default})"
+        if item.kind is bool:
+            group.add_argument(item.flag, action="store_true", help=help_text)
+        else:
+            group.add_argument(item.flag, type=str if item.is_tuple() else item.kind, default=None,
+                               choices=None if item.is_tuple() else item.choices, help=help_text)
     parser.add_argument("--no-export", action="store_true",
                         help="skip the SavedModel export at the end")
     parser.add_argument("--verbose", action="store_true",
@@ -104,50 +66,32 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="set a model field on top of the preset, repeatable, e.g. --set dropout=0.3 "
                              f"--set num_layers=4; fields: {', '.join(MODEL_OVERRIDE_FIELDS)} "
                              "(keras_transformer.config.TransformerConfig documents each)")
-    syntax = parser.add_argument_group(
-        "syntax-aware models (survey section 3; README 'Syntax-aware models'): the source side must be "
-        "CoNLL-U (SPLIT.SRC.conllu in a --data directory, or the embedded corpus's gold trees)")
-    syntax.add_argument("--source-tags", default=None, metavar="upos,deprel",
-                        help="tag factors added to each source word's embedding (comma-separated)")
-    syntax.add_argument("--tag-combination", default=None, choices=("sum", "ffn"),
-                        help="sum of the embeddings (default) or one feed-forward layer over them")
-    syntax.add_argument("--syntax-attention", default=None, choices=("none", "hard", "soft"),
-                        help="tree-distance masking of encoder self-attention: hard (omega <= "
-                             "--syntax-max-distance) or soft (DNorm of omega)")
-    syntax.add_argument("--syntax-form", default=None, choices=("additive", "multiplicative"),
-                        help="how the mask enters the scores (default additive)")
-    syntax.add_argument("--syntax-max-distance", type=int, default=None, help="omega_max of hard masking (1)")
-    syntax.add_argument("--syntax-dnorm", default=None, choices=("zscore", "inverse"),
-                        help="soft masking's normalisation (default zscore)")
-    syntax.add_argument("--syntax-layers", default=None, metavar="0,1",
-                        help="encoder layers (0 = lowest) with syntax attention (default all)")
-    syntax.add_argument("--syntax-heads", default=None, metavar="0,1",
-                        help="heads with syntax attention in those layers (default all)")
     args = parser.parse_args(argv)
     try:
-        options = _syntax_options(args)
+        syntax = _syntax_options(args, [item for item in options if item.group == "syntax"])
         model = _model_options(args.set)
     except ValueError as error:
         parser.error(str(error))
+    values = {item.field: getattr(args, item.dest) for item in options if item.group == "run"}
+    values = {name: value for name, value in values.items() if value is not None and value is not False}
     try:
-        args.run = TrainingConfig.create(
-            args.config, data=args.data, source_lang=args.source_lang, target_lang=args.target_lang,
-            model_dir=args.model_dir, steps=args.steps, batch_tokens=args.batch_tokens,
-            vocab_size=args.vocab_size, max_length=args.max_length,
-            checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
-            average=args.average, beam_size=args.beam_size,
-            bleu_every_sentences=args.bleu_every_sentences, jit_compile=args.jit_compile,
-            mixed_precision=args.mixed_precision, seed=args.seed,
-            allow_data_change=args.allow_data_change, max_minutes=args.max_minutes, syntax=options,
-            model=model)
-    except ValueError as error:  # e.g. "steps must be a positive integer, got -1"
-        if options and any(name in str(error) for name in SYNTAX_FIELDS):
-            parser.error(f"syntax-aware options: {error}")
-        if model and (str(error).startswith("model:") or any(name in str(error) for name in model)):
-            parser.error(f"--set: {error}")
-        field, _, rest = str(error).partition(" ")
-        parser.error(f"--{field.replace('_', '-')} {rest}")
+        args.run = TrainingConfig.create(values.pop("preset", "tiny"), **values, syntax=syntax, model=model)
+    except ConfigError as error:  # e.g. "steps must be a positive integer, got -1"
+        parser.error(_flag_message(error, options, model))
     return args
+
+
+def _flag_message(error: ConfigError, options, model) -> str:
+    """`error` as the command line says it: naming the flag (or the option group) that set its field."""
+    message = str(error)
+    if error.field in SYNTAX_FIELDS:
+        return f"syntax-aware options: {message}"
+    if error.field == "model" or error.field in model:
+        return f"--set: {message}"
+    flag = next((item.flag for item in options if item.field == error.field), "--" + error.field)
+    if message.startswith(error.field):  # "batch_tokens=32 cannot ..." -> "--batch-tokens=32 cannot ..."
+        return flag + message[len(error.field):]
+    return f"{flag}: {message}"
 
 
 def _model_options(settings: list[str]) -> dict:
@@ -174,24 +118,24 @@ def _model_options(settings: list[str]) -> dict:
     return model
 
 
-def _syntax_options(args) -> dict:
-    """The syntax-aware flags that were given, as `TrainingConfig.syntax`."""
-    def integers(flag, text):
-        try:
-            return tuple(int(item) for item in text.split(",") if item.strip())
-        except ValueError:
-            raise ValueError(f"--{flag} {text!r}: expected comma-separated integers such as 0,1") from None
-
-    options = {}
-    if args.source_tags is not None:
-        options["source_tags"] = tuple(item.strip() for item in args.source_tags.split(",") if item.strip())
-    for name in ("tag_combination", "syntax_attention", "syntax_form", "syntax_max_distance", "syntax_dnorm"):
-        if getattr(args, name) is not None:
-            options[name] = getattr(args, name)
-    for name in ("syntax_layers", "syntax_heads"):
-        if getattr(args, name) is not None:
-            options[name] = integers(name.replace("_", "-"), getattr(args, name))
-    return options
+def _syntax_options(args, options) -> dict:
+    """The syntax-aware flags that were given, as `TrainingConfig.syntax` (comma-separated
+    lists as tuples)."""
+    syntax = {}
+    for item in options:
+        text = getattr(args, item.dest)
+        if text is None:
+            continue
+        if not item.is_tuple():
+            syntax[item.field] = text
+        elif item.field == "source_tags":
+            syntax[item.field] = tuple(part.strip() for part in text.split(",") if part.strip())
+        else:
+            try:
+                syntax[item.field] = tuple(int(part) for part in text.split(",") if part.strip())
+            except ValueError:
+                raise ValueError(f"{item.flag} {text!r}: expected comma-separated integers such as 0,1") from None
+    return syntax
 
 
 def main(argv=None) -> int:

@@ -19,6 +19,39 @@ from typing import Any
 from keras_transformer.constants import SOURCE_TAG_SETS
 
 
+class ConfigError(ValueError):
+    """A bad configuration value: a one-line message that starts with the field's name,
+    and the field (`field`), from which a command line names its own flag."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
+           choices: tuple | None = None, default_text: str | None = None, cli: bool = True,
+           default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field that is also a command-line option, defined once: `train.py`'s
+    parser, its validation messages and the README's option table are made from this.
+
+    Args:
+        default, default_factory: as `dataclasses.field`.
+        help: what the option does (its default is added from the presets).
+        flag: the flag's name when it is not the field's (`--config` for `preset`).
+        choices: the allowed values.
+        default_text: the default in words, where it is a rule rather than a value.
+        cli: False for fields set through other flags (`syntax`, `model`).
+    """
+    metadata = {"help": help, "flag": flag, "choices": choices, "default_text": default_text, "cli": cli}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+# The allowed values of the syntax options that take one of a few words.
+SYNTAX_CHOICES: dict[str, tuple[str, ...]] = {
+    "tag_combination": ("sum", "ffn"), "syntax_attention": ("none", "hard", "soft"),
+    "syntax_form": ("additive", "multiplicative"), "syntax_dnorm": ("zscore", "inverse")}
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Hyperparameters of an encoder-decoder Transformer.
@@ -93,14 +126,21 @@ class TransformerConfig:
     warmup_steps: int = 4000
     train_steps: int = 100_000
     checkpoints_to_average: int = 5
-    source_tags: tuple[str, ...] = ()
-    tag_combination: str = "sum"
-    syntax_attention: str = "none"
-    syntax_form: str = "additive"
-    syntax_max_distance: int = 1
-    syntax_dnorm: str = "zscore"
-    syntax_layers: tuple[int, ...] = ()
-    syntax_heads: tuple[int, ...] = ()
+    source_tags: tuple[str, ...] = option(
+        (), "tag factors added to each source word's embedding (comma-separated)", choices=tuple(SOURCE_TAG_SETS),
+        default_text="none")
+    tag_combination: str = option("sum", "sum of the embeddings or one feed-forward layer over them",
+                                  choices=SYNTAX_CHOICES["tag_combination"])
+    syntax_attention: str = option(
+        "none", "tree-distance masking of encoder self-attention: hard (omega <= --syntax-max-distance) or "
+        "soft (DNorm of omega)", choices=SYNTAX_CHOICES["syntax_attention"])
+    syntax_form: str = option("additive", "how the mask enters the scores", choices=SYNTAX_CHOICES["syntax_form"])
+    syntax_max_distance: int = option(1, "omega_max of hard masking")
+    syntax_dnorm: str = option("zscore", "soft masking's normalisation", choices=SYNTAX_CHOICES["syntax_dnorm"])
+    syntax_layers: tuple[int, ...] = option((), "encoder layers (0 = lowest) with syntax attention "
+                                                "(comma-separated)", default_text="all")
+    syntax_heads: tuple[int, ...] = option((), "heads with syntax attention in those layers (comma-separated)",
+                                           default_text="all")
 
     def __post_init__(self):
         positive = ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads",
@@ -109,17 +149,18 @@ class TransformerConfig:
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(name, f"TransformerConfig.{name} must be a positive integer, got {value!r}")
         if self.d_model % self.num_heads:
-            raise ValueError(f"num_heads={self.num_heads} does not divide d_model={self.d_model}")
+            raise ConfigError("num_heads", f"num_heads={self.num_heads} does not divide d_model={self.d_model}")
         for name in ("dropout", "attention_dropout", "label_smoothing"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
-                raise ValueError(f"TransformerConfig.{name} must be in [0, 1), got {value!r}")
+                raise ConfigError(name, f"TransformerConfig.{name} must be in [0, 1), got {value!r}")
         if self.decode_extra_length < 0:
-            raise ValueError(f"decode_extra_length must be >= 0, got {self.decode_extra_length}")
+            raise ConfigError("decode_extra_length", f"decode_extra_length must be >= 0, got {self.decode_extra_length}")
         if self.length_penalty_alpha < 0:
-            raise ValueError(f"length_penalty_alpha must be >= 0, got {self.length_penalty_alpha}")
+            raise ConfigError("length_penalty_alpha",
+                              f"length_penalty_alpha must be >= 0, got {self.length_penalty_alpha}")
         self._check_syntax_options()
 
     def _check_syntax_options(self):
@@ -127,25 +168,24 @@ class TransformerConfig:
         for name in ("source_tags", "syntax_layers", "syntax_heads"):
             value = getattr(self, name)
             if isinstance(value, str) or not isinstance(value, (list, tuple)):
-                raise ValueError(f"TransformerConfig.{name} must be a list or tuple, got {value!r}")
+                raise ConfigError(name, f"TransformerConfig.{name} must be a list or tuple, got {value!r}")
             object.__setattr__(self, name, tuple(value))
         unknown = [tag for tag in self.source_tags if tag not in SOURCE_TAG_SETS]
         if unknown or len(set(self.source_tags)) != len(self.source_tags):
-            raise ValueError(f"source_tags={list(self.source_tags)}: each must be one of "
+            raise ConfigError("source_tags", f"source_tags={list(self.source_tags)}: each must be one of "
                              f"{sorted(SOURCE_TAG_SETS)}, at most once")
-        choices = {"tag_combination": ("sum", "ffn"), "syntax_attention": ("none", "hard", "soft"),
-                   "syntax_form": ("additive", "multiplicative"), "syntax_dnorm": ("zscore", "inverse")}
-        for name, allowed in choices.items():
+        for name, allowed in SYNTAX_CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"TransformerConfig.{name}={getattr(self, name)!r}, expected one of {allowed}")
+                raise ConfigError(name, f"TransformerConfig.{name}={getattr(self, name)!r}, expected one of {allowed}")
         if (isinstance(self.syntax_max_distance, bool) or not isinstance(self.syntax_max_distance, int)
                 or self.syntax_max_distance < 1):
-            raise ValueError(f"syntax_max_distance must be an integer >= 1, got {self.syntax_max_distance!r}")
+            raise ConfigError("syntax_max_distance",
+                              f"syntax_max_distance must be an integer >= 1, got {self.syntax_max_distance!r}")
         for name, count in (("syntax_layers", self.num_layers), ("syntax_heads", self.num_heads)):
             bad = [i for i in getattr(self, name) if isinstance(i, bool) or not isinstance(i, int)
                    or not 0 <= i < count]
             if bad:
-                raise ValueError(f"{name}={list(getattr(self, name))}: {bad} not in 0..{count - 1}")
+                raise ConfigError(name, f"{name}={list(getattr(self, name))}: {bad} not in 0..{count - 1}")
 
     @property
     def uses_source_tags(self) -> bool:
@@ -293,27 +333,42 @@ class TrainingConfig:
             `max_length` have their own fields, the syntax options `syntax`.
     """
 
-    preset: str = "tiny"
-    data: str = "embedded"
-    source_lang: str | None = None
-    target_lang: str | None = None
-    model_dir: str = "runs/default"
-    steps: int = 0
-    batch_tokens: int = 0
-    vocab_size: int = 0
-    max_length: int | None = None
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 0
-    average: int = 0
-    beam_size: int = 0
-    bleu_every_sentences: int = BLEU_CURVE_SENTENCES
-    jit_compile: bool = False
-    mixed_precision: bool = False
-    seed: int = 0
-    allow_data_change: bool = False
-    max_minutes: float = 0.0
-    syntax: dict = dataclasses.field(default_factory=dict)
-    model: dict = dataclasses.field(default_factory=dict)
+    preset: str = option("tiny", "model preset (tiny: CPU minutes; base, big: paper Table 3; multi30k: the "
+                                 "Multi30k recipe for an hour of CPU)", flag="config", choices=tuple(PRESETS),
+                         default_text="tiny")
+    data: str = option("embedded", "'embedded' (the generated En->De corpus shipped with the package), a "
+                                   "directory of train.SRC/train.TGT, valid.*, test*.* text files, or a TFDS "
+                                   "name such as wmt14_translate/de-en or tfds:NAME")
+    source_lang: str | None = option(None, "source language code", default_text="en")
+    target_lang: str | None = option(None, "target language code", default_text="de")
+    model_dir: str = option("runs/default", "where the tokenizer, checkpoints, logs, curves and export go; "
+                                            "an existing run there is resumed")
+    steps: int = option(0, "total optimizer steps (the preset's train_steps)")
+    batch_tokens: int = option(0, "padded tokens per side in one global batch (paper: 25000)")
+    vocab_size: int = option(0, "SentencePiece vocabulary size when a tokenizer is trained (paper: ~37000)")
+    max_length: int | None = option(None, "longest source/target in tokens; longer pairs are dropped and "
+                                          "counted")
+    checkpoint_every: int = option(0, "steps between checkpoints", default_text="steps / 10, at least 1")
+    keep_checkpoints: int = option(0, "checkpoints kept on disk (one more is kept for a checkpoint written "
+                                      "at a stop signal)", default_text="the number averaged")
+    average: int = option(0, "average the last K checkpoints into the final weights (paper: 5 base, 20 big)")
+    beam_size: int = option(0, "beam for the final BLEU")
+    bleu_every_sentences: int = option(BLEU_CURVE_SENTENCES, "validation sentences translated greedily at "
+                                                             "every checkpoint for the BLEU curve (0: off)")
+    jit_compile: bool = option(False, "compile the train step with XLA")
+    mixed_precision: bool = option(False, "mixed_float16 on GPUs (with loss scaling), mixed_bfloat16 on CPU")
+    seed: int = option(0, "seed of weights, dropout, shuffling and data: two runs from scratch with the same "
+                          "seed on one device give identical losses and weights")
+    allow_data_change: bool = option(False, "resume a run although its training data changed (run.json "
+                                            "records a fingerprint: file sizes and hashes, or TFDS name "
+                                            "and version)")
+    max_minutes: float = option(0.0, "wall-clock budget for training, in minutes (0: none): at a checkpoint, "
+                                     "stop if the next round would end past it, then average, evaluate and "
+                                     "export as usual")
+    syntax: dict = option(help="syntax-aware options (TransformerConfig's SYNTAX_FIELDS)", cli=False,
+                          default_factory=dict)
+    model: dict = option(help="other TransformerConfig fields (--set FIELD=VALUE)", cli=False,
+                         default_factory=dict)
 
     @classmethod
     def create(cls, preset: str = "tiny", **values: Any) -> "TrainingConfig":
@@ -321,7 +376,7 @@ class TrainingConfig:
         from the preset (and `steps` for checkpoint spacing). Raises
         `ValueError` naming the field for unknown fields or bad values."""
         if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+            raise ConfigError("preset", f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)} - {"preset"}
         if unknown:
             raise ValueError(f"unknown TrainingConfig field(s) {sorted(unknown)}")
@@ -331,22 +386,22 @@ class TrainingConfig:
                      "keep_checkpoints", "average", "beam_size"):
             if name in given and (isinstance(given[name], bool) or not isinstance(given[name], int)
                                   or given[name] <= 0):
-                raise ValueError(f"{name} must be a positive integer, got {given[name]!r}")
+                raise ConfigError(name, f"{name} must be a positive integer, got {given[name]!r}")
         if given.get("max_minutes", 0) < 0 or isinstance(given.get("max_minutes", 0), bool):
-            raise ValueError(f"max_minutes must be >= 0, got {given['max_minutes']!r}")
+            raise ConfigError("max_minutes", f"max_minutes must be >= 0, got {given['max_minutes']!r}")
         unknown_syntax = set(given.get("syntax", {})) - set(SYNTAX_FIELDS)
         if unknown_syntax:
-            raise ValueError(f"unknown syntax option(s) {sorted(unknown_syntax)}; expected {list(SYNTAX_FIELDS)}")
+            raise ConfigError("syntax", f"unknown syntax option(s) {sorted(unknown_syntax)}; expected {list(SYNTAX_FIELDS)}")
         if given.get("syntax"):
             TransformerConfig.from_preset(preset, **given["syntax"])  # raises naming a bad value
         not_model = set(given.get("model", {})) - set(MODEL_OVERRIDE_FIELDS)
         if not_model:
-            raise ValueError(f"model: {sorted(not_model)} cannot be set this way; settable "
+            raise ConfigError("model", f"model: {sorted(not_model)} cannot be set this way; settable "
                              f"TransformerConfig fields: {list(MODEL_OVERRIDE_FIELDS)}")
         if given.get("model"):  # raises naming a bad value; its beam_size is the run's default
             model = TransformerConfig.from_preset(preset, **given["model"], **given.get("syntax", {}))
         if given.get("bleu_every_sentences", 0) < 0:
-            raise ValueError(f"bleu_every_sentences must be >= 0, got {given['bleu_every_sentences']}")
+            raise ConfigError("bleu_every_sentences", f"bleu_every_sentences must be >= 0, got {given['bleu_every_sentences']}")
         steps = given.get("steps", model.train_steps)
         average = given.get("average", model.checkpoints_to_average)
         defaults = dict(
@@ -360,12 +415,12 @@ class TrainingConfig:
         defaults.update(TRAINING_DEFAULTS.get(preset, {}))
         merged = {**defaults, **given, "preset": preset}
         if merged.get("keep_checkpoints", average) < average:
-            raise ValueError(f"keep_checkpoints={merged['keep_checkpoints']} is below average={average}: "
+            raise ConfigError("keep_checkpoints", f"keep_checkpoints={merged['keep_checkpoints']} is below average={average}: "
                              f"the last {average} checkpoints must stay on disk to be averaged")
         merged["keep_checkpoints"] = merged.get("keep_checkpoints") or average
         max_length = given.get("max_length", model.max_length)
         if merged["batch_tokens"] < max_length:
-            raise ValueError(f"batch_tokens={merged['batch_tokens']} cannot hold one pair of max_length="
+            raise ConfigError("batch_tokens", f"batch_tokens={merged['batch_tokens']} cannot hold one pair of max_length="
                              f"{max_length} tokens; use batch_tokens >= max_length")
         return cls(**merged)
 
@@ -378,3 +433,98 @@ class TrainingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# -- command-line options, made from the fields above ----------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One command-line option, as `option(...)` defined it on a config field.
+
+    `kind` is `int`, `float`, `str` or `bool` (a switch); a tuple field is `str`,
+    comma-separated. `default` says the default in words, per preset where the
+    presets differ. `group` is `"run"` (a `TrainingConfig` field) or `"syntax"`
+    (a `TransformerConfig` syntax option, `TrainingConfig.syntax`)."""
+
+    field: str
+    flag: str
+    kind: type
+    choices: tuple | None
+    help: str
+    default: str
+    group: str
+
+    @property
+    def dest(self) -> str:
+        """The `argparse` attribute of the option."""
+        return self.flag[2:].replace("-", "_")
+
+    def is_tuple(self) -> bool:
+        return self.field in ("source_tags", "syntax_layers", "syntax_heads")
+
+
+def _kind(field: dataclasses.Field) -> type:
+    annotation = str(field.type).split("|")[0].strip()
+    return {"int": int, "float": float, "bool": bool}.get(annotation, str)
+
+
+def _words(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def _preset_default(name: str) -> str:
+    """A `TrainingConfig` field's default in words: one value, or the most common one and
+    the presets that differ (each from `TrainingConfig.create(preset)`, so never stale)."""
+    values = {preset: getattr(TrainingConfig.create(preset), name) for preset in PRESETS}
+    if name == "max_length":  # None: the model's own
+        values = {preset: value or PRESETS[preset].max_length for preset, value in values.items()}
+    counts: dict[str, int] = {}
+    for value in values.values():
+        counts[_words(value)] = counts.get(_words(value), 0) + 1
+    common = max(counts, key=counts.get)
+    if counts[common] == 1:  # every preset its own value
+        return ", ".join(f"{preset} {_words(value)}" for preset, value in values.items())
+    others = [f"{preset} {_words(value)}" for preset, value in values.items() if _words(value) != common]
+    return common + (f" ({', '.join(others)})" if others else "")
+
+
+def command_line_options() -> list[Option]:
+    """`train.py`'s options, made from the fields' `option(...)` definitions: every
+    `TrainingConfig` field but `syntax` and `model`, then the syntax options."""
+    options = []
+    for field in dataclasses.fields(TrainingConfig):
+        meta = field.metadata
+        if not meta.get("cli", False):
+            continue
+        kind = _kind(field)
+        if kind is bool:
+            default = "off"
+        elif meta["default_text"]:
+            default = meta["default_text"]
+            overrides = [f"{preset} {_words(values[field.name])}" for preset, values in TRAINING_DEFAULTS.items()
+                         if field.name in values]
+            default += f" ({', '.join(overrides)})" if overrides else ""
+        else:
+            default = _preset_default(field.name)
+        options.append(Option(field.name, "--" + (meta["flag"] or field.name).replace("_", "-"), kind,
+                              meta["choices"], meta["help"], default, "run"))
+    syntax_fields = {field.name: field for field in dataclasses.fields(TransformerConfig)}
+    for name in SYNTAX_FIELDS:
+        field, meta = syntax_fields[name], syntax_fields[name].metadata
+        options.append(Option(name, "--" + name.replace("_", "-"), _kind(field), meta["choices"], meta["help"],
+                              meta["default_text"] or _words(field.default), "syntax"))
+    return options
+
+
+def options_table() -> str:
+    """The README's table of `train.py`'s options (tests/test_training.py checks that the
+    README holds it; print it with `python -c "from keras_transformer.config import
+    options_table; print(options_table())"`)."""
+    rows = ["| flag | default | what it sets |", "|---|---|---|"]
+    for item in command_line_options():
+        value = "" if item.kind is bool else f" {item.dest.upper()}"
+        choices = f" ({', '.join(item.choices)})" if item.choices else ""
+        rows.append(f"| `{item.flag}{value}` | {item.default} | {item.help}{choices} |")
+    return "\n".join(rows)

@@ -102,3 +102,19 @@ class MaskedAccuracy(keras.metrics.Metric):
         config = super().get_config()
         config.update(pad_id=self.pad_id)
         return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TargetTokens(keras.metrics.Metric):
+    """Real (non-padding) target tokens seen since the metric was reset: the
+    progress display turns it into tokens per second."""
+
+    def __init__(self, name="target_tokens", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="total")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.total.assign_add(keras.ops.sum(keras.ops.cast(keras.ops.not_equal(y_true, PAD_ID), "float32")))
+
+    def result(self):
+        return self.total

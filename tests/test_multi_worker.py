@@ -18,7 +18,7 @@ os.environ["KERAS_TRANSFORMER_QUIET"] = "1"
 import keras_transformer
 import keras, numpy as np, tensorflow as tf
 from keras_transformer import LabelSmoothedCrossEntropy, TransformerConfig, build_transformer, make_optimizer
-from keras_transformer.training import enable_multi_worker_fit, is_multi_worker
+from keras_transformer.distribute import enable_multi_worker_fit, is_multi_worker
 
 multi = "TF_CONFIG" in os.environ
 strategy = tf.distribute.MultiWorkerMirroredStrategy() if multi else tf.distribute.get_strategy()

@@ -3,6 +3,7 @@ stop signals, progress figures. Runs use a train-only toy corpus (no
 validation split, so no BLEU decoding) and a few steps of `tiny`."""
 
 import json
+import pathlib
 import signal
 import time
 
@@ -13,11 +14,14 @@ from helpers import WORDS_DE, WORDS_EN
 
 import keras_transformer
 from keras_transformer import run_dir
-from keras_transformer.config import TrainingConfig, TransformerConfig
+from keras_transformer.callbacks import NonFiniteLossError, Progress, StepGuard, TimeBudget
+from keras_transformer.config import (PRESETS, SYNTAX_FIELDS, TRAINING_DEFAULTS, ConfigError, TrainingConfig,
+                                      TransformerConfig, command_line_options, options_table)
 from keras_transformer.constants import PAD_ID
+from keras_transformer.losses import TargetTokens
 from keras_transformer.run_dir import RunError
-from keras_transformer.training import (NonFiniteLossError, Progress, StepGuard, StopSignals, TargetTokens,
-                                        TimeBudget, _Interrupted, averaged_checkpoints, train_and_evaluate)
+from keras_transformer.stop_signals import Interrupted, StopSignals
+from keras_transformer.training import averaged_checkpoints, train_and_evaluate
 
 
 def write_train_only(directory, pairs=160, seed=0):
@@ -258,7 +262,7 @@ def test_a_stop_signal_ends_a_process_blocked_inside_tensorflow():
     import sys
 
     code = ("import sys, tensorflow as tf\n"
-            "from keras_transformer.training import StopSignals\n"
+            "from keras_transformer.stop_signals import StopSignals\n"
             "queue = tf.queue.FIFOQueue(1, tf.int32)\n"
             "with StopSignals(grace_seconds=1.5):\n"
             "    print('ready', flush=True)\n"
@@ -355,9 +359,9 @@ def test_stop_waits_for_the_checkpoint_of_a_rounds_last_step():
     guard.on_train_batch_end(2, {"loss": 1.0})  # no signal yet
     signals.received = "SIGTERM"
     guard.on_train_batch_end(4, {"loss": 1.0})  # last step of the round: its checkpoint comes first
-    with pytest.raises(_Interrupted):
+    with pytest.raises(Interrupted):
         guard.on_epoch_begin(1)
-    with pytest.raises(_Interrupted):
+    with pytest.raises(Interrupted):
         guard.on_train_batch_end(2, {"loss": 1.0})
 
 
@@ -402,3 +406,54 @@ def test_progress_figures(monkeypatch):
     last = text.rsplit("\r", 1)[1]
     # 3 steps in 5 s (t=100 -> 105), 7 steps to go -> ETA 11.7 s.
     assert last.startswith("step 3/10 [=======                 ]  loss 2.5000  500 tok/s  ETA 0:11")
+
+
+def test_readme_option_table_is_the_generated_one():
+    """Issue #18: each option is defined once (on its config field); the README's table is
+    made from those definitions. Regenerate it with
+    python -c "from keras_transformer.config import options_table; print(options_table())"."""
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    table = readme.split("<!-- options:begin -->\n", 1)[1].split("\n<!-- options:end -->", 1)[0]
+    assert table == options_table()
+
+
+def test_options_cover_every_field_and_show_each_presets_default(capsys):
+    """Every TrainingConfig field is a flag (syntax and model through their own flags),
+    with its help and, where the presets differ, each preset's default as `create` makes it."""
+    import dataclasses
+
+    import train
+
+    options = {item.field: item for item in command_line_options()}
+    fields = {f.name for f in dataclasses.fields(TrainingConfig)} - {"syntax", "model"}
+    assert set(options) == fields | set(SYNTAX_FIELDS)
+    assert all(item.help for item in options.values())
+    steps = options["steps"].default
+    for preset, config in PRESETS.items():
+        assert f"{preset} {config.train_steps}" in steps, steps
+    assert options["max_minutes"].default == f"0 (multi30k {TRAINING_DEFAULTS['multi30k']['max_minutes']:g})"
+    assert options["preset"].flag == "--config" and options["preset"].choices == tuple(PRESETS)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for item in options.values():
+        assert item.flag in help_text
+    assert f"(default: {options['steps'].default})" in help_text
+
+
+@pytest.mark.parametrize("field", ["steps", "batch_tokens", "vocab_size", "max_length", "checkpoint_every",
+                                   "keep_checkpoints", "average", "beam_size"])
+def test_a_bad_value_names_its_flag_through_the_fields_config_error(field, capsys):
+    """`ConfigError.field` names the field; train.py turns it into its flag, for every
+    positive-integer option (no message parsing)."""
+    import train
+
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(ConfigError) as error:
+        TrainingConfig.create("tiny", **{field: 0})
+    assert error.value.field == field
+    with pytest.raises(SystemExit) as exit_:
+        train.parse_args([flag, "0"])
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert f"error: {flag} must be a positive integer, got 0" in line or f"error: {flag}: " in line, line

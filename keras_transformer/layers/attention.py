@@ -316,7 +316,8 @@ class MultiHeadAttention(keras.layers.Layer):
             elif q.shape[2] == 1:
                 out = ops.sum(ops.expand_dims(ops.squeeze(weights, 2), 3) * v, axis=2)  # [batch, heads, head_size]
             else:
-                out = ops.sum(ops.expand_dims(weights, 4) * ops.expand_dims(v, 2), axis=3)  # [batch, heads, T_q, head_size]
+                out = ops.sum(ops.expand_dims(weights, 4) * ops.expand_dims(v, 2),
+                              axis=3)  # [batch, heads, T_q, head_size]
                 out = ops.transpose(out, (0, 2, 1, 3))  # [batch, T_q, heads, head_size]
             if q.shape[2] == 1:
                 return ops.reshape(out, (-1, 1, self.d_model))  # [batch, 1, d_model]

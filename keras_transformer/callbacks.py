@@ -1,0 +1,211 @@
+"""The callbacks of a training run's `fit`: stop on a signal or a non-finite loss,
+the progress line, a checkpoint with a greedy BLEU and a history row at the end of
+every round, and the time budget."""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import sys
+import time
+
+import keras
+import numpy as np
+
+from keras_transformer import run_dir
+from keras_transformer.distribute import any_worker, is_multi_worker
+from keras_transformer.evaluation import compute_bleu
+from keras_transformer.stop_signals import Interrupted, StopSignals
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite (one-line message)."""
+
+
+def weights_are_finite(model) -> bool:
+    return all(np.isfinite(w).all() for w in model.get_weights())
+
+
+class StepGuard(keras.callbacks.Callback):
+    """After every step: stop on a signal (`Interrupted`) or on a NaN or
+    infinite loss (`NonFiniteLossError`), before any checkpoint is written.
+
+    With several workers (`strategy` multi-worker) a signal is acted on only at
+    a round's end, after its checkpoint, and by all workers together (a worker
+    leaving alone would leave the others waiting in a collective); the loss is
+    the same on every worker, so all stop together on a NaN."""
+
+    def __init__(self, signals: StopSignals, strategy=None):
+        super().__init__()
+        self.signals = signals
+        self.multi_worker = strategy is not None and is_multi_worker(strategy)
+        self.strategy = strategy
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = float((logs or {}).get("loss", 0.0))
+        if not math.isfinite(loss):
+            step = int(self.model.optimizer.iterations.numpy())
+            raise NonFiniteLossError(f"the training loss became {loss} at step {step}")
+        # The last step of a round goes on to its own checkpoint (and history
+        # row); the stop then comes at the next round's start.
+        last_of_round = batch + 1 >= (self.params or {}).get("steps", 0)
+        if self.signals.received and not last_of_round and not self.multi_worker:
+            raise Interrupted(self.signals.received)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.multi_worker:
+            if any_worker(self.strategy, bool(self.signals.received)):
+                raise Interrupted(self.signals.received or "a stop signal on another worker")
+        elif self.signals.received:
+            raise Interrupted(self.signals.received)
+
+
+class Progress(keras.callbacks.Callback):
+    """Step, loss, target tokens/s and ETA: a live line on a terminal, and
+    (from `CheckpointAndBleu`) one line per checkpoint otherwise."""
+
+    def __init__(self, total_steps, live=None, stream=None):
+        super().__init__()
+        self.total_steps = total_steps
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty() if live is None else live
+        self._last = None
+        self.tokens_per_second = None
+        self._rate_tokens = 0.0
+        self._rate_seconds = 0.0
+
+    def on_train_begin(self, logs=None):
+        self._last = None
+        self._start_step = int(self.model.optimizer.iterations.numpy())
+        self._start_time = time.perf_counter()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._tokens = 0.0
+        self._last = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        logs = logs or {}
+        now = time.perf_counter()
+        tokens = float(logs.get("target_tokens", 0.0))
+        if self._last is not None and batch > 0:  # the first step of a round includes tracing
+            self._rate_tokens += tokens - self._tokens
+            self._rate_seconds += now - self._last
+            self.tokens_per_second = self._rate_tokens / max(self._rate_seconds, 1e-9)
+        self._tokens, self._last = tokens, now
+        if self.live:
+            print("\r" + self.line(float(logs.get("loss", float("nan")))) + "\033[K", end="",
+                  file=self.stream, flush=True)
+
+    def eta_seconds(self):
+        step = int(self.model.optimizer.iterations.numpy())
+        done = step - self._start_step
+        if done <= 0:
+            return None
+        return (self.total_steps - step) * (time.perf_counter() - self._start_time) / done
+
+    def line(self, loss):
+        step = int(self.model.optimizer.iterations.numpy())
+        width = 24
+        filled = int(width * step / max(self.total_steps, 1))
+        parts = [f"step {step}/{self.total_steps} [{'=' * filled}{' ' * (width - filled)}]",
+                 f"loss {loss:.4f}"]
+        if self.tokens_per_second:
+            parts.append(f"{self.tokens_per_second:,.0f} tok/s")
+        eta = self.eta_seconds()
+        if eta is not None:
+            parts.append(f"ETA {_clock(eta)}")
+        return "  ".join(parts)
+
+    def end_live_line(self):
+        if self.live:
+            print(file=self.stream, flush=True)
+
+
+def _clock(seconds):
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class CheckpointAndBleu(keras.callbacks.Callback):
+    """At the end of every round of steps: checkpoint, greedy BLEU on a
+    validation subset, one row of `history.csv` (for the curves) and one
+    line of console output. Never checkpoints non-finite weights."""
+
+    def __init__(self, store, translator, valid_pairs, bleu_sentences, model_dir, progress=None,
+                 started=None, chief=True):
+        super().__init__()
+        self.started = started
+        self.chief = chief
+        self.store = store
+        self.translator = translator
+        self.valid_pairs = valid_pairs
+        self.bleu_sentences = bleu_sentences
+        self.model_dir = pathlib.Path(model_dir)
+        self.progress = progress
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if not weights_are_finite(self.model):
+            raise NonFiniteLossError(f"the weights hold NaN or infinite values at step {step}")
+        path = self.store.save(step)
+        if not self.chief:  # a multi-worker non-chief saves (every worker must) to its own directory, silently
+            return
+        row = {"step": step}
+        for key in ("loss", "val_loss", "accuracy", "val_accuracy"):
+            if logs and key in logs:
+                row[key] = f"{float(logs[key]):.4f}"
+        if self.valid_pairs is not None and self.bleu_sentences:
+            score, _, _ = compute_bleu(self.translator, self.valid_pairs,
+                                       limit=self.bleu_sentences, beam_size=1)
+            row["bleu"] = f"{score.score:.2f}"
+        if self.started is not None:
+            row["minutes"] = f"{(time.time() - self.started) / 60:.2f}"
+        run_dir.append_history(self.model_dir, row)
+        parts = [f"step {step}" + (f"/{self.progress.total_steps}" if self.progress else "")]
+        for key in ("loss", "val_loss"):
+            if key in row:
+                parts.append(f"{key} {row[key]}")
+        if self.progress and self.progress.tokens_per_second:
+            parts.append(f"{self.progress.tokens_per_second:,.0f} tok/s")
+        parts.append(f"checkpoint {os.path.basename(path)}")
+        if "bleu" in row:
+            parts.append(f"greedy BLEU on {self.bleu_sentences} valid sentences {row['bleu']}")
+        eta = self.progress.eta_seconds() if self.progress else None
+        if eta is not None and step < self.progress.total_steps:
+            parts.append(f"ETA {_clock(eta)}")
+        if self.progress:
+            self.progress.end_live_line()
+        print(", ".join(parts), flush=True)
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stops `fit` at the end of a round (after the callbacks before it wrote the
+    round's checkpoint) when the next round, as long as this one took, would end
+    more than `seconds` after `started`."""
+
+    def __init__(self, seconds, started, strategy=None):
+        super().__init__()
+        self.seconds = seconds
+        self.started = started
+        self.strategy = strategy
+        self.exhausted = False
+        self._round_started = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._round_started = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        now = time.time()
+        round_seconds = now - (self._round_started or now)
+        over = now - self.started + round_seconds > self.seconds
+        if self.strategy is not None:  # several workers stop together or not at all
+            over = any_worker(self.strategy, over)
+        if over:
+            self.exhausted = True
+            self.model.stop_training = True
+            step = int(self.model.optimizer.iterations.numpy())
+            print(f"time budget: {self.seconds / 60:g} min; stopping at step {step}, after "
+                  f"{(now - self.started) / 60:.1f} min (the next round would end past the budget)",
+                  flush=True)

@@ -1,0 +1,57 @@
+"""What a run reports: sacreBLEU of a `Translator` on sentence pairs, and the
+loss/BLEU curves of its `history.csv`."""
+
+from __future__ import annotations
+
+import pathlib
+
+from keras_transformer import run_dir
+
+
+def compute_bleu(translator, pairs_ds, limit=None, beam_size=4, batch_size=64):
+    """Detokenized sacreBLEU of `translator` on `(source, target)` string pairs.
+
+    Returns the `sacrebleu.BLEUScore`, its signature, and the hypotheses.
+    """
+    import sacrebleu
+
+    ds = pairs_ds if limit is None else pairs_ds.take(limit)
+    hypotheses, references = [], []
+    for sources, targets in ds.batch(batch_size):
+        hypotheses.extend(translator.translate(sources, beam_size=beam_size))
+        references.extend(t.decode("utf-8") for t in targets.numpy())
+    bleu = sacrebleu.metrics.BLEU()
+    score = bleu.corpus_score(hypotheses, [references])
+    return score, str(bleu.get_signature()), hypotheses
+
+
+def plot_curves(model_dir):
+    """Writes `curves.png`: training/validation loss and validation BLEU per checkpoint."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = run_dir.read_history(model_dir)
+    if not rows:
+        return None
+    steps = [int(r["step"]) for r in rows]
+    fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("loss", "train loss"), ("val_loss", "validation loss")):
+        values = [(s, float(r[key])) for s, r in zip(steps, rows) if r.get(key)]
+        if values:
+            ax_loss.plot(*zip(*values), marker="o", label=label)
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("label-smoothed cross-entropy")
+    ax_loss.legend()
+    values = [(s, float(r["bleu"])) for s, r in zip(steps, rows) if r.get("bleu")]
+    if values:
+        ax_bleu.plot(*zip(*values), marker="o", color="tab:green")
+    ax_bleu.set_xlabel("step")
+    ax_bleu.set_ylabel("validation BLEU (greedy, subset)")
+    fig.suptitle(str(model_dir))
+    fig.tight_layout()
+    out = pathlib.Path(model_dir) / run_dir.CURVE_FILE
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
