@@ -104,6 +104,7 @@ if __name__ == "__main__":
         sys.exit(2)
 
 from keras_transformer.config import TransformerConfig  # noqa: E402  (first: quiet TensorFlow import)
+from export.errors import ConversionError  # noqa: E402
 from keras_transformer.console import OneLineArgumentParser  # noqa: E402
 from keras_transformer.constants import BOS_ID, EOS_ID, UNK_ID  # noqa: E402
 from keras_transformer.layers import sinusoidal_encoding  # noqa: E402
@@ -125,8 +126,6 @@ QUANTIZATIONS = ACCEPTED_MODEL_TYPES
 NEEDS_TORCH = ("bfloat16", "int8_bfloat16")
 
 
-class ConversionError(ValueError):
-    """A user-facing problem with the conversion's options."""
 
 
 def _numpy(variable) -> np.ndarray:

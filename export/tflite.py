@@ -35,14 +35,9 @@ if __name__ == "__main__":
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from export.errors import ConversionError  # noqa: E402
 from export.op_audit import audit_tflite  # noqa: E402
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE  # noqa: E402
-
-
-class ConversionError(RuntimeError):
-    """The converted model would not run in LiteRT with TF Text's kernels."""
-
-
 from keras_transformer.console import OneLineArgumentParser  # noqa: E402
 
 # --quantize choices: weights as trained; float16 weights (dequantized to

@@ -76,7 +76,7 @@ class CheckpointStore:
         written with a different tokenizer raises `CheckpointError`.
         """
         for path in reversed(self.paths):
-            check_tokenizer(path, self.tokenizer_sha256)
+            check_checkpoint_tokenizer(path, self.tokenizer_sha256)
             try:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
             except Exception as error:  # noqa: BLE001 - TF raises OpError, IndexError, ValueError...
@@ -87,7 +87,7 @@ class CheckpointStore:
         return 0
 
 
-def check_tokenizer(path: str, tokenizer_sha256: str) -> None:
+def check_checkpoint_tokenizer(path: str, tokenizer_sha256: str) -> None:
     """Raises `CheckpointError` unless checkpoint `path` was trained with this tokenizer."""
     try:
         stored = tf.train.load_checkpoint(path).get_tensor(

@@ -98,7 +98,7 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
         _write_json_atomically(path, record)
         return
     old = json.loads(path.read_text())
-    check_tokenizer(model_dir, tokenizer)
+    check_run_tokenizer(model_dir, tokenizer)
     old_config = _compared(old.get("config", {}))
     new_config = _compared(record["config"])
     if old_config != new_config:
@@ -136,7 +136,7 @@ def load_config(model_dir):
     return TransformerConfig.from_dict(json.loads(path.read_text())["config"])
 
 
-def check_tokenizer(model_dir, tokenizer) -> None:
+def check_run_tokenizer(model_dir, tokenizer) -> None:
     """Raises `RunError` unless `tokenizer` is the one `run.json` records (resume and export)."""
     path = pathlib.Path(model_dir) / RUN_FILE
     recorded = json.loads(path.read_text()).get("tokenizer_sha256") if path.exists() else None
@@ -159,7 +159,7 @@ def load_trained(model_dir):
     model_dir = pathlib.Path(model_dir)
     config = load_config(model_dir)
     tokenizer = Tokenizer.load(tokenizer_path(model_dir))
-    check_tokenizer(model_dir, tokenizer)
+    check_run_tokenizer(model_dir, tokenizer)
     check_vocab_size(tokenizer, config.vocab_size)
     weights = model_dir / FINAL_WEIGHTS
     if not weights.exists():

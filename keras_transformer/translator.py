@@ -87,6 +87,13 @@ def _bucket(value, buckets, multiple_of_last=False):
     return tf.where(index < len(buckets), tf.gather(table, tf.minimum(index, len(buckets) - 1)), beyond)
 
 
+def bucketed_shape(batch, width, widths):
+    """The `(batch, width)` a request of that size is padded to for the compiled search
+    (int32 scalars): the batch to `XLA_BATCH_BUCKETS` (beyond the last, its next multiple),
+    the width to the smallest of `widths` (`length_buckets`) that holds it."""
+    return (_bucket(batch, XLA_BATCH_BUCKETS, multiple_of_last=True), _bucket(width, widths))
+
+
 def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
     """`tf.while_loop` whose loop variables may change shape from one iteration
     to the next (every dimension is relaxed): what `beam_search(...,
@@ -274,10 +281,8 @@ class Translator:
         return self._compiled[key]
 
     def bucketed_shape(self, batch, width):
-        """The `(batch, width)` a request of that size is padded to for the compiled search
-        (int32 scalars): see `XLA_BATCH_BUCKETS` and `length_buckets`."""
-        return (_bucket(batch, XLA_BATCH_BUCKETS, multiple_of_last=True),
-                _bucket(width, self.length_buckets))
+        """`bucketed_shape(batch, width, self.length_buckets)`."""
+        return bucketed_shape(batch, width, self.length_buckets)
 
     def search_xla(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
                    patience=None):
