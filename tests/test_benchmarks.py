@@ -144,7 +144,9 @@ def test_profile_train_step_splits_the_step_by_part_of_the_model():
         cells = [c.strip() for c in line.split("|")[1:-1]]
         if len(cells) == 4 and cells[1] in ("forward", "backward", "update"):
             parts[(cells[0], cells[1])] = (float(cells[2]), float(cells[3]))
-    assert sum(fraction for _, fraction in parts.values()) == pytest.approx(1.0, abs=0.02)
+    # each printed fraction is rounded to 3 places: the sum is 1 within half a unit per row
+    # (CI once summed 2-place fractions to 0.98, the rounding, not a lost part)
+    assert sum(fraction for _, fraction in parts.values()) == pytest.approx(1.0, abs=0.0005 * len(parts) + 1e-9)
     for label in ("attention projections (Q/K/V/O)", "attention scores, softmax, context", "feed-forward"):
         for phase in ("forward", "backward"):
             assert parts[(label, phase)][0] > 0, (label, phase, out)
