@@ -611,6 +611,7 @@ def beam_search(
     while_loop=None,
     cache_stages=None,
     resize_cache=None,
+    batch_halvings=0,
 ):
     """Batched beam search with GNMT length penalty and early termination.
 
@@ -680,6 +681,16 @@ def beam_search(
             reorders a buffer of its stage's size instead of the largest
             one. Same results.
         resize_cache: ``(cache, length) -> cache``, with `cache_stages`.
+        batch_halvings: python int >= 0, for static shapes (XLA) where
+            `drop_finished` cannot shrink the loop's tensors: the loop keeps
+            the sentences not done first (a permutation of every per-sentence
+            and cache row, on the steps where a sentence ended), and a step
+            runs on the first ``ceil(batch / 2**h)`` sentences for the
+            largest ``h <= batch_halvings`` that still holds all those not
+            done (one branch per size, a ``switch``; the others keep their
+            rows). 0: every step runs on the whole batch. Same results;
+            needs ``slice_update`` (on TensorFlow an XLA op: for
+            ``jit_compile`` functions only).
 
     Returns:
         ``(sequences, scores)``:
@@ -726,12 +737,20 @@ def beam_search(
                 state["step"] < max_decode_length, ops.any(ops.logical_not(state["done"]))
             )
 
-        def body(state):
-            logits, cache = call_step(state, static_cache)
+        def search_body(state, static):
+            logits, cache = call_step(state, static)
             state, source_beam = _search_step(state, logits, cache, spec)
             rows = _beam_rows(source_beam, beam_size)  # [b * k]
             state["cache"] = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache)
             return state
+
+        if batch_halvings:
+            state["sentence"] = ops.arange(batch_size, dtype="int32")  # [batch]: each row's sentence
+            state["static"] = static_cache if static_cache is not None else {}
+            body = _halving_body(search_body, batch_size, beam_size, int(batch_halvings))
+        else:
+            def body(state):
+                return search_body(state, static_cache)
 
         if cache_stages is None:
             state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
@@ -743,7 +762,11 @@ def beam_search(
                     return ops.logical_and(cond(state), state["step"] < stage_end)
 
                 state = while_loop(stage_cond, body, state, maximum_iterations=stage_end)
-        return _best_results(state, num_results, spec)
+        seqs, scores = _best_results(state, num_results, spec)
+        if batch_halvings:  # rows back in the sentences' order
+            order = ops.argsort(state["sentence"])  # [batch]
+            seqs, scores = ops.take(seqs, order, axis=0), ops.take(scores, order, axis=0)
+        return seqs, scores
 
     # drop_finished: the loop carries only the sentences not done (their
     # original row in `sentence`), and each writes its results when done.
@@ -790,6 +813,72 @@ def beam_search(
 
     state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
     return state["out_seqs"], state["out_scores"]
+
+
+def _halving_body(search_body, batch_size, beam_size, halvings):
+    """The loop body of `beam_search(batch_halvings=...)`: `search_body(state, static)`
+    on the smallest prefix of sentences that holds every one not done, then the
+    sentences not done moved first when one ended on this step.
+
+    The state carries ``sentence`` (each row's sentence) and ``static`` (the
+    static cache, permuted with the rows). With a python `batch_size` the sizes
+    are python ints; with a scalar tensor (TensorFlow) XLA still sees each as a
+    constant, since it compiles one program per batch size.
+    """
+    sizes = [batch_size]
+    for h in range(1, halvings + 1):
+        size = (batch_size + 2 ** h - 1) // 2 ** h  # ceil(batch / 2**h)
+        if isinstance(size, int) and size == sizes[-1]:
+            break
+        sizes.append(size)
+
+    def on_prefix(state, size):
+        if size is batch_size:  # the whole batch: no slicing
+            static = state["static"]
+            return search_body({name: x for name, x in state.items() if name != "static"}, static) | {
+                "static": static}
+        head = {}
+        for name, x in state.items():
+            if name == "step":
+                head[name] = x
+            elif name == "cache":
+                head[name] = keras.tree.map_structure(lambda leaf: leaf[: size * beam_size], x)
+            elif name != "sentence":  # the static cache and the per-sentence entries
+                head[name] = keras.tree.map_structure(lambda leaf: leaf[:size], x)
+        static = head.pop("static")
+        head = search_body(head, static)
+        new = dict(state)
+        for name, x in head.items():
+            if name == "step":
+                new[name] = x
+            else:
+                new[name] = keras.tree.map_structure(
+                    lambda full, part: ops.slice_update(full, [0] * len(full.shape), part), state[name], x)
+        return new
+
+    def body(state):
+        done = state["done"]  # [batch]
+        alive = ops.sum(ops.cast(ops.logical_not(done), "int32"))
+        index = sum(ops.cast(alive <= size, "int32") for size in sizes[1:])  # the smallest that holds them
+        state = ops.switch(index, [lambda s, size=size: on_prefix(s, size) for size in sizes], state)
+        ended = ops.any(ops.logical_and(state["done"], ops.logical_not(done)))
+        return ops.cond(ended, lambda: _not_done_first(state, beam_size), lambda: state)
+
+    return body
+
+
+def _not_done_first(state, beam_size):
+    """The state with the sentences not done first (one gather per entry)."""
+    order = ops.argsort(ops.cast(state["done"], "int32"))  # [batch]
+    rows = ops.reshape(order[:, None] * beam_size + ops.arange(beam_size, dtype="int32")[None, :], (-1,))
+    new = {}
+    for name, x in state.items():
+        if name == "step":
+            new[name] = x
+        else:
+            index = rows if name == "cache" else order
+            new[name] = keras.tree.map_structure(lambda leaf, index=index: ops.take(leaf, index, axis=0), x)
+    return new
 
 
 def _stage_ends(cache_stages, max_decode_length):

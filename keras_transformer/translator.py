@@ -59,6 +59,11 @@ XLA_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # many positions (then the whole buffer): a step reads and reorders a buffer of
 # its stage's size, not `source + 50` (`beam_search(cache_stages=...)`).
 XLA_CACHE_STAGES = (16, 32, 64)
+# ... and each step runs on the smallest of batch, batch / 2, batch / 4 (rounded
+# up) that holds the sentences not yet done (`beam_search(batch_halvings=...)`):
+# XLA's static shapes cannot drop finished sentences one by one as the plain
+# graph does, so a few fixed sizes, one compiled branch each.
+XLA_BATCH_HALVINGS = 2
 # Smallest source-width bucket (tokens, EOS included); the others double up to max_length.
 XLA_MIN_LENGTH_BUCKET = 16
 
@@ -273,7 +278,8 @@ class Translator:
                 return beam_search(self._step_fn(grow=False), cache, batch, max_lengths, beam_size=beam_size,
                                    alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
                                    static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,
-                                   resize_cache=self.decoder.resize_self_attention_cache)
+                                   resize_cache=self.decoder.resize_self_attention_cache,
+                                   batch_halvings=XLA_BATCH_HALVINGS)
 
             self._compiled[key] = tf.function(search, jit_compile=True, input_signature=[
                 tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),

@@ -550,6 +550,54 @@ def test_dropped_sentences_leave_the_step_function():
     assert (seqs[4, 0, 1:] == PAD_ID).all()  # the 1-token sentence ended at step 0
 
 
+@pytest.mark.parametrize("beam_size, num_results", [(4, 1), (4, 3), (1, 1)])
+def test_batch_halvings_equal_the_full_batch_loop(beam_size, num_results):
+    """With batch_halvings the sentences not done move first and a step runs on
+    the smallest of 12, 6 or 3 sentences that holds them: the step function
+    sees fewer rows as sentences end, and the results (in the sentences' order)
+    are the full loop's, eagerly and XLA-compiled with cache stages, with the
+    sentence id in a static cache and a cache buffer that must follow their
+    rows."""
+    model = ToyModel(seed=41, vocab=9, batch=12, eos_bias=0.5)
+    max_lengths = np.array([1, 3, 12, 7, 5, 9, 2, 12, 4, 6, 8, 10], "int32")
+    seqs, scores = run(model, max_lengths, beam_size=beam_size, num_results=num_results)
+    rows = []
+
+    def step_fn(ids, cache, step, static_cache):
+        rows.append(int(ids.shape[0]) if ids.shape[0] is not None else None)
+        logits, inner = history_step_fn(model)(ids, {**cache, "sid": ops.repeat(static_cache["sid"], beam_size,
+                                                                                 axis=0)}, step)
+        return logits, {"h": inner["h"], "acc": inner["acc"], "hist": inner["hist"]}
+
+    def search(h, acc, lengths, halvings, static_shapes):
+        batch = 12 if static_shapes else tf.shape(h)[0]
+        return beam_search(step_fn, {"h": h, "acc": acc, "hist": tf.zeros([batch, 0])}, batch, lengths,
+                           beam_size=beam_size, num_results=num_results, max_decode_length=12,
+                           static_cache={"sid": tf.range(batch)}, cache_stages=(2, 5),
+                           resize_cache=resize_history, batch_halvings=halvings)
+
+    want = [np.asarray(t) for t in search(model.h0, model.acc0, max_lengths, 0, True)]
+    full_rows, rows[:] = list(rows), []
+    halved = [np.asarray(t) for t in search(model.h0, model.acc0, max_lengths, 2, True)]
+    np.testing.assert_array_equal(halved[0], want[0])
+    np.testing.assert_allclose(halved[1], want[1], rtol=1e-6)  # a matmul over fewer rows may round differently
+    # the history step function gives other logits than the plain toy's: compare its own loop only
+    assert full_rows == [12 * beam_size] * len(full_rows)
+    assert len(rows) == len(full_rows) and rows[0] == 12 * beam_size
+    assert rows == sorted(rows, reverse=True) and set(rows) <= {12 * beam_size, 6 * beam_size, 3 * beam_size}
+    assert rows[-1] == 3 * beam_size  # the last steps run on a quarter of the batch
+    if beam_size == 4 and num_results == 1:  # the toy loop agrees with the reference search
+        plain = [np.asarray(t) for t in run_static(model, max_lengths, beam_size, batch_halvings=2)]
+        np.testing.assert_array_equal(plain[0], seqs)
+        np.testing.assert_allclose(plain[1], scores, rtol=1e-6)
+    xla = tf.function(lambda h, a, m: search(h, a, m, 2, False), jit_compile=True, input_signature=[
+        tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, *EMB], tf.float32),
+        tf.TensorSpec([None], tf.int32)])
+    compiled = [t.numpy() for t in xla(model.h0, model.acc0, max_lengths)]
+    np.testing.assert_array_equal(compiled[0], want[0])
+    np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5)
+
+
 def test_patience_stops_after_round_beam_times_patience_hypotheses():
     """CTranslate2's patience rule: a sentence stops once round(k * patience)
     hypotheses have finished. Off (None, 0) it is the exact search; a large
