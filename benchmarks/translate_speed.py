@@ -58,8 +58,10 @@ by the steps). The steps and rows are counted in the main process on the
 same search (`SearchProfile`: a `Translator` whose `logits_filter`
 counts); every variant of ours runs the same steps (same search, same
 stopping rule). `serving_default` drops finished sentences, so its rows
-shrink as sentences end; `translate_xla` runs every row of its padded
-batch bucket and LiteRT every sentence of the batch until the loop ends.
+shrink as sentences end; `translate_xla` runs the smallest of its padded
+batch bucket, half or a quarter of it that holds the sentences not done
+(`XLA_BATCH_HALVINGS`), and LiteRT every sentence of the batch until the
+loop ends.
 
 Two model sources:
 
@@ -350,6 +352,10 @@ class Variants:
         return sum(len(self.processor.encode(t)) + 1 for t in translations)
 
 
+# The largest batch whose steps `SearchProfile` counts by sentences not done.
+MAX_PROFILED_BATCH = 4096
+
+
 class SearchProfile:
     """Loop steps and rows of the search per batch, counted in this process by the
     `Translator` the export is made from (the same search as `serving_default`),
@@ -360,10 +366,12 @@ class SearchProfile:
 
         from keras_transformer.translator import Translator
 
-        self.counts = tf.Variable([0, 0], dtype=tf.int64)  # steps, rows (sentences x beams) run
+        # steps by the number of sentences not done (the rows of `serving_default`'s step / beam)
+        self.steps_by_alive = tf.Variable(tf.zeros([MAX_PROFILED_BATCH + 1], tf.int64))
 
         def count(logits):
-            self.counts.assign_add(tf.cast(tf.stack([1, tf.shape(logits)[0]]), tf.int64))
+            alive = tf.minimum(tf.shape(logits)[0] // beam_size, MAX_PROFILED_BATCH)
+            self.steps_by_alive.assign_add(tf.one_hot(alive, MAX_PROFILED_BATCH + 1, dtype=tf.int64))
             return logits
 
         translator = Translator(model, config, tokenizer.model_bytes, logits_filter=count)
@@ -380,15 +388,29 @@ class SearchProfile:
         """The batch bucket `translate_xla` pads `sentences` sentences to."""
         return int(self.translator.bucketed_shape(sentences, 1)[0])
 
+    def xla_rows(self, alive, padded):
+        """The rows `translate_xla` runs a step on with `alive` sentences not done in a
+        batch padded to `padded`: the smallest of its halving sizes that holds them."""
+        from keras_transformer.decoding import halving_sizes
+        from keras_transformer.translator import XLA_BATCH_HALVINGS
+
+        return min(size for size in halving_sizes(padded, XLA_BATCH_HALVINGS) if size >= alive) * self.beam_size
+
     def __call__(self, batches):
-        """`(steps, rows)`: loop steps and rows run, summed over `batches`."""
+        """`(steps, rows, xla_rows)`: loop steps, rows `serving_default` runs (it drops
+        finished sentences) and rows `translate_xla` runs, summed over `batches`."""
+        import numpy as np
         import tensorflow as tf
 
-        total = [0, 0]
+        total = [0, 0, 0]
         for batch in batches:
-            self.counts.assign([0, 0])
+            self.steps_by_alive.assign(tf.zeros_like(self.steps_by_alive))
             self.search(tf.constant(batch))
-            total = [a + int(b) for a, b in zip(total, self.counts.numpy())]
+            counts = self.steps_by_alive.numpy()
+            padded = self.xla_batch(len(batch))
+            total[0] += int(counts.sum())
+            total[1] += int((counts * np.arange(len(counts))).sum()) * self.beam_size
+            total[2] += sum(int(n) * self.xla_rows(alive, padded) for alive, n in enumerate(counts) if n)
         return total
 
 
@@ -435,12 +457,13 @@ def run_batch_size(variants, sentences, batch_size, rounds, pause, profile=None)
 def search_lines(profile, batches, seconds, batch_size):
     """The search's loop steps per batch, rows per step and time per step of our variants.
     Every variant of ours runs the same steps (the same search and stopping rule);
-    `serving_default` runs only the sentences not yet done, `translate_xla` every row of
-    its padded batch bucket, LiteRT every sentence of the batch, to the end of the loop."""
-    steps, rows = profile(batches)
+    `serving_default` runs only the sentences not yet done, `translate_xla` the smallest
+    of its halving sizes that holds them, LiteRT every sentence of the batch, to the end
+    of the loop."""
+    steps, rows, xla_rows = profile(batches)
     beam = profile.beam_size
     computed = {OURS: rows / steps,
-                XLA: sum(profile.xla_batch(len(b)) * beam for b in batches) / len(batches),
+                XLA: xla_rows / steps,
                 LITERT: sum(len(b) * beam for b in batches) / len(batches)}
     lines = [f"\n| batch {batch_size}: search | loop steps per batch | rows per step, mean (sentences x beam) "
              f"| ms per step |", "|---|---|---|---|"]

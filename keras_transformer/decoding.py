@@ -70,6 +70,7 @@ __all__ = [
     "flatten_beams",
     "gather_beams",
     "greedy_search",
+    "halving_sizes",
     "length_penalty",
     "tile_beams",
     "top_k_blockwise",
@@ -815,6 +816,20 @@ def beam_search(
     return state["out_seqs"], state["out_scores"]
 
 
+def halving_sizes(batch_size, halvings):
+    """The batch sizes a `beam_search(batch_halvings=halvings)` step may run on:
+    ``batch, ceil(batch / 2), ..., ceil(batch / 2**halvings)`` (python ints
+    without repeats, or scalar tensors). A step runs on the smallest that holds
+    the sentences not yet done."""
+    sizes = [batch_size]
+    for h in range(1, halvings + 1):
+        size = (batch_size + 2 ** h - 1) // 2 ** h  # ceil(batch / 2**h)
+        if isinstance(size, int) and size == sizes[-1]:
+            break
+        sizes.append(size)
+    return sizes
+
+
 def _halving_body(search_body, batch_size, beam_size, halvings):
     """The loop body of `beam_search(batch_halvings=...)`: `search_body(state, static)`
     on the smallest prefix of sentences that holds every one not done, then the
@@ -825,12 +840,7 @@ def _halving_body(search_body, batch_size, beam_size, halvings):
     are python ints; with a scalar tensor (TensorFlow) XLA still sees each as a
     constant, since it compiles one program per batch size.
     """
-    sizes = [batch_size]
-    for h in range(1, halvings + 1):
-        size = (batch_size + 2 ** h - 1) // 2 ** h  # ceil(batch / 2**h)
-        if isinstance(size, int) and size == sizes[-1]:
-            break
-        sizes.append(size)
+    sizes = halving_sizes(batch_size, halvings)
 
     def on_prefix(state, size):
         if size is batch_size:  # the whole batch: no slicing

@@ -23,6 +23,7 @@ from keras_transformer.decoding import (
     flatten_beams,
     gather_beams,
     greedy_search,
+    halving_sizes,
     length_penalty,
     tile_beams,
     top_k_blockwise,
@@ -586,6 +587,8 @@ def test_batch_halvings_equal_the_full_batch_loop(beam_size, num_results):
     assert len(rows) == len(full_rows) and rows[0] == 12 * beam_size
     assert rows == sorted(rows, reverse=True) and set(rows) <= {12 * beam_size, 6 * beam_size, 3 * beam_size}
     assert rows[-1] == 3 * beam_size  # the last steps run on a quarter of the batch
+    assert halving_sizes(12, 2) == [12, 6, 3] and halving_sizes(5, 3) == [5, 3, 2, 1]
+    assert halving_sizes(1, 2) == [1] and halving_sizes(32, 0) == [32]
     if beam_size == 4 and num_results == 1:  # the toy loop agrees with the reference search
         plain = [np.asarray(t) for t in run_static(model, max_lengths, beam_size, batch_halvings=2)]
         np.testing.assert_array_equal(plain[0], seqs)
