@@ -869,7 +869,9 @@ def _halving_body(search_body, batch_size, beam_size, halvings):
     def body(state):
         done = state["done"]  # [batch]
         alive = ops.sum(ops.cast(ops.logical_not(done), "int32"))
-        index = sum(ops.cast(alive <= size, "int32") for size in sizes[1:])  # the smallest that holds them
+        # the smallest size that holds them (a size equal to the batch, as every size of a batch of
+        # one is, takes the whole-batch branch, which slices nothing)
+        index = sum(ops.cast(ops.logical_and(alive <= size, size < batch_size), "int32") for size in sizes[1:])
         state = ops.switch(index, [lambda s, size=size: on_prefix(s, size) for size in sizes], state)
         ended = ops.any(ops.logical_and(state["done"], ops.logical_not(done)))
         return ops.cond(ended, lambda: _not_done_first(state, beam_size), lambda: state)
