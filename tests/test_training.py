@@ -1,10 +1,10 @@
 """keras_transformer.training in process: seeds, NaN guard, data fingerprint,
-stop signals, progress figures. Runs use a train-only toy corpus (no
-validation split, so no BLEU decoding) and a few steps of `tiny`."""
+resume, every test set scored, mixed precision, checkpoints at stop signals and
+their averaging. Runs use a train-only toy corpus (no validation split, so no BLEU
+decoding) and a few steps of `tiny`. The pieces on their own: test_config.py,
+test_callbacks.py, test_stop_signals.py, test_schedule.py, test_losses.py."""
 
 import json
-import pathlib
-import signal
 import time
 
 import keras
@@ -14,11 +14,8 @@ from helpers import WORDS_DE, WORDS_EN
 
 import keras_transformer
 from keras_transformer import run_dir
-from keras_transformer.callbacks import NonFiniteLossError, Progress, StepGuard, TimeBudget
-from keras_transformer.config import (PRESETS, SYNTAX_FIELDS, TRAINING_DEFAULTS, ConfigError, TrainingConfig,
-                                      TransformerConfig, command_line_options, options_table)
-from keras_transformer.constants import PAD_ID
-from keras_transformer.losses import TargetTokens
+from keras_transformer.callbacks import NonFiniteLossError, StepGuard
+from keras_transformer.config import TrainingConfig
 from keras_transformer.run_dir import RunError
 from keras_transformer.stop_signals import Interrupted, StopSignals
 from keras_transformer.training import averaged_checkpoints, train_and_evaluate
@@ -52,90 +49,6 @@ def run_config(data, model_dir, **values):
 
 def history_losses(model_dir):
     return [row["loss"] for row in run_dir.read_history(model_dir)]
-
-
-def test_training_config_defaults_come_from_the_preset():
-    tiny = TrainingConfig.create("tiny")
-    assert (tiny.steps, tiny.batch_tokens, tiny.checkpoint_every, tiny.average, tiny.keep_checkpoints,
-            tiny.beam_size, tiny.vocab_size) == (600, 2048, 60, 5, 5, 4, 1000)
-    big = TrainingConfig.create("big", steps=1000)
-    assert (big.batch_tokens, big.checkpoint_every, big.average, big.keep_checkpoints) == (25000, 100, 20, 20)
-    assert TrainingConfig.create("big", steps=1000, keep_checkpoints=30).keep_checkpoints == 30
-    # Issue #19: fewer checkpoints kept than averaged was raised to the average without a word.
-    with pytest.raises(ValueError, match="^keep_checkpoints=3 is below average=20: the last 20 checkpoints"):
-        TrainingConfig.create("big", steps=1000, keep_checkpoints=3)
-    # ...and a batch that cannot hold one longest pair was a traceback from the batching code.
-    with pytest.raises(ValueError, match="^batch_tokens=32 cannot hold one pair of max_length=64 tokens"):
-        TrainingConfig.create("tiny", batch_tokens=32)
-    assert TrainingConfig.create("tiny", batch_tokens=32, max_length=32).batch_tokens == 32
-    assert TrainingConfig.create("base").steps == 100_000
-    with pytest.raises(ValueError, match="unknown preset 'huge'"):
-        TrainingConfig.create("huge")
-    with pytest.raises(ValueError, match="^steps must be a positive integer, got 0$"):
-        TrainingConfig.create("tiny", steps=0)
-
-
-def test_multi30k_recipe_preset():
-    run = TrainingConfig.create("multi30k")
-    # Issue #17: the whole hour (56 training minutes; averaging, BLEU and export in the rest),
-    # the step count only a cap.
-    assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size,
-            run.steps) == (4096, 250, 5, 56.0, 8000, 40_000)
-    config = run.model_config(8000)
-    assert (config.num_layers, config.d_model, config.d_ff, config.num_heads, config.dropout,
-            config.warmup_steps) == (2, 128, 512, 4, 0.2, 200)
-    assert TrainingConfig.create("multi30k", max_minutes=5, checkpoint_every=50).max_minutes == 5
-    assert TrainingConfig.create("tiny").max_minutes == 0
-    with pytest.raises(ValueError, match="^max_minutes must be >= 0, got -1$"):
-        TrainingConfig.create("tiny", max_minutes=-1)
-    assert TransformerConfig.from_preset("multi30k").max_length == 64
-
-
-def test_set_flag_changes_model_fields_and_names_bad_ones(capsys):
-    """train.py --set FIELD=VALUE: each value read as its field's type, on top of the preset
-    (its beam becomes the run's BLEU beam); a bad one is a one-line error naming it."""
-    import train
-
-    run = train.parse_args(["--config", "multi30k", "--set", "dropout=0.3", "--set", "num_layers=4",
-                            "--set", "d_ff=256", "--set", "norm_first=true", "--set", "beam_size=5"]).run
-    assert run.model == {"dropout": 0.3, "num_layers": 4, "d_ff": 256, "norm_first": True, "beam_size": 5}
-    config = run.model_config(8000)
-    assert (config.num_layers, config.d_ff, config.dropout, config.norm_first, config.beam_size,
-            config.d_model, config.warmup_steps) == (4, 256, 0.3, True, 5, 128, 200)
-    assert run.beam_size == 5
-    assert train.parse_args(["--config", "multi30k"]).run.model_config(8000) == TransformerConfig.from_preset(
-        "multi30k", vocab_size=8000)
-    for flags, message in [
-            (["--set", "dropout=1.5"], "--set: TransformerConfig.dropout must be in [0, 1), got 1.5"),
-            (["--set", "dropout=high"], "--set 'dropout=high': dropout takes a float"),
-            (["--set", "vocab_size=9"], "--set 'vocab_size=9': expected FIELD=VALUE with FIELD one of num_layers"),
-            (["--set", "num_heads=3"], "--set: num_heads=3 does not divide d_model=128"),
-            (["--set", "norm_first=maybe"], "--set 'norm_first=maybe': norm_first takes a bool")]:
-        with pytest.raises(SystemExit) as exit_:
-            train.parse_args(flags)
-        assert exit_.value.code == 2
-        lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], lines
-    with pytest.raises(ValueError, match=r"model: \['max_length'\] cannot be set this way"):
-        TrainingConfig.create("tiny", model={"max_length": 32})
-
-
-def test_time_budget_stops_when_the_next_round_would_end_past_it(monkeypatch):
-    class Model:
-        stop_training = False
-        optimizer = type("Optimizer", (), {"iterations": keras.Variable(0)})()
-
-    clock = [0.0]
-    monkeypatch.setattr(time, "time", lambda: clock[0])
-    budget = TimeBudget(100, started=0.0)
-    budget.set_model(Model())
-    for begin, end, stops in [(10, 40, False), (40, 70, False), (70, 71, False), (71, 86, True)]:
-        clock[0] = begin
-        budget.on_epoch_begin(0)
-        clock[0] = end
-        budget.on_epoch_end(0)
-        # round 2 ends at 70 and took 30: 100, not past; round 4 ends at 86 + 15 > 100
-        assert (budget.exhausted, budget.model.stop_training) == (stops, stops)
 
 
 def test_seed_gives_identical_runs_from_scratch(toy_data, tmp_path):
@@ -229,60 +142,6 @@ def test_resume_on_changed_data_needs_allow_data_change(tmp_path):
     train_and_evaluate(run_config(data, model_dir, steps=4))
 
 
-def test_stop_signals_ask_once_then_interrupt():
-    before = signal.getsignal(signal.SIGTERM)
-    with StopSignals() as signals:
-        signal.raise_signal(signal.SIGTERM)
-        assert signals.received == "SIGTERM"
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)  # a second Ctrl-C quits at once
-    assert signal.getsignal(signal.SIGTERM) is before
-
-
-def test_a_stop_signal_exits_after_the_grace_period_when_the_main_thread_is_stuck():
-    """Issue #19: a SIGTERM while the input pipeline stalled was caught and never acted on
-    (Python runs handlers only between the main thread's bytecodes). The watcher thread
-    ends the process (128 + the signal) when the grace period passes, or 2 s after a
-    second signal; a run that stops by itself in time is left alone."""
-    calls = []
-    with StopSignals(grace_seconds=0.3, exit=calls.append) as signals:
-        signal.raise_signal(signal.SIGTERM)
-        assert signals.received == "SIGTERM"
-        time.sleep(1.0)  # the "step" never ends
-        assert calls == [128 + signal.SIGTERM]
-    with StopSignals(grace_seconds=0.5, exit=calls.append):
-        signal.raise_signal(signal.SIGTERM)  # the run then stops by itself, in time
-    time.sleep(1.0)
-    assert calls == [128 + signal.SIGTERM]
-
-
-def test_a_stop_signal_ends_a_process_blocked_inside_tensorflow():
-    """The real case: the main thread waits inside a TensorFlow op that never returns."""
-    import subprocess
-    import sys
-
-    code = ("import sys, tensorflow as tf\n"
-            "from keras_transformer.stop_signals import StopSignals\n"
-            "queue = tf.queue.FIFOQueue(1, tf.int32)\n"
-            "with StopSignals(grace_seconds=1.5):\n"
-            "    print('ready', flush=True)\n"
-            "    queue.dequeue()  # blocks forever, in C++\n")
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert process.stdout.readline().strip() == "ready"
-    time.sleep(0.5)
-    started = time.time()
-    process.send_signal(signal.SIGTERM)
-    try:
-        _, stderr = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == 128 + signal.SIGTERM, stderr
-    assert 1.4 < time.time() - started < 30
-    assert "no training step ended within 1.5 s of SIGTERM: exiting now without a new checkpoint" in stderr
-    assert "Traceback" not in stderr
-
-
 def test_a_corpus_with_every_pair_too_long_is_refused_before_fit(toy_data, tmp_path):
     """Issue #19: the length filter runs after repeat(), so `fit` waited forever for a
     first batch. Now a one-line error names the files and the figures, at once."""
@@ -338,20 +197,6 @@ def test_overflowing_mixed_float16_steps_are_skipped_counted_and_keep_checkpoint
         np.testing.assert_array_equal(got, want)
 
 
-def test_counting_loss_scale_optimizer_applies_finite_steps_and_counts_skipped_ones():
-    from keras_transformer.schedule import CountingLossScaleOptimizer
-
-    variable = keras.Variable(np.ones(3, "float32"))
-    optimizer = CountingLossScaleOptimizer(keras.optimizers.SGD(learning_rate=0.5), initial_scale=4.0)
-    optimizer.build([variable])
-    optimizer.apply([np.full(3, 4.0, "float32")], [variable])  # scaled by 4: an unscaled gradient of 1
-    np.testing.assert_allclose(variable.numpy(), 0.5)
-    optimizer.apply([np.array([1.0, np.inf, 1.0], "float32")], [variable])  # overflow: skipped
-    np.testing.assert_allclose(variable.numpy(), 0.5)
-    assert (int(optimizer.iterations.numpy()), int(optimizer.skipped_steps.numpy())) == (2, 1)
-    assert float(optimizer.dynamic_scale.numpy()) == 2.0
-
-
 def test_stop_waits_for_the_checkpoint_of_a_rounds_last_step():
     signals = StopSignals()
     guard = StepGuard(signals)
@@ -372,88 +217,3 @@ def test_signal_checkpoint_is_not_averaged():
     assert averaged_checkpoints(Store, every=10, steps=45, count=3) == ["d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]
     assert averaged_checkpoints(Store, every=10, steps=45, count=5) == [
         "d/ckpt-10", "d/ckpt-20", "d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]
-
-
-def test_target_tokens_counts_real_tokens():
-    metric = TargetTokens()
-    y = np.array([[5, 6, PAD_ID], [7, PAD_ID, PAD_ID]])
-    metric.update_state(y, None)
-    metric.update_state(np.array([[9, 9, 9]]), None)
-    assert float(metric.result()) == 6.0
-
-
-def test_progress_figures(monkeypatch):
-    import io
-
-    import tensorflow as tf
-
-    # begin, epoch, then per batch: the rate's reading and the ETA's reading.
-    clock = iter([100.0, 100.0, 101.0, 101.0, 103.0, 103.0, 105.0, 105.0])
-    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
-    stream = io.StringIO()
-    progress = Progress(total_steps=10, live=True, stream=stream)
-    iterations = tf.Variable(0, dtype=tf.int64)
-    progress.set_model(type("M", (), {"optimizer": type("O", (), {"iterations": iterations})()})())
-    progress.on_train_begin()  # t=100, step 0
-    progress.on_epoch_begin(0)  # t=100
-    for batch, (tokens, step) in enumerate([(500.0, 1), (1500.0, 2), (2500.0, 3)]):
-        iterations.assign(step)
-        progress.on_train_batch_end(batch, {"loss": 2.5, "target_tokens": tokens})
-    # Batch 0 (tracing) is not timed; then 1000 tokens in 2 s, twice.
-    assert progress.tokens_per_second == pytest.approx(500.0)
-    text = stream.getvalue()
-    assert text.startswith("\rstep 1/10 [==")
-    last = text.rsplit("\r", 1)[1]
-    # 3 steps in 5 s (t=100 -> 105), 7 steps to go -> ETA 11.7 s.
-    assert last.startswith("step 3/10 [=======                 ]  loss 2.5000  500 tok/s  ETA 0:11")
-
-
-def test_readme_option_table_is_the_generated_one():
-    """Issue #18: each option is defined once (on its config field); the README's table is
-    made from those definitions. Regenerate it with
-    python -c "from keras_transformer.config import options_table; print(options_table())"."""
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    table = readme.split("<!-- options:begin -->\n", 1)[1].split("\n<!-- options:end -->", 1)[0]
-    assert table == options_table()
-
-
-def test_options_cover_every_field_and_show_each_presets_default(capsys):
-    """Every TrainingConfig field is a flag (syntax and model through their own flags),
-    with its help and, where the presets differ, each preset's default as `create` makes it."""
-    import dataclasses
-
-    import train
-
-    options = {item.field: item for item in command_line_options()}
-    fields = {f.name for f in dataclasses.fields(TrainingConfig)} - {"syntax", "model"}
-    assert set(options) == fields | set(SYNTAX_FIELDS)
-    assert all(item.help for item in options.values())
-    steps = options["steps"].default
-    for preset, config in PRESETS.items():
-        assert f"{preset} {config.train_steps}" in steps, steps
-    assert options["max_minutes"].default == f"0 (multi30k {TRAINING_DEFAULTS['multi30k']['max_minutes']:g})"
-    assert options["preset"].flag == "--config" and options["preset"].choices == tuple(PRESETS)
-    with pytest.raises(SystemExit):
-        train.parse_args(["--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
-    for item in options.values():
-        assert item.flag in help_text
-    assert f"(default: {options['steps'].default})" in help_text
-
-
-@pytest.mark.parametrize("field", ["steps", "batch_tokens", "vocab_size", "max_length", "checkpoint_every",
-                                   "keep_checkpoints", "average", "beam_size"])
-def test_a_bad_value_names_its_flag_through_the_fields_config_error(field, capsys):
-    """`ConfigError.field` names the field; train.py turns it into its flag, for every
-    positive-integer option (no message parsing)."""
-    import train
-
-    flag = "--" + field.replace("_", "-")
-    with pytest.raises(ConfigError) as error:
-        TrainingConfig.create("tiny", **{field: 0})
-    assert error.value.field == field
-    with pytest.raises(SystemExit) as exit_:
-        train.parse_args([flag, "0"])
-    assert exit_.value.code == 2
-    line = capsys.readouterr().err.strip()
-    assert f"error: {flag} must be a positive integer, got 0" in line or f"error: {flag}: " in line, line

@@ -1,38 +1,14 @@
-"""Schedule, optimizer, loss and metric; `compile` + `fit` with them."""
+"""The label-smoothed loss, the masked accuracy and the target-token count; `compile`
++ `fit` with them."""
 
 import keras
 import numpy as np
 import pytest
 
-from keras_transformer import (LabelSmoothedCrossEntropy, MaskedAccuracy, TransformerConfig,
-                               TransformerSchedule, build_transformer, make_optimizer)
+from keras_transformer import (LabelSmoothedCrossEntropy, MaskedAccuracy, TransformerConfig, build_transformer,
+                               make_optimizer)
 from keras_transformer.constants import PAD_ID
-
-
-def paper_rate(step_num, d_model=512, warmup=4000):
-    return d_model ** -0.5 * min(step_num ** -0.5, step_num * warmup ** -1.5)
-
-
-@pytest.mark.parametrize("step_num", [1, 4000, 100000])
-def test_schedule_matches_formula(step_num):
-    schedule = TransformerSchedule(512, 4000)
-    # Keras passes the 0-based optimizer iteration; step_num = iterations + 1.
-    assert float(schedule(step_num - 1)) == pytest.approx(paper_rate(step_num), rel=1e-6)
-
-
-def test_schedule_known_values_and_serialisation():
-    schedule = TransformerSchedule(512, 4000)
-    assert float(schedule(3999)) == pytest.approx(0.00069877, rel=1e-4)  # the peak
-    assert float(schedule(0)) == pytest.approx(512 ** -0.5 * 4000 ** -1.5, rel=1e-6)
-    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
-    assert float(clone(99999)) == float(schedule(99999))
-
-
-def test_optimizer_is_papers_adam():
-    optimizer = make_optimizer(TransformerConfig.from_preset("base"))
-    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
-    assert isinstance(optimizer._learning_rate, TransformerSchedule)
-    assert float(optimizer.learning_rate) == pytest.approx(paper_rate(1))  # before any update
+from keras_transformer.losses import TargetTokens
 
 
 def test_label_smoothing_zero_equals_sparse_cross_entropy_on_real_tokens():
@@ -107,34 +83,9 @@ def test_fit_on_tiny_reduces_loss():
     assert model.optimizer.iterations.numpy() == 24
 
 
-def test_history_append_is_atomic_and_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
-    """Issue #19: history.csv was appended in place (a full disk could leave half a row).
-    It is rewritten beside itself and renamed; a failed write is a one-line RunError and
-    the previous file is byte for byte unchanged (csv's \\r\\n line ends included)."""
-    import errno
-    import pathlib
-
-    from keras_transformer import run_dir
-
-    run_dir.append_history(tmp_path, {"step": 10, "loss": "3.0000"})
-    run_dir.append_history(tmp_path, {"step": 20, "loss": "2.5000", "bleu": "12.00"})
-    path = tmp_path / run_dir.HISTORY_FILE
-    before = path.read_bytes()
-    assert before.count(b"\r\n") == 3 and before.startswith(b"step,loss,")
-    assert [(r["step"], r["loss"], r["bleu"]) for r in run_dir.read_history(tmp_path)] == [
-        ("10", "3.0000", ""), ("20", "2.5000", "12.00")]
-
-    real_open = pathlib.Path.open
-
-    def full_disk(self, mode="r", *args, **kwargs):
-        if self.name.endswith(".tmp") and "w" in mode:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_open(self, mode, *args, **kwargs)
-
-    monkeypatch.setattr(pathlib.Path, "open", full_disk)
-    with pytest.raises(run_dir.RunError, match="^cannot write .*history.csv: No space left on device; the "
-                                               "previous version is unchanged"):
-        run_dir.append_history(tmp_path, {"step": 30, "loss": "2.0000"})
-    monkeypatch.undo()
-    assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [run_dir.HISTORY_FILE]
+def test_target_tokens_counts_real_tokens():
+    metric = TargetTokens()
+    y = np.array([[5, 6, PAD_ID], [7, PAD_ID, PAD_ID]])
+    metric.update_state(y, None)
+    metric.update_state(np.array([[9, 9, 9]]), None)
+    assert float(metric.result()) == 6.0

@@ -1,0 +1,53 @@
+"""The training callbacks on their own: the time budget's stopping rule, the progress
+line's figures."""
+
+import time
+
+import keras
+import pytest
+
+from keras_transformer.callbacks import Progress, TimeBudget
+
+
+def test_time_budget_stops_when_the_next_round_would_end_past_it(monkeypatch):
+    class Model:
+        stop_training = False
+        optimizer = type("Optimizer", (), {"iterations": keras.Variable(0)})()
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    budget = TimeBudget(100, started=0.0)
+    budget.set_model(Model())
+    for begin, end, stops in [(10, 40, False), (40, 70, False), (70, 71, False), (71, 86, True)]:
+        clock[0] = begin
+        budget.on_epoch_begin(0)
+        clock[0] = end
+        budget.on_epoch_end(0)
+        # round 2 ends at 70 and took 30: 100, not past; round 4 ends at 86 + 15 > 100
+        assert (budget.exhausted, budget.model.stop_training) == (stops, stops)
+
+
+def test_progress_figures(monkeypatch):
+    import io
+
+    import tensorflow as tf
+
+    # begin, epoch, then per batch: the rate's reading and the ETA's reading.
+    clock = iter([100.0, 100.0, 101.0, 101.0, 103.0, 103.0, 105.0, 105.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    stream = io.StringIO()
+    progress = Progress(total_steps=10, live=True, stream=stream)
+    iterations = tf.Variable(0, dtype=tf.int64)
+    progress.set_model(type("M", (), {"optimizer": type("O", (), {"iterations": iterations})()})())
+    progress.on_train_begin()  # t=100, step 0
+    progress.on_epoch_begin(0)  # t=100
+    for batch, (tokens, step) in enumerate([(500.0, 1), (1500.0, 2), (2500.0, 3)]):
+        iterations.assign(step)
+        progress.on_train_batch_end(batch, {"loss": 2.5, "target_tokens": tokens})
+    # Batch 0 (tracing) is not timed; then 1000 tokens in 2 s, twice.
+    assert progress.tokens_per_second == pytest.approx(500.0)
+    text = stream.getvalue()
+    assert text.startswith("\rstep 1/10 [==")
+    last = text.rsplit("\r", 1)[1]
+    # 3 steps in 5 s (t=100 -> 105), 7 steps to go -> ETA 11.7 s.
+    assert last.startswith("step 3/10 [=======                 ]  loss 2.5000  500 tok/s  ETA 0:11")

@@ -1,0 +1,126 @@
+"""TrainingConfig and TransformerConfig: presets, `--set`, each option defined once
+(the parser, the README table, errors naming the flag)."""
+
+import pathlib
+
+import pytest
+
+from keras_transformer.config import (PRESETS, SYNTAX_FIELDS, TRAINING_DEFAULTS, ConfigError, TrainingConfig,
+                                      TransformerConfig, command_line_options, options_table)
+
+
+def test_training_config_defaults_come_from_the_preset():
+    tiny = TrainingConfig.create("tiny")
+    assert (tiny.steps, tiny.batch_tokens, tiny.checkpoint_every, tiny.average, tiny.keep_checkpoints,
+            tiny.beam_size, tiny.vocab_size) == (600, 2048, 60, 5, 5, 4, 1000)
+    big = TrainingConfig.create("big", steps=1000)
+    assert (big.batch_tokens, big.checkpoint_every, big.average, big.keep_checkpoints) == (25000, 100, 20, 20)
+    assert TrainingConfig.create("big", steps=1000, keep_checkpoints=30).keep_checkpoints == 30
+    # Issue #19: fewer checkpoints kept than averaged was raised to the average without a word.
+    with pytest.raises(ValueError, match="^keep_checkpoints=3 is below average=20: the last 20 checkpoints"):
+        TrainingConfig.create("big", steps=1000, keep_checkpoints=3)
+    # ...and a batch that cannot hold one longest pair was a traceback from the batching code.
+    with pytest.raises(ValueError, match="^batch_tokens=32 cannot hold one pair of max_length=64 tokens"):
+        TrainingConfig.create("tiny", batch_tokens=32)
+    assert TrainingConfig.create("tiny", batch_tokens=32, max_length=32).batch_tokens == 32
+    assert TrainingConfig.create("base").steps == 100_000
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        TrainingConfig.create("huge")
+    with pytest.raises(ValueError, match="^steps must be a positive integer, got 0$"):
+        TrainingConfig.create("tiny", steps=0)
+
+
+def test_multi30k_recipe_preset():
+    run = TrainingConfig.create("multi30k")
+    # Issue #17: the whole hour (56 training minutes; averaging, BLEU and export in the rest),
+    # the step count only a cap.
+    assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size,
+            run.steps) == (4096, 250, 5, 56.0, 8000, 40_000)
+    config = run.model_config(8000)
+    assert (config.num_layers, config.d_model, config.d_ff, config.num_heads, config.dropout,
+            config.warmup_steps) == (2, 128, 512, 4, 0.2, 200)
+    assert TrainingConfig.create("multi30k", max_minutes=5, checkpoint_every=50).max_minutes == 5
+    assert TrainingConfig.create("tiny").max_minutes == 0
+    with pytest.raises(ValueError, match="^max_minutes must be >= 0, got -1$"):
+        TrainingConfig.create("tiny", max_minutes=-1)
+    assert TransformerConfig.from_preset("multi30k").max_length == 64
+
+
+def test_set_flag_changes_model_fields_and_names_bad_ones(capsys):
+    """train.py --set FIELD=VALUE: each value read as its field's type, on top of the preset
+    (its beam becomes the run's BLEU beam); a bad one is a one-line error naming it."""
+    import train
+
+    run = train.parse_args(["--config", "multi30k", "--set", "dropout=0.3", "--set", "num_layers=4",
+                            "--set", "d_ff=256", "--set", "norm_first=true", "--set", "beam_size=5"]).run
+    assert run.model == {"dropout": 0.3, "num_layers": 4, "d_ff": 256, "norm_first": True, "beam_size": 5}
+    config = run.model_config(8000)
+    assert (config.num_layers, config.d_ff, config.dropout, config.norm_first, config.beam_size,
+            config.d_model, config.warmup_steps) == (4, 256, 0.3, True, 5, 128, 200)
+    assert run.beam_size == 5
+    assert train.parse_args(["--config", "multi30k"]).run.model_config(8000) == TransformerConfig.from_preset(
+        "multi30k", vocab_size=8000)
+    for flags, message in [
+            (["--set", "dropout=1.5"], "--set: TransformerConfig.dropout must be in [0, 1), got 1.5"),
+            (["--set", "dropout=high"], "--set 'dropout=high': dropout takes a float"),
+            (["--set", "vocab_size=9"], "--set 'vocab_size=9': expected FIELD=VALUE with FIELD one of num_layers"),
+            (["--set", "num_heads=3"], "--set: num_heads=3 does not divide d_model=128"),
+            (["--set", "norm_first=maybe"], "--set 'norm_first=maybe': norm_first takes a bool")]:
+        with pytest.raises(SystemExit) as exit_:
+            train.parse_args(flags)
+        assert exit_.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], lines
+    with pytest.raises(ValueError, match=r"model: \['max_length'\] cannot be set this way"):
+        TrainingConfig.create("tiny", model={"max_length": 32})
+
+
+def test_readme_option_table_is_the_generated_one():
+    """Issue #18: each option is defined once (on its config field); the README's table is
+    made from those definitions. Regenerate it with
+    python -c "from keras_transformer.config import options_table; print(options_table())"."""
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    table = readme.split("<!-- options:begin -->\n", 1)[1].split("\n<!-- options:end -->", 1)[0]
+    assert table == options_table()
+
+
+def test_options_cover_every_field_and_show_each_presets_default(capsys):
+    """Every TrainingConfig field is a flag (syntax and model through their own flags),
+    with its help and, where the presets differ, each preset's default as `create` makes it."""
+    import dataclasses
+
+    import train
+
+    options = {item.field: item for item in command_line_options()}
+    fields = {f.name for f in dataclasses.fields(TrainingConfig)} - {"syntax", "model"}
+    assert set(options) == fields | set(SYNTAX_FIELDS)
+    assert all(item.help for item in options.values())
+    steps = options["steps"].default
+    for preset, config in PRESETS.items():
+        assert f"{preset} {config.train_steps}" in steps, steps
+    assert options["max_minutes"].default == f"0 (multi30k {TRAINING_DEFAULTS['multi30k']['max_minutes']:g})"
+    assert options["preset"].flag == "--config" and options["preset"].choices == tuple(PRESETS)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for item in options.values():
+        assert item.flag in help_text
+    assert f"(default: {options['steps'].default})" in help_text
+
+
+@pytest.mark.parametrize("field", ["steps", "batch_tokens", "vocab_size", "max_length", "checkpoint_every",
+                                   "keep_checkpoints", "average", "beam_size"])
+def test_a_bad_value_names_its_flag_through_the_fields_config_error(field, capsys):
+    """`ConfigError.field` names the field; train.py turns it into its flag, for every
+    positive-integer option (no message parsing)."""
+    import train
+
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(ConfigError) as error:
+        TrainingConfig.create("tiny", **{field: 0})
+    assert error.value.field == field
+    with pytest.raises(SystemExit) as exit_:
+        train.parse_args([flag, "0"])
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert f"error: {flag} must be a positive integer, got 0" in line or f"error: {flag}: " in line, line
