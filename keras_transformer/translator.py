@@ -64,6 +64,11 @@ XLA_CACHE_STAGES = (16, 32, 64)
 # XLA's static shapes cannot drop finished sentences one by one as the plain
 # graph does, so a few fixed sizes, one compiled branch each.
 XLA_BATCH_HALVINGS = 2
+# `Translator.translate` (train.py's BLEU, in our own process) runs a few batches
+# per shape, not a server's many: the branches' compile time (13.6 s instead of
+# 5.6 s for a batch-32 bucket of the Multi30k model) would cost more than the
+# halving saves, so it searches without them (same translations).
+IN_PROCESS_BATCH_HALVINGS = 0
 # Smallest source-width bucket (tokens, EOS included); the others double up to max_length.
 XLA_MIN_LENGTH_BUCKET = 16
 
@@ -257,16 +262,16 @@ class Translator:
         """int32 scalar in `[0, decode_extra_length]`, the most the buffers were made for."""
         return tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
 
-    def compiled_search(self, beam_size, num_results):
+    def compiled_search(self, beam_size, num_results, batch_halvings=XLA_BATCH_HALVINGS):
         """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha, patience) -> (ids, scores)`.
 
-        One `tf.function(jit_compile=True)` per `(beam_size, num_results)`;
+        One `tf.function(jit_compile=True)` per `(beam_size, num_results, batch_halvings)`;
         XLA compiles one program per `(b, S)`. The buffer holds
         `S - 1 + decode_extra_length` positions (a constant for XLA, which
         sees the shape of `source_ids`): the longest source `S` can hold
         (`S - 1` tokens, then EOS) plus the most extra length a request may ask.
         """
-        key = (beam_size, num_results)
+        key = (beam_size, num_results, batch_halvings)
         if key not in self._compiled:
             extra = self.config.decode_extra_length
 
@@ -279,7 +284,7 @@ class Translator:
                                    alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
                                    static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,
                                    resize_cache=self.decoder.resize_self_attention_cache,
-                                   batch_halvings=XLA_BATCH_HALVINGS)
+                                   batch_halvings=batch_halvings)
 
             self._compiled[key] = tf.function(search, jit_compile=True, input_signature=[
                 tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
@@ -291,7 +296,7 @@ class Translator:
         return bucketed_shape(batch, width, self.length_buckets)
 
     def search_xla(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-                   patience=None):
+                   patience=None, batch_halvings=XLA_BATCH_HALVINGS):
         """`search` through the XLA-compiled function, on inputs padded to a bucket.
 
         Padded source columns are PAD (masked by the encoder and cross-attention);
@@ -310,7 +315,7 @@ class Translator:
         max_lengths = tf.concat([source_lengths + extra_length,
                                  tf.ones([padded_batch - batch], tf.int32)], axis=0)  # [padded_batch]
         patience = tf.constant(0.0) if patience is None else tf.cast(patience, tf.float32)
-        ids, scores = self.compiled_search(beam_size, num_results)(
+        ids, scores = self.compiled_search(beam_size, num_results, batch_halvings)(
             source, max_lengths, tf.cast(alpha, tf.float32), patience)
         return ids[:batch], scores[:batch]
 
@@ -337,7 +342,7 @@ class Translator:
         return self.sentencepiece.detokenize(padded)[:count]
 
     def translate_graph(self, text, beam_size, alpha, extra_length, num_results, litert_batch=None,
-                        xla=False, patience=None):
+                        xla=False, patience=None, batch_halvings=XLA_BATCH_HALVINGS):
         """The whole translation as graph ops.
 
         Args:
@@ -355,6 +360,7 @@ class Translator:
                 graph stays plain TensorFlow.
             patience: None (exact search), or a float scalar: CTranslate2's
                 patience stop (`beam_search`; <= 0 is off).
+            batch_halvings: with `xla`, `beam_search(batch_halvings=...)`.
 
         Returns:
             translations string `[batch, num_results]`, scores float32
@@ -377,7 +383,7 @@ class Translator:
         source_ids, lengths = self.encode_text(text)
         if xla:
             ids, scores = self.search_xla(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                          patience=patience)
+                                          patience=patience, batch_halvings=batch_halvings)
         else:
             ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
                                       static_buffer=litert_batch is not None, patience=patience)
@@ -424,7 +430,8 @@ class Translator:
         (or, with `num_results > 1`, a list of lists).
 
         `xla=True` (the default here, in our own process) runs the search
-        XLA-compiled, `xla=False` as the SavedModel's `serving_default` does:
+        XLA-compiled (without the export's batch halvings:
+        `IN_PROCESS_BATCH_HALVINGS`), `xla=False` as the SavedModel's `serving_default` does:
         same translations. A syntax-aware model takes CoNLL-U sentences and
         always runs the plain graph."""
         xla = xla and not self.config.syntax_aware
@@ -434,7 +441,7 @@ class Translator:
         if key not in self._functions:
             self._functions[key] = tf.function(
                 lambda t, a: self.translate_graph(t, beam_size, a, self.config.decode_extra_length,
-                                                  num_results, xla=xla),
+                                                  num_results, xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS),
                 input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32)])
         strings, _ = self._functions[key](tf.constant(texts, tf.string) if not tf.is_tensor(texts) else texts,
                                           tf.constant(alpha, tf.float32))
