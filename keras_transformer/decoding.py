@@ -9,7 +9,8 @@ tensor fixed for the call) and the loop is a ``keras.ops.while_loop``; new
 tokens are written into the sequence buffers with a one-hot ``where`` blend
 at position ``step`` (no scatter / ``slice_update``), and beams are reordered
 with ``take`` (GATHER). (``drop_finished``, for TensorFlow graphs without
-XLA, adds ``nonzero`` and ``scatter_update`` and changes shapes in the loop.)
+XLA, adds ``nonzero`` and ``scatter_update`` and changes shapes in the loop;
+``batch_halvings``, for XLA, adds a ``switch`` and ``slice_update``.)
 
 The model is hidden behind a *step function*::
 
