@@ -883,7 +883,8 @@ def _halving_body(search_body, batch_size, beam_size, halvings):
 def _not_done_first(state, beam_size):
     """The state with the sentences not done first (one gather per entry)."""
     order = ops.argsort(ops.cast(state["done"], "int32"))  # [batch]
-    rows = ops.reshape(order[:, None] * beam_size + ops.arange(beam_size, dtype="int32")[None, :], (-1,))
+    every_beam = ops.broadcast_to(ops.arange(beam_size, dtype="int32")[None, :], (ops.shape(order)[0], beam_size))
+    rows = _beam_rows(every_beam, beam_size, order)  # [batch * k]: each sentence's beams, in `order`
     new = {}
     for name, x in state.items():
         if name == "step":
