@@ -50,6 +50,8 @@ CANDIDATES: dict[str, tuple[str, str]] = {
     "dropout-0.3": ("the preset with dropout 0.3", "--set dropout=0.3"),
     "layers-3": ("the preset with 3+3 layers (more depth at ~1.4x the step time)", "--set num_layers=3"),
     "dropout-0.1": ("the preset with dropout 0.1 (0.3 was behind 0.2 at equal time)", "--set dropout=0.1"),
+    "vocab-4000": ("the preset with 4,000 SentencePiece pieces instead of 8,000 (a cheaper softmax, "
+                   "longer sequences; smaller vocabularies suit small corpora)", "--vocab-size 4000"),
 }
 DECODE_GRID = {"average": (5, 10), "beam_size": (4, 5), "alpha": (0.6, 1.0)}
 
