@@ -1,7 +1,7 @@
 """Translation speed on real sentences: cached vs uncached greedy, beam 4, XLA.
 
-    python benchmarks/decoding.py --model-dir /tmp/m30k
-    python benchmarks/decoding.py --model-dir /tmp/m30k --sentences 16 --batch-sizes 1,16 --repeats 3
+    python -m benchmarks.decoding --model-dir /tmp/m30k
+    python -m benchmarks.decoding --model-dir /tmp/m30k --sentences 16 --batch-sizes 1,16 --repeats 3
 
 What it measures, on the first `--sentences` lines of newstest2014 (en) and
 of multi30k test2016 (en), read at run time from `../shared/data` (never
@@ -21,7 +21,7 @@ for every batch size in `--batch-sizes`:
   script checks that and prints how many sentences differ.
 * `cached beam 4`: `translate_graph` with beam 4 (alpha from the model's
   config), the cost of beam search over greedy.
-* `search only, tf.function` vs `search only, XLA`: `Translator.search` with
+* `search only, tf.function` vs `search only, XLA`: `Searcher.search` with
   beam 1 on pre-tokenized ids, in `tf.function` and in
   `tf.function(jit_compile=True)` (the string ops of the tokenizer cannot be
   compiled by XLA, hence "search only"). XLA compiles one program per input
@@ -34,36 +34,35 @@ for every batch size in `--batch-sizes`:
 Why: it tells whether the incremental decoder actually pays off on real
 sentence lengths, what beam search costs, and whether XLA helps decoding.
 
-Method: `--repeats` + 1 rounds, the first untimed (it traces and compiles
-every shape). In each round every variant translates all the sentences,
-interleaved call by call (each batch goes through every variant in turn, so
-background load hits all variants alike); a variant's pass time is the sum
-of its calls. Reported: the median and the minimum seconds per pass over the
-timed rounds, sentences/s and generated tokens/s from the median, and the
+Method: `--repeats` + 1 rounds (`harness.interleaved_rounds`), the first
+untimed (it traces and compiles every shape). In each round every variant
+translates all the sentences once, one pass each, the order rotating from
+round to round (so background load hits all variants alike). Reported:
+the median and the minimum seconds per pass over the timed rounds,
+sentences/s and generated tokens/s from the median, and the
 ratio to `cached greedy` as the median over rounds of the per-round time
 ratio (> 1 means slower than cached greedy). Generated tokens = tokens of
 the returned translation, EOS included (for beam 4: of the best hypothesis).
 The machine these figures come from is shared: compare ratios, not absolute
-numbers across runs.
+numbers across runs. The last line is `LAST_vs_cached_greedy: X`, the
+time ratio of the last variant of the last table.
+
+Why it stays beside `translate_speed.py` (which times the served signatures
+against CTranslate2): this one runs in process, on the `Translator` itself,
+and holds the uncached reference that shows the decoding cache pays off.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from benchmarks import harness
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_DATA_ROOT = REPO_ROOT.parent / "shared" / "data"
+DEFAULT_DATA_ROOT = harness.SHARED_DATA
 # (name, path relative to the data root) of the source sides.
 DATASETS = {
     "newstest2014": "newstest2014/newstest2014.en-de.en",
@@ -110,16 +109,6 @@ def parse_args(argv=None):
     return args
 
 
-def read_lines(path: pathlib.Path, count: int) -> list[str]:
-    lines = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            lines.append(line.rstrip("\n"))
-            if len(lines) == count:
-                break
-    return lines
-
-
 # ---------------------------------------------------------------------------
 # The uncached reference
 # ---------------------------------------------------------------------------
@@ -136,6 +125,8 @@ def uncached_greedy(model, source_ids, max_lengths, max_decode_length):
         int32 `[batch, max_decode_length]`: generated ids, EOS when produced,
         then PAD (the layout `beam_search` returns).
     """
+    import tensorflow as tf
+
     from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
 
     length = max_decode_length
@@ -177,6 +168,8 @@ class Variants:
     """The functions compared; each maps one batch (list of str) to (strings, ids or None)."""
 
     def __init__(self, model, config, tokenizer, beam_size):
+        import tensorflow as tf
+
         from keras_transformer.translator import Translator
 
         self.config = config
@@ -199,20 +192,20 @@ class Variants:
 
         def uncached(text):
             source_ids, lengths = tokenize(text)
-            ids = uncached_greedy(model, source_ids, lengths + extra, translator.max_decode_length)
+            ids = uncached_greedy(model, source_ids, lengths + extra, translator.searcher.max_decode_length)
             return translator.decode_ids(ids), ids
 
         self.uncached = tf.function(uncached, input_signature=text_spec)
 
         def search(source_ids, lengths, static_buffer=False):
-            ids, _ = translator.search(source_ids, lengths, 1, alpha, extra, 1, static_buffer=static_buffer)
+            ids, _ = translator.searcher.search(source_ids, lengths, 1, alpha, extra, 1, static_buffer=static_buffer)
             return ids[:, 0]  # [batch, L]
 
         # Untimed: the ids of the cached greedy path, for the equality check
         # and the token counts.
         self.greedy_ids = tf.function(lambda t: search(*tokenize(t)), input_signature=text_spec)
         self.beam_ids = tf.function(
-            lambda t: translator.search(*tokenize(t), beam_size, alpha, extra, 1)[0][:, 0],
+            lambda t: translator.searcher.search(*tokenize(t), beam_size, alpha, extra, 1)[0][:, 0],
             input_signature=text_spec)
         self.search = tf.function(search, input_signature=ids_spec)
         # No input_signature: XLA needs static shapes, one program per shape.
@@ -237,6 +230,8 @@ def pad_source(source_ids, lengths, multiple):
     """Pads `[batch, S]` source ids with PAD up to a multiple of `multiple` positions
     (padding is masked, so the translation is unchanged; XLA then compiles one
     program per padded width instead of one per source length)."""
+    import tensorflow as tf
+
     from keras_transformer.constants import PAD_ID
 
     width = int(source_ids.shape[1])
@@ -244,15 +239,20 @@ def pad_source(source_ids, lengths, multiple):
     return tf.pad(source_ids, [[0, 0], [0, target - width]], constant_values=PAD_ID), lengths
 
 
-def generated_tokens(ids) -> np.ndarray:
-    """Tokens per row of `[batch, L]` result ids (EOS included, PAD excluded)."""
+def generated_tokens(ids):
+    """Tokens per row of `[batch, L]` result ids (EOS included, PAD excluded): a numpy array."""
+    import numpy as np
+
     from keras_transformer.constants import PAD_ID
 
     return (np.asarray(ids) != PAD_ID).sum(axis=1)
 
 
 def run_table(variants: Variants, name: str, sentences: list[str], batch_size: int, args) -> list[str]:
-    """Warm-up, equality checks and interleaved timing for one set and batch size; returns report lines."""
+    """Warm-up, equality checks and interleaved timing for one set and batch size: the report
+    lines and each variant's per-round time ratio to cached greedy."""
+    import tensorflow as tf
+
     batches = [sentences[i:i + batch_size] for i in range(0, len(sentences), batch_size)]
     text_batches = [tf.constant(b, tf.string) for b in batches]
     notes = []
@@ -300,52 +300,46 @@ def run_table(variants: Variants, name: str, sentences: list[str], batch_size: i
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
             notes.append(f"XLA FAILED: {type(error).__name__}: {first[:300]}")
 
-    def call(fn, i):
-        result = fn(i)
-        # Force the result to host memory so the call really ended.
-        (result[0] if isinstance(result, tuple) else result).numpy()
+    def one_pass(fn):
+        def run():
+            for i in range(len(batches)):
+                result = fn(i)
+                # Force the result to host memory so the call really ended.
+                (result[0] if isinstance(result, tuple) else result).numpy()
+        return run
 
-    # Interleaved per call: batch i goes through every variant in turn, so a
-    # burst of background load hits all of them alike.
-    # Round 0 is the untimed warm-up: it traces (and compiles) every shape,
-    # interleaved like the timed rounds (a tf.function traced before others
-    # can be slow on its first calls after them; seen in benchmarks/training.py).
-    times = {key: [] for key in timed}
-    for round_index in range(args.repeats + 1):
-        elapsed = dict.fromkeys(timed, 0.0)
-        for i in range(len(batches)):
-            for key, (fn, _) in timed.items():
-                start = time.perf_counter()
-                call(fn, i)
-                elapsed[key] += time.perf_counter() - start
-        for key in timed:
-            if round_index:
-                times[key].append(elapsed[key])
+    # Round 0 is the untimed warm-up: it traces (and compiles) every shape, interleaved
+    # like the timed rounds (a tf.function traced before others can be slow on its
+    # first calls after them; seen when timing the training step).
+    passes = {key: one_pass(fn) for key, (fn, _) in timed.items()}
+    harness.interleaved_rounds(passes, 1)
+    times = harness.interleaved_rounds(passes, args.repeats)
 
     n = len(sentences)
     lines = [(f"### {name}: {n} sentences, batch {batch_size} ({len(batches)} call(s) per pass), "
               f"{source_tokens} source tokens, {greedy_tokens} greedy output tokens "
-              f"({loop_steps} decoder steps per pass, {limit_hits} sentence(s) stopped by the +50 limit)"),
-             "",
-             "| variant | median s/pass | min s/pass | sentences/s | tokens/s | time ratio vs cached greedy (median, min-max) |",
-             "|---|---:|---:|---:|---:|---:|"]
+              f"({loop_steps} decoder steps per pass, {limit_hits} sentence(s) stopped by the +50 limit)"), ""]
+    rows, ratios = [], {}
     for key, (_, tokens) in timed.items():
         median = statistics.median(times[key])
-        ratios = [t / b for t, b in zip(times[key], times[BASELINE])]
-        lines.append(f"| {key} | {median:.3f} | {min(times[key]):.3f} | {n / median:.1f} | {tokens / median:.0f} | "
-                     f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |")
-    lines.append("")
+        ratios[key] = harness.round_ratios(times[key], times[BASELINE])
+        rows.append([key, f"{median:.3f}", f"{min(times[key]):.3f}", f"{n / median:.1f}", f"{tokens / median:.0f}",
+                     harness.spread(ratios[key])])
+    lines += [harness.table(["variant", "median s/pass", "min s/pass", "sentences/s", "tokens/s",
+                             "time ratio vs cached greedy (median, min-max)"], rows), ""]
     lines.extend(f"- {note}" for note in notes)
     lines.extend(f"- {key}: s per timed pass {', '.join(f'{t:.3f}' for t in times[key])}" for key in timed)
     if not args.no_beam:
         lines.append(f"- beam {args.beam_size} output tokens per pass: {timed[f'cached beam {args.beam_size}'][1]}")
     lines.append("")
-    return lines
+    return lines, ratios
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
     import keras
+    import tensorflow as tf
 
     from keras_transformer.run_dir import load_trained
 
@@ -357,7 +351,7 @@ def main(argv=None) -> int:
             print(f"skipping {name}: {path} not found (the shared data is not in a fresh checkout)",
                   file=sys.stderr)
             continue
-        sets[name] = read_lines(path, args.sentences)
+        sets[name] = harness.read_lines(path, args.sentences)
     if not sets:
         print(f"no data set found under {data_root}; nothing to measure (skipped)", file=sys.stderr)
         return 0
@@ -370,10 +364,7 @@ def main(argv=None) -> int:
     except (RunError, TokenizerError) as error:
         print(f"decoding.py: error: {error}", file=sys.stderr)
         return 2
-    load = os.getloadavg()
-    print(f"# decoding benchmark: {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, "
-          f"{os.cpu_count()} CPU(s), load average {load[0]:.2f} at start; "
-          f"TF {tf.__version__}, Keras {keras.__version__}")
+    print(harness.header("decoding benchmark", harness.versions(tf, keras)))
     print(f"# model {args.model_dir}: {config.num_layers} layers, d_model {config.d_model}, "
           f"vocab {config.vocab_size}, search buffer: the request's longest source + "
           f"{config.decode_extra_length} (XLA: {config.max_length + config.decode_extra_length})")
@@ -382,11 +373,14 @@ def main(argv=None) -> int:
     started = time.time()
     for name, sentences in sets.items():
         for batch_size in args.batch_sizes:
-            lines = run_table(variants, name, sentences, min(batch_size, len(sentences)), args)
+            lines, ratios = run_table(variants, name, sentences, min(batch_size, len(sentences)), args)
             print("\n".join(lines), flush=True)
-    print(f"# total {time.time() - started:.0f} s; load average {os.getloadavg()[0]:.2f} at end")
+    last = list(ratios)[-1]
+    print(harness.finish(f"{last.replace(' ', '_').replace(',', '')}_vs_cached_greedy",
+                         f"{statistics.median(ratios[last]):.2f}", started))
     return 0
 
 
 if __name__ == "__main__":
+    harness.quiet_console()
     sys.exit(main())

@@ -1,6 +1,6 @@
 """Training-step throughput and MFU of a preset on any Keras backend (written for JAX on a GPU).
 
-    KERAS_BACKEND=jax python benchmarks/gpu_step.py --preset base --batch-tokens 25000
+    KERAS_BACKEND=jax python -m benchmarks.gpu_step --preset base --batch-tokens 25000
 
 Imports no TensorFlow: it builds the preset with `build_transformer`, compiles
 it with the paper's optimizer and label-smoothed loss, and times
@@ -21,12 +21,12 @@ the step's precision, `keras.ops.matmul`), and by `--datasheet-tflops`
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import sys
 import time
+
+from benchmarks import harness
 
 if __name__ == "__main__":  # (not when a test imports it: the variable would reach its other subprocesses)
     os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0")
@@ -83,15 +83,15 @@ def main(argv=None):
     import keras
     import numpy as np
 
-    from keras_transformer import LabelSmoothedCrossEntropy, TransformerConfig, build_transformer, make_optimizer
+    from keras_transformer import TransformerConfig
 
     devices = "?"
     if keras.backend.backend() == "jax":
         import jax
 
         devices = ", ".join(str(d.device_kind) for d in jax.devices())
-    print(f"# gpu_step: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, backend "
-          f"{keras.backend.backend()}, devices {devices}, Keras {keras.__version__}")
+    print(harness.header("gpu_step", f"backend {keras.backend.backend()}, devices {devices}",
+                         harness.versions(keras)))
     config = TransformerConfig.from_preset(args.preset, vocab_size=args.vocab_size)
     sentences = args.batch_tokens // args.length
     flops = step_flops(config, sentences, args.length)
@@ -103,15 +103,11 @@ def main(argv=None):
     target_in = rng.integers(4, config.vocab_size, size=(sentences, args.length)).astype("int32")
     target_out = np.concatenate([target_in[:, 1:], np.full((sentences, 1), 3, "int32")], axis=1)
     headline = None
-    print("| precision | target tokens/s, median (min-max) | step ms | TFLOP/s | matmul peak TFLOP/s (measured) "
-          "| MFU vs measured | MFU vs datasheet |")
-    print("|---|---|---|---|---|---|---|")
+    print(harness.table(["precision", "target tokens/s, median (min-max)", "step ms", "TFLOP/s",
+                         "matmul peak TFLOP/s (measured)", "MFU vs measured", "MFU vs datasheet"], []))
     for precision in [p.strip() for p in args.precisions.split(",") if p.strip()]:
         keras.mixed_precision.set_global_policy(precision)
-        keras.utils.set_random_seed(0)
-        model = build_transformer(config)
-        model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy(config.label_smoothing),
-                      jit_compile=True)
+        model = harness.compiled_model(config, seed=0, jit_compile=True)
         start = time.perf_counter()
         for _ in range(3):
             loss = model.train_on_batch([source, target_in], target_out)
@@ -127,14 +123,14 @@ def main(argv=None):
         achieved = flops / step_seconds
         peak = matmul_peak("bfloat16" if "bfloat16" in precision else "float32", args.peak_size)
         mfu, datasheet = achieved / peak, achieved / (args.datasheet_tflops * 1e12)
-        print(f"| {precision} | {statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | "
-              f"{step_seconds * 1000:.1f} | {achieved / 1e12:.2f} | {peak / 1e12:.2f} | {mfu:.0%} | {datasheet:.0%} |",
+        print(f"| {precision} | {harness.spread(rates, '{:,.0f}')} | {step_seconds * 1000:.1f} | "
+              f"{achieved / 1e12:.2f} | {peak / 1e12:.2f} | {mfu:.0%} | {datasheet:.0%} |",
               flush=True)
         print(f"#   {precision}: first 3 steps (compilation) {compile_seconds:.1f} s; last loss {float(np.ravel(loss)[0]):.3f}")
         headline = (precision, statistics.median(rates))
         del model
     keras.mixed_precision.set_global_policy("float32")
-    print(f"{headline[0]}_target_tokens_per_second: {headline[1]:.0f}")
+    print(harness.finish(f"{headline[0]}_target_tokens_per_second", f"{headline[1]:.0f}"))
     return 0
 
 

@@ -1,6 +1,6 @@
 """Does the input pipeline starve the training step? (issue #9, "make training fast")
 
-    python benchmarks/input_pipeline.py --preset multi30k --batch-tokens 4096
+    python -m benchmarks.input_pipeline --preset multi30k --batch-tokens 4096
 
 Measured in one run, on the training batches `train.py` makes
 (`make_batches` on Multi30k train from `../shared/data`, or the embedded
@@ -24,17 +24,14 @@ stall, not the pipeline.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
 import pathlib
-import platform
 import statistics
 import sys
-import tempfile
 import time
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-SHARED = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+from benchmarks import harness
+
+SHARED = harness.SHARED_DATA / "multi30k"
 
 
 def parse_args(argv=None):
@@ -54,23 +51,17 @@ def main(argv=None) -> int:
     import keras
     import tensorflow as tf
 
-    from keras_transformer import LabelSmoothedCrossEntropy, TransformerConfig, build_transformer, make_optimizer
-    from keras_transformer.data import Tokenizer, load_corpus, make_batches, train_tokenizer
+    from keras_transformer import TransformerConfig
 
     data = args.data if pathlib.Path(args.data).is_dir() else "embedded"
-    corpus = load_corpus(data, "en", "de")
-    with tempfile.TemporaryDirectory() as scratch:
-        tokenizer = Tokenizer.load(train_tokenizer(corpus.texts("train"), pathlib.Path(scratch) / "sp",
-                                                   args.vocab_size, seed=args.seed))
+    corpus, tokenizer = harness.tokenized_corpus(data, args.vocab_size, args.seed)
     config = TransformerConfig.from_preset(args.preset, vocab_size=tokenizer.vocab_size)
-    print(f"# input pipeline: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {os.cpu_count()} CPU(s), "
-          f"load average {os.getloadavg()[0]:.2f} at start; TF {tf.__version__}, Keras {keras.__version__}")
+    print(harness.header("input pipeline", harness.versions(tf, keras)))
     print(f"# preset {args.preset}: {config.num_layers} layers, d_model {config.d_model}, vocab {config.vocab_size}; "
           f"data {data}; batches of <= {args.batch_tokens} padded tokens per side; {args.steps} steps per fit")
 
     def batches():
-        return make_batches(corpus.splits["train"], tokenizer, batch_tokens=args.batch_tokens,
-                            max_length=config.max_length, shuffle=True, seed=args.seed, repeat=True)
+        return harness.training_batches(corpus, tokenizer, config, args.batch_tokens, args.seed)
 
     # The pipeline alone (after one warm-up pull, which fills the shuffle buffer).
     iterator = iter(batches())
@@ -84,9 +75,7 @@ def main(argv=None) -> int:
     pipeline_rate = tokens / alone
     print(f"pipeline alone: {args.steps * 3 / alone:.1f} batches/s, {pipeline_rate:,.0f} target tokens/s")
 
-    keras.utils.set_random_seed(args.seed)
-    model = build_transformer(config)
-    model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy(config.label_smoothing))
+    model = harness.compiled_model(config, args.seed)
     # Training keeps one iterator over the repeated dataset for all its rounds
     # (one `fit`, `steps_per_epoch` = a round), so the fits read on from one
     # persistent iterator too; target tokens are counted as batches are handed
@@ -107,16 +96,14 @@ def main(argv=None) -> int:
         return time.perf_counter() - started, counted["tokens"]
 
     fit()  # warm-up: trace the bucket shapes
-    rates = sorted(tokens / seconds for seconds, tokens in (fit() for _ in range(args.rounds)))
+    rates = [tokens / seconds for seconds, tokens in (fit() for _ in range(args.rounds))]
     step_rate = statistics.median(rates)
-    print(f"fit: ~{step_rate:,.0f} target tokens/s ({rates[0]:,.0f}-{rates[-1]:,.0f}), {args.rounds} fits of "
+    print(f"fit: ~{step_rate:,.0f} target tokens/s ({min(rates):,.0f}-{max(rates):,.0f}), {args.rounds} fits of "
           f"{args.steps} steps")
-    print(f"# load average {os.getloadavg()[0]:.2f} at end")
-    print(f"pipeline_vs_step: {pipeline_rate / step_rate:.1f}")
+    print(harness.finish("pipeline_vs_step", f"{pipeline_rate / step_rate:.1f}"))
     return 0
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
-    sys.path.insert(0, str(REPO_ROOT))
+    harness.quiet_console()
     sys.exit(main())

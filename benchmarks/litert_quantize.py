@@ -1,6 +1,6 @@
 """LiteRT size, speed and BLEU per `export.tflite --quantize` option.
 
-    python benchmarks/litert_quantize.py --saved-model runs/multi30k/export/1 \\
+    python -m benchmarks.litert_quantize --saved-model runs/multi30k/export/1 \\
         --source ../shared/data/multi30k/test2016.en --reference ../shared/data/multi30k/test2016.de
 
 For each option (`none`, `float16`, `dynamic_int8`): converts the export's
@@ -12,7 +12,9 @@ the output with sacreBLEU against `--reference` (cased, raw text). Prints the
 file size, the conversion time, the translation time and BLEU, and the ratios
 to `none`. The options run one after the other (one pass each, not
 interleaved): the speed ratios are indicative on a shared machine; the sizes
-and BLEU are exact. Last line: `dynamic_int8_bleu_change: X`.
+and BLEU are exact. Last line: `OPTION_bleu_change: X` for the last option
+against `none` (by default `dynamic_int8_bleu_change`), or `none_bleu: X`
+when `none` is the only option.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import sys
 import tempfile
 import time
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+from benchmarks import harness
+
+REPO_ROOT = harness.REPO_ROOT
 OPTIONS = ("none", "float16", "dynamic_int8")
 
 TRANSLATE = """
@@ -55,8 +59,7 @@ def main(argv=None) -> int:
     options = [o.strip() for o in args.options.split(",") if o.strip()]
     references = pathlib.Path(args.reference).read_text(encoding="utf-8").splitlines()
     env = dict(os.environ, KERAS_TRANSFORMER_QUIET="1", TF_CPP_MIN_LOG_LEVEL="3")
-    print(f"# LiteRT quantization: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU(s), load average "
-          f"{os.getloadavg()[0]:.2f} at start; {args.saved_model} on {args.source}")
+    print(harness.header("LiteRT quantization", f"{args.saved_model} on {args.source}"))
     results = {}
     with tempfile.TemporaryDirectory() as work:
         for option in options:
@@ -81,8 +84,11 @@ def main(argv=None) -> int:
             print(f"# {option} vs none: size {r['size'] / base['size']:.2f}x, time {r['seconds'] / base['seconds']:.2f}x, "
                   f"BLEU {r['bleu'] - base['bleu']:+.2f}")
     print(f"# BLEU signature: {metric.get_signature()}")
-    if base and "dynamic_int8" in results:
-        print(f"dynamic_int8_bleu_change: {results['dynamic_int8']['bleu'] - base['bleu']:+.2f}")
+    last, result = list(results.items())[-1]
+    if base and last != "none":
+        print(harness.finish(f"{last}_bleu_change", f"{result['bleu'] - base['bleu']:+.2f}"))
+    else:
+        print(harness.finish(f"{last}_bleu", f"{result['bleu']:.2f}"))
     return 0
 
 

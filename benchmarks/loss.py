@@ -1,7 +1,7 @@
 """The label-smoothed loss's forward and backward: the package's against the gather it replaced.
 
-    python benchmarks/loss.py                                  # vocabularies 8000 and 37000
-    python benchmarks/loss.py --vocab-sizes 8000 --tokens 85x24
+    python -m benchmarks.loss                                  # vocabularies 8000 and 37000
+    python -m benchmarks.loss --vocab-sizes 8000 --tokens 85x24
 
 `keras_transformer.LabelSmoothedCrossEntropy` computes, per token,
 `logsumexp(x) - sum_v q_v x_v` (one weighted sum against the smoothed
@@ -23,12 +23,11 @@ time / package time, median of the rounds' ratios).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
-os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+from benchmarks import harness
 
 
 def parse_args(argv=None):
@@ -78,17 +77,13 @@ def main(argv=None):
     import numpy as np
     import tensorflow as tf
 
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    harness.set_threads(args.threads)
     from keras_transformer import LabelSmoothedCrossEntropy
 
-    print(f"# loss benchmark: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU(s), load average "
-          f"{os.getloadavg()[0]:.2f} at start; TF {tf.__version__}; {args.threads} threads; logits "
-          f"{args.shape[0]}x{args.shape[1]}xV, label smoothing 0.1; {args.rounds} interleaved rounds of "
-          f"{args.repeats} calls (loss and gradient)")
-    print("| V | gather (before) ms | package ms | speedup, median (min-max) | max abs gradient difference |")
-    print("|---|---|---|---|---|")
+    print(harness.header("loss benchmark", harness.versions(tf), f"{args.threads} threads",
+                         f"logits {args.shape[0]}x{args.shape[1]}xV, label smoothing 0.1",
+                         f"{args.rounds} interleaved rounds of {args.repeats} calls (loss and gradient)"))
+    rows = []
     speedup = None
     for vocab in args.vocab_sizes:
         rng = np.random.default_rng(0)
@@ -111,22 +106,26 @@ def main(argv=None):
         np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
         difference = float(tf.reduce_max(tf.abs(got_grad - want_grad)))
         np.testing.assert_allclose(got_grad.numpy(), want_grad.numpy(), atol=1e-7)
-        seconds = {name: [] for name in functions}
-        for round_index in range(args.rounds):
-            for name in (list(functions) if round_index % 2 == 0 else list(functions)[::-1]):
+        def repeated(function):
+            def call():
                 start = time.perf_counter()
                 for _ in range(args.repeats):
-                    functions[name](logits)[1].numpy()
-                seconds[name].append((time.perf_counter() - start) / args.repeats)
-        ratios = [g / p for g, p in zip(seconds["gather"], seconds["package"])]
+                    function(logits)[1].numpy()
+                return (time.perf_counter() - start) / args.repeats
+            return call
+
+        seconds = harness.interleaved_rounds({name: repeated(f) for name, f in functions.items()}, args.rounds)
+        ratios = harness.round_ratios(seconds["gather"], seconds["package"])
         speedup = statistics.median(ratios)
-        print(f"| {vocab} | {statistics.median(seconds['gather']) * 1e3:.1f} | "
-              f"{statistics.median(seconds['package']) * 1e3:.1f} | {speedup:.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
-              f"| {difference:.1e} |")
-    print(f"# load average {os.getloadavg()[0]:.2f} at the end")
-    print(f"speedup_at_{args.vocab_sizes[-1]}: {speedup:.2f}")
+        rows.append([vocab, f"{statistics.median(seconds['gather']) * 1e3:.1f}",
+                     f"{statistics.median(seconds['package']) * 1e3:.1f}", harness.spread(ratios),
+                     f"{difference:.1e}"])
+    print(harness.table(["V", "gather (before) ms", "package ms", "speedup, median (min-max)",
+                         "max abs gradient difference"], rows))
+    print(harness.finish(f"speedup_at_{args.vocab_sizes[-1]}", f"{speedup:.2f}"))
     return 0
 
 
 if __name__ == "__main__":
+    harness.quiet_console()
     sys.exit(main())

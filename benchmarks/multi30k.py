@@ -1,6 +1,6 @@
 """Multi30k En->De quality for a wall-clock budget: the `multi30k` recipe end to end.
 
-    python benchmarks/multi30k.py --minutes 56 --model-dir runs/multi30k-60min
+    python -m benchmarks.multi30k --minutes 56 --model-dir runs/multi30k-60min
 
 What it does, as a user would:
 
@@ -33,19 +33,16 @@ The last line is `test2016_bleu: X` (cased). The data is read from
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import pathlib
-import platform
 import subprocess
 import sys
 import time
 
-os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+from benchmarks import harness
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+REPO_ROOT = harness.REPO_ROOT
+DEFAULT_DATA = harness.SHARED_DATA / "multi30k"
 
 
 def parse_args(argv=None):
@@ -189,9 +186,7 @@ def main(argv=None):
     args = parse_args(argv)
     import sacrebleu
 
-    print(f"# multi30k: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {os.cpu_count()} CPU(s), "
-          f"load average {os.getloadavg()[0]:.2f} at start; budget {args.minutes:g} min, preset {args.config}",
-          flush=True)
+    print(harness.header("multi30k", f"budget {args.minutes:g} min, preset {args.config}"), flush=True)
     results = train(args)
     data = pathlib.Path(args.data)
     sources = (data / f"{args.test}.en").read_text(encoding="utf-8").splitlines()
@@ -218,9 +213,10 @@ def main(argv=None):
         print("# translate_options (beam 4, alpha 0.6, +50, no XLA) with CTranslate2's patience stop; cased BLEU:")
         splits = ["valid", args.test] if args.test != "valid" else ["valid"]
         print("\n".join(patience_table(results["export"], data, splits, args.patience)))
-    print(f"{args.test}_bleu: {score.score:.2f}")
+    print(harness.finish(f"{args.test}_bleu", f"{score.score:.2f}"))
     return 0
 
 
 if __name__ == "__main__":
+    harness.quiet_console()
     sys.exit(main())

@@ -1,8 +1,8 @@
 """Multi30k recipe search at equal wall clock (issue #17): one command, resumable.
 
-    python benchmarks/multi30k_sweep.py --minutes 20 --runs-dir runs/sweep20
-    python benchmarks/multi30k_sweep.py --minutes 60 --runs-dir runs/sweep60 --only wu-4x4
-    python benchmarks/multi30k_sweep.py --minutes 60 --runs-dir runs/sweep60 --only wu-4x4 --decode
+    python -m benchmarks.multi30k_sweep --minutes 20 --runs-dir runs/sweep20
+    python -m benchmarks.multi30k_sweep --minutes 60 --runs-dir runs/sweep60 --only wu-4x4
+    python -m benchmarks.multi30k_sweep --minutes 60 --runs-dir runs/sweep60 --only wu-4x4 --decode
 
 Each candidate is `benchmarks/multi30k.py --minutes M` with its own `train.py`
 flags (`--set FIELD=VALUE` on top of the `multi30k` preset), in
@@ -27,19 +27,16 @@ minutes for every candidate. The last line is `best_valid: NAME`.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import pathlib
-import platform
 import re
 import subprocess
 import sys
 
-os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+from benchmarks import harness
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+REPO_ROOT = harness.REPO_ROOT
+DEFAULT_DATA = harness.SHARED_DATA / "multi30k"
 # Flags every candidate gets: run until the time budget (the cap is never reached
 # in an hour here) and keep 10 checkpoints for `--decode`'s averaging choice.
 COMMON_FLAGS = "--steps 40000 --keep-checkpoints 10"
@@ -81,7 +78,7 @@ def run_candidate(args, name) -> dict:
     """Trains (or finds finished) one candidate; returns its figures."""
     model_dir = pathlib.Path(args.runs_dir) / name
     flags = " ".join(f for f in (COMMON_FLAGS, CANDIDATES[name][1], args.train_args) if f)
-    command = [sys.executable, str(REPO_ROOT / "benchmarks" / "multi30k.py"), "--minutes", f"{args.minutes:g}",
+    command = [sys.executable, "-m", "benchmarks.multi30k", "--minutes", f"{args.minutes:g}",
                "--model-dir", str(model_dir), "--data", args.data, "--test", args.test, "--train-args", flags]
     print(f"# {name}: {' '.join(command)}", flush=True)
     output = subprocess.run(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
@@ -190,16 +187,12 @@ def plot(runs_dir, names, path):
 
 def main(argv=None):
     args = parse_args(argv)
-    print(f"# multi30k_sweep: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {os.cpu_count()} "
-          f"CPU(s), load average {os.getloadavg()[0]:.2f} at start; {args.minutes:g} min per candidate",
-          flush=True)
+    print(harness.header("multi30k_sweep", f"{args.minutes:g} min per candidate"), flush=True)
     rows = [run_candidate(args, name) for name in args.names]
-    print("| candidate | flags (on top of --config multi30k) | steps | minutes | valid | valid lc | "
-          "test2016 | test2016 lc |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['name']} | `{r['flags'] or '-'}` | {r['steps']} | {r['minutes']} | {r['valid']:.2f} | "
-              f"{r['valid_lc']:.2f} | {r['test']:.2f} | {r['test_lc']:.2f} |")
+    print(harness.table(["candidate", "flags (on top of --config multi30k)", "steps", "minutes", "valid",
+                         "valid lc", "test2016", "test2016 lc"],
+                        [[r["name"], f"`{r['flags'] or '-'}`", r["steps"], r["minutes"], f"{r['valid']:.2f}",
+                          f"{r['valid_lc']:.2f}", f"{r['test']:.2f}", f"{r['test_lc']:.2f}"] for r in rows]))
     if args.decode:
         for r in rows:
             choice = decode_choice(args.data, pathlib.Path(args.runs_dir) / r["name"], args.test)
@@ -210,9 +203,10 @@ def main(argv=None):
         plot(args.runs_dir, args.names, args.plot)
         print(f"# plot: {args.plot}")
     best = max(rows, key=lambda r: r["valid"])
-    print(f"best_valid: {best['name']}")
+    print(harness.finish("best_valid", best["name"]))
     return 0
 
 
 if __name__ == "__main__":
+    harness.quiet_console()
     sys.exit(main())

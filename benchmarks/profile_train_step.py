@@ -1,7 +1,7 @@
 """Profile of the training step (what `train.py` runs under `model.fit`), TensorFlow, no XLA.
 
-    python benchmarks/profile_train_step.py                       # base, 2 batches of <= 2048 tokens
-    python benchmarks/profile_train_step.py --preset tiny --data embedded --vocab-size 200
+    python -m benchmarks.profile_train_step                       # base, 2 batches of <= 2048 tokens
+    python -m benchmarks.profile_train_step --preset tiny --data embedded --vocab-size 200
 
 The model, batches and compile settings are `benchmarks/train_speed.py`'s
 (`build_transformer`, the paper's Adam and schedule, label-smoothed loss,
@@ -32,15 +32,15 @@ import contextlib
 import glob
 import json
 import os
-import pathlib
 import re
 import shutil
 import statistics
 import sys
 import time
 
-os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # train_speed, gpu_step beside it
+from benchmarks import harness
+from benchmarks.gpu_step import matmul_peak
+from benchmarks.train_speed import VARIANTS, add_step_arguments, build_variant, training_batches
 
 
 @contextlib.contextmanager
@@ -74,8 +74,6 @@ def framework_op_stats(logdir):
     return [dict(zip(columns, (cell["v"] for cell in row["c"]))) for row in table["rows"]]
 
 def parse_args(argv=None):
-    from train_speed import add_step_arguments
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_step_arguments(parser, batches=2)
     parser.add_argument("--passes", type=int, default=3, help="timed passes without the profiler (default 3)")
@@ -122,19 +120,17 @@ def print_profile(table, passes, top):
         kind[0] += r["total_self_time"]
         kind[1] += r["occurrences"]
     print(f"ops' self time: {total / passes / 1e6:.3f} s per pass ({len(rows)} distinct ops)\n")
-    print("| part | phase | s per pass | fraction |")
-    print("|---|---|---|---|")
-    for (phase, label), us in sorted(by_part.items(), key=lambda item: -item[1]):
-        print(f"| {label} | {phase} | {us / passes / 1e6:.3f} | {us / total:.3f} |")  # 3 places: 16 rows sum to 1 within 0.008
+    # fractions to 3 places: 16 rows sum to 1 within 0.008
+    print(harness.table(["part", "phase", "s per pass", "fraction"], [
+        [label, phase, f"{us / passes / 1e6:.3f}", f"{us / total:.3f}"]
+        for (phase, label), us in sorted(by_part.items(), key=lambda item: -item[1])]))
     others = sorted((r for r in rows if part_of(r["operation"])[1] == "other"), key=lambda r: -r["total_self_time"])
     if others:
         print("\nlargest ops in `other`: " + "; ".join(
             f"{r['operation']} ({r['type']}, {r['total_self_time'] / passes / 1e6:.3f} s)" for r in others[:5]))
-    print("\n| op type | ops per pass | s per pass | fraction |")
-    print("|---|---|---|---|")
-    for kind, (us, count) in sorted(by_type.items(), key=lambda item: -item[1][0])[:top]:
-        print(f"| {kind} | {count / passes:.0f} | {us / passes / 1e6:.3f} | {us / total:.2f} |")
-    print()
+    print("\n" + harness.table(["op type", "ops per pass", "s per pass", "fraction"], [
+        [kind, f"{count / passes:.0f}", f"{us / passes / 1e6:.3f}", f"{us / total:.2f}"]
+        for kind, (us, count) in sorted(by_type.items(), key=lambda item: -item[1][0])[:top]]) + "\n")
 
 
 def main(argv=None):
@@ -142,19 +138,15 @@ def main(argv=None):
     import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    from gpu_step import matmul_peak
-    from train_speed import VARIANTS, build_variant, training_batches
-
+    harness.set_threads(args.threads)
     if args.variant not in VARIANTS or not args.variant.startswith("ours"):
         print(f"profile_train_step.py: error: --variant must be one of "
               f"{', '.join(v for v in VARIANTS if v.startswith('ours'))}", file=sys.stderr)
         return 2
     corpus, config, batches, tokens, flops = training_batches(args)
     model = build_variant(args.variant, config, args.seed)
-    print(f"# profile of the train step: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU(s), load average "
-          f"{os.getloadavg()[0]:.2f} at start; TF {tf.__version__}; {args.threads} threads; variant {args.variant}")
+    print(harness.header("profile of the train step", harness.versions(tf), f"{args.threads} threads",
+                         f"variant {args.variant}"))
     print(f"# preset {args.preset}: {config.num_layers} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
           f"vocab {config.vocab_size}; data {corpus.name}; {len(batches)} batches of <= {args.batch_tokens} padded "
           f"tokens per side (shapes {', '.join(f'{s.shape[0]}x{s.shape[1]}->{ti.shape[1]}' for (s, ti), _ in batches)}"
@@ -187,10 +179,10 @@ def main(argv=None):
         print("no framework_op_stats table could be read from the trace\n")
     else:
         print_profile(table, 1, args.top)
-    print(f"# load average {os.getloadavg()[0]:.2f} at the end")
-    print(f"seconds_per_pass: {median:.3f}")
+    print(harness.finish("seconds_per_pass", f"{median:.3f}"))
     return 0
 
 
 if __name__ == "__main__":
+    harness.quiet_console()
     sys.exit(main())

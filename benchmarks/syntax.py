@@ -1,6 +1,6 @@
 """Does syntax help? Plain vs syntax-aware input vs syntax-aware attention vs both.
 
-    python benchmarks/syntax.py --out runs/syntax-bench
+    python -m benchmarks.syntax --out runs/syntax-bench
 
 On the embedded corpus with its gold trees (the generator knows its grammar,
 `keras_transformer.data.embedded.embedded_annotations`), for each training
@@ -35,8 +35,9 @@ import subprocess
 import sys
 import time
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
+from benchmarks import harness
+
+REPO_ROOT = harness.REPO_ROOT
 
 VARIANTS = {
     "plain": [],
@@ -109,12 +110,9 @@ def main(argv=None) -> int:
                 results = run(data, out / "runs" / f"{size}-{variant}-seed{seed}", variant, seed, args.steps, extra)
                 table.setdefault(size, {}).setdefault(variant, []).append(results["test_bleu"])
                 print(f"size {size} {variant} seed {seed}: test BLEU {results['test_bleu']:.2f}", flush=True)
-    lines = ["| training pairs | " + " | ".join(args.variants) + " |",
-             "|---|" + "---|" * len(args.variants)]
-    for size, row in table.items():
-        cells = [f"{sum(v) / len(v):.2f} ({', '.join(f'{b:.2f}' for b in v)})" for v in row.values()]
-        lines.append(f"| {size:,} | " + " | ".join(cells) + " |")
-    print("\n".join(lines))
+    print(harness.table(["training pairs", *args.variants], [
+        [f"{size:,}", *[f"{sum(v) / len(v):.2f} ({', '.join(f'{b:.2f}' for b in v)})" for v in row.values()]]
+        for size, row in table.items()]))
     summary = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                "steps": args.steps, "seeds": args.seeds, "variants": {v: VARIANTS[v] for v in args.variants},
                "test_bleu": {str(size): row for size, row in table.items()}}

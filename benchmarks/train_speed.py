@@ -1,7 +1,7 @@
 """Training-step throughput: our model against the same architecture assembled from keras-hub.
 
     python -m pip install -e ".[bench]"          # keras-hub (not a runtime dependency)
-    python benchmarks/train_speed.py --preset base --batch-tokens 2048
+    python -m benchmarks.train_speed --preset base --batch-tokens 2048
 
 Two models of the same preset, compiled the same way (the paper's Adam and
 schedule, label-smoothed loss, `train.py`'s `jit_compile` default off), on
@@ -28,14 +28,20 @@ and batches:
   profile (`log p_y` by `take_along_axis`, `benchmarks/loss.py`);
 * `ours-xla`: compiled with `jit_compile=True` (`train.py --jit-compile`);
 * `ours-bf16`, `keras-hub-bf16`: built under the `mixed_bfloat16` policy
-  (`train.py --mixed-precision` on a CPU).
+  (`train.py --mixed-precision` on a CPU); `ours-xla-bf16`: both.
+
+`ours` is always measured; `keras-hub` needs the `bench` extra. Without it
+(`--variants ours,ours-xla,ours-bf16,ours-xla-bf16`) the script is what
+`benchmarks/training.py` was (whether XLA or bfloat16 pay for CPU
+training), with `ours` as the baseline.
 
 Each variant is warmed up (traced for every batch shape), then all run one
-untimed pass in turn, before timing; then `--rounds` rounds, each timing
-every variant over all batches, in an order that alternates between rounds.
-Reported: real (non-PAD) target tokens/s, median (min-max), and per round
-the ratio of keras-hub's float32 step time to the variant's (> 1: the
-variant is faster than keras-hub in float32).
+untimed pass in turn, before timing; then `--rounds` rounds
+(`harness.interleaved_rounds`: every variant over all batches once per
+round, the order rotating). Reported: real (non-PAD) target tokens/s,
+median (min-max), and per round the ratio of the baseline's step time
+(keras-hub float32, or `ours` without keras-hub) to the variant's (> 1:
+the variant is faster than the baseline).
 
 MFU: the step's matmul FLOPs (`gpu_step.matmul_flops`, on each batch's
 padded shape) per second (median pass) against a matmul peak (`--peak-size`
@@ -43,26 +49,24 @@ square matmul, the same threads) measured in every round after its passes,
 the peak being the best of the rounds' measurements (one short measurement
 can land on a busy moment of a shared machine: in one run they ranged over
 275-439 GFLOP/s); the float32 peak, and for the bf16 variants also the
-bfloat16 peak. The last line is
-`ours_vs_keras_hub: X` (both float32).
+bfloat16 peak. The last line is `ours_vs_keras_hub: X` (both float32), or
+without keras-hub `LAST_vs_ours: X` for the last variant of `--variants`.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import pathlib
-import platform
 import statistics
 import sys
-import tempfile
 import time
 
-os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+from benchmarks import harness
+from benchmarks.gpu_step import matmul_flops, matmul_peak
+from benchmarks.loss import gather_loss
 
-VARIANTS = ("ours", "keras-hub", "ours-fused", "ours-gather-loss", "ours-xla", "ours-bf16", "keras-hub-bf16")
-SHARED = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
+VARIANTS = ("ours", "keras-hub", "ours-fused", "ours-gather-loss", "ours-xla", "ours-bf16", "ours-xla-bf16",
+            "keras-hub-bf16")
+SHARED = harness.SHARED_DATA / "multi30k"
 
 
 def add_step_arguments(parser, batches):
@@ -86,9 +90,10 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in args.variants if v not in VARIANTS]
-    if unknown or not {"ours", "keras-hub"} <= set(args.variants):
-        parser.error(f"--variants: must include ours and keras-hub, from {', '.join(VARIANTS)}"
+    if unknown or "ours" not in args.variants:
+        parser.error(f"--variants: must include ours, from {', '.join(VARIANTS)}"
                      + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+    args.baseline = "keras-hub" if "keras-hub" in args.variants else "ours"
     return args
 
 
@@ -99,17 +104,10 @@ def training_batches(args):
 
     from keras_transformer import TransformerConfig
     from keras_transformer.constants import PAD_ID
-    from keras_transformer.data import Tokenizer, load_corpus, make_batches, train_tokenizer
-    from gpu_step import matmul_flops  # (beside this script: the same FLOP count)
 
-    data = args.data if pathlib.Path(args.data).is_dir() else "embedded"
-    corpus = load_corpus(data, "en", "de", seed=args.seed)
-    with tempfile.TemporaryDirectory() as work:
-        tokenizer = Tokenizer.load(train_tokenizer(corpus.texts("train"), pathlib.Path(work) / "sp",
-                                                   args.vocab_size, seed=args.seed))
+    corpus, tokenizer = harness.tokenized_corpus(args.data, args.vocab_size, args.seed)
     config = TransformerConfig.from_preset(args.preset, vocab_size=tokenizer.vocab_size)
-    ds = make_batches(corpus.splits["train"], tokenizer, batch_tokens=args.batch_tokens,
-                      max_length=config.max_length, shuffle=True, seed=args.seed, repeat=True)
+    ds = harness.training_batches(corpus, tokenizer, config, args.batch_tokens, args.seed)
     batches = [((s, ti), to) for (s, ti), to in ds.take(args.batches)]
     tokens = int(sum(np.count_nonzero(to.numpy() != PAD_ID) for _, to in batches))
     flops = sum(matmul_flops(config, s.shape[0], s.shape[1], ti.shape[1]) for (s, ti), _ in batches)
@@ -120,25 +118,24 @@ def build_variant(name, config, seed):
     """The compiled model of variant `name` (see the module docstring)."""
     import keras
 
-    from keras_transformer import LabelSmoothedCrossEntropy, build_transformer, make_optimizer
-    from keras_transformer.layers.attention import MultiHeadAttention
+    from keras_transformer import LabelSmoothedCrossEntropy, build_transformer
 
-    from loss import gather_loss  # (beside this script)
+    base = "keras-hub" if name.startswith("keras-hub") else "ours"
+    options = name[len(base):].split("-")[1:]  # e.g. ["xla", "bf16"], ["gather", "loss"]
 
-    base = name.split("-bf16")[0].split("-xla")[0].split("-fused")[0].split("-gather-loss")[0]
-    keras.mixed_precision.set_global_policy("mixed_bfloat16" if name.endswith("-bf16") else "float32")
-    try:
-        keras.utils.set_random_seed(seed)
+    def build(config):
         model = (build_transformer if base == "ours" else keras_hub_transformer)(config)
-        if name.endswith("-fused"):
-            for layer in model._flatten_layers():
-                if isinstance(layer, MultiHeadAttention):
-                    layer.fuse_projections = True
-        loss = (gather_loss if name.endswith("-gather-loss") else LabelSmoothedCrossEntropy)(config.label_smoothing)
-        model.compile(optimizer=make_optimizer(config), loss=loss, jit_compile=name.endswith("-xla"))
+        if "fused" in options:
+            for attention in model.attention_layers():
+                attention.fuse_projections = True
+        return model
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16" if "bf16" in options else "float32")
+    try:
+        loss = (gather_loss if "gather" in options else LabelSmoothedCrossEntropy)(config.label_smoothing)
+        return harness.compiled_model(config, seed, jit_compile="xla" in options, loss=loss, build=build)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    return model
 
 
 def keras_hub_transformer(config):
@@ -179,18 +176,17 @@ def main(argv=None):
     import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    harness.set_threads(args.threads)
     import keras
-    import keras_hub
 
-    from gpu_step import matmul_peak  # (beside this script)
+    modules = [tf, keras]
+    if args.baseline == "keras-hub":
+        import keras_hub
 
+        modules.append(keras_hub)
     corpus, config, batches, tokens, flops = training_batches(args)
     models = {name: build_variant(name, config, args.seed) for name in args.variants}
-    print(f"# train speed: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {os.cpu_count()} CPU(s), "
-          f"load average {os.getloadavg()[0]:.2f} at start; TF {tf.__version__}, Keras {keras.__version__}, "
-          f"keras-hub {keras_hub.__version__}; {args.threads} threads")
+    print(harness.header("train speed", harness.versions(*modules), f"{args.threads} threads"))
     print(f"# preset {args.preset}: {config.num_layers} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
           f"vocab {config.vocab_size}; data {corpus.name}; {len(batches)} batches of <= {args.batch_tokens} "
           f"padded tokens per side ({tokens} real target tokens, {flops / 1e12:.3f} TFLOP of matmuls per pass)")
@@ -208,38 +204,38 @@ def main(argv=None):
         print(f"# {name}: warm-up pass {time.perf_counter() - start:.1f} s")
     for name in models:  # one untimed interleaved pass: a model traced before the others were
         run_pass(models[name])  # built can run its next steps slower again (BENCHMARKS.md, training)
-    seconds = {name: [] for name in models}
     names = list(models)
     dtypes = ["float32"] + (["bfloat16"] if any(name.endswith("-bf16") for name in names) else [])
     peaks = {dtype: [] for dtype in dtypes}
-    for round_index in range(args.rounds):
-        for name in (names if round_index % 2 == 0 else names[::-1]):
-            seconds[name].append(run_pass(models[name]))
+
+    def measure_peaks():
         for dtype in dtypes:
             peaks[dtype].append(matmul_peak(dtype, args.peak_size, repeats=5))
 
-    def spread(values, form):
-        return f"{form(statistics.median(values))} ({form(min(values))}-{form(max(values))})"
-
-    print("| model | target tokens/s, median (min-max) | time ratio keras-hub / model per round, median (min-max) "
-          "| matmul TFLOP/s | MFU vs float32 peak | MFU vs bfloat16 peak |")
-    print("|---|---|---|---|---|---|")
+    seconds = harness.interleaved_rounds({name: (lambda m=model: run_pass(m)) for name, model in models.items()},
+                                         args.rounds, after_round=measure_peaks)
+    baseline = args.baseline
+    rows = []
     for name in names:
         rates = [tokens / s for s in seconds[name]]
-        ratios = [h / o for o, h in zip(seconds[name], seconds["keras-hub"])]
+        ratios = harness.round_ratios(seconds[baseline], seconds[name])
         achieved = flops / statistics.median(seconds[name])
         mfu = {dtype: f"{achieved / max(values):.0%}" for dtype, values in peaks.items()}
-        print(f"| {name} | {spread(rates, lambda v: f'{v:,.0f}')} | "
-              f"{spread(ratios, lambda v: f'{v:.2f}') if name != 'keras-hub' else ''} | "
-              f"{achieved / 1e12:.3f} | {mfu['float32']} | {mfu['bfloat16'] if name.endswith('-bf16') else ''} |")
+        rows.append([name, harness.spread(rates, "{:,.0f}"), harness.spread(ratios) if name != baseline else "",
+                     f"{achieved / 1e12:.3f}", mfu["float32"], mfu["bfloat16"] if name.endswith("-bf16") else ""])
+    print(harness.table(["model", "target tokens/s, median (min-max)",
+                         f"time ratio {baseline} / model per round, median (min-max)", "matmul TFLOP/s",
+                         "MFU vs float32 peak", "MFU vs bfloat16 peak"], rows))
     print("# matmul peak, best of the rounds (median, min-max): " + ", ".join(
-        f"{dtype} {max(values) / 1e9:.0f} ({spread([p / 1e9 for p in values], lambda v: f'{v:.0f}')}) GFLOP/s"
-        for dtype, values in peaks.items())
-          + f" ({args.peak_size}^3, {args.threads} threads); load average {os.getloadavg()[0]:.2f} at end")
-    ratios = [h / o for o, h in zip(seconds["ours"], seconds["keras-hub"])]
-    print(f"ours_vs_keras_hub: {statistics.median(ratios):.2f}")
+        f"{dtype} {max(values) / 1e9:.0f} ({harness.spread([p / 1e9 for p in values], '{:.0f}')}) GFLOP/s"
+        for dtype, values in peaks.items()) + f" ({args.peak_size}^3, {args.threads} threads)")
+    last = names[-1] if baseline == "ours" else "ours"
+    ratios = harness.round_ratios(seconds[baseline], seconds[last])
+    name = "ours_vs_keras_hub" if baseline == "keras-hub" else f"{last.replace('-', '_')}_vs_ours"
+    print(harness.finish(name, f"{statistics.median(ratios):.2f}"))
     return 0
 
 
 if __name__ == "__main__":
+    harness.quiet_console()
     sys.exit(main())

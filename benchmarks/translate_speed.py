@@ -1,7 +1,7 @@
 """Serving speed: the exported SavedModel against CTranslate2 on the same weights.
 
-    python benchmarks/translate_speed.py --model-dir runs/multi30k           # (a) a trained run, test2016
-    python benchmarks/translate_speed.py --shape base                         # (b) the base shape, random weights
+    python -m benchmarks.translate_speed --model-dir runs/multi30k           # (a) a trained run, test2016
+    python -m benchmarks.translate_speed --shape base                         # (b) the base shape, random weights
 
 What it measures, in one process, on the same weights and the same sentences:
 
@@ -83,19 +83,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import tempfile
 import time
 
-os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")
+from benchmarks import harness
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+SHARED_DATA = harness.SHARED_DATA
 DEFAULT_SENTENCES = SHARED_DATA / "multi30k" / "test2016.en"
 # Text the `--shape` tokenizer is trained on (both languages; read at run time).
 SHAPE_TOKENIZER_TEXT = [SHARED_DATA / "multi30k" / f"train.{lang}" for lang in ("en", "de")] + [
@@ -217,8 +214,7 @@ def _serve_worker(connection, kind, path, threads, options, eos_id):
 
         from export.tflite import load_interpreter, translate_lines
 
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        harness.set_threads(threads)
         interpreter = load_interpreter(path, num_threads=threads)
         first_call = [True]  # emptied by the first call
 
@@ -241,8 +237,7 @@ def _serve_worker(connection, kind, path, threads, options, eos_id):
         import tensorflow as tf
         import tensorflow_text  # noqa: F401  (the tokenizer ops, as a user loads the export)
 
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        harness.set_threads(threads)
         signature = tf.saved_model.load(path).signatures[kind.split(":", 1)[1]]
 
         def translate(texts):
@@ -386,13 +381,13 @@ class SearchProfile:
 
     def xla_batch(self, sentences):
         """The batch bucket `translate_xla` pads `sentences` sentences to."""
-        return int(self.translator.bucketed_shape(sentences, 1)[0])
+        return int(self.translator.searcher.bucketed_shape(sentences, 1)[0])
 
     def xla_rows(self, alive, padded):
         """The rows `translate_xla` runs a step on with `alive` sentences not done in a
         batch padded to `padded`: the smallest of its halving sizes that holds them."""
         from keras_transformer.decoding import halving_sizes
-        from keras_transformer.translator import XLA_BATCH_HALVINGS
+        from keras_transformer.searcher import XLA_BATCH_HALVINGS
 
         return min(size for size in halving_sizes(padded, XLA_BATCH_HALVINGS) if size >= alive) * self.beam_size
 
@@ -432,23 +427,18 @@ def run_batch_size(variants, sentences, batch_size, rounds, pause, profile=None)
     lengths = sorted(warm_up[BASELINE][2])
     lines.append(f"# generated tokens per sentence (CTranslate2 float32's ids, EOS included if produced): "
                  f"{lengths[0]}..{lengths[-1]}")
-    seconds = {name: [] for name in names}
-    for round_index in range(rounds):
-        order = names[round_index % len(names):] + names[:round_index % len(names)]
-        for name in order:
-            # Let the previous variant's threads go idle first (CTranslate2's
-            # OpenMP threads spin for a while after a call).
-            time.sleep(pause)
-            seconds[name].append(variants.run(name, batches)[0])
+    # Each variant reports the seconds its worker measured; the pause lets the previous
+    # variant's threads go idle first (CTranslate2's OpenMP threads spin for a while after a call).
+    seconds = harness.interleaved_rounds({name: (lambda n=name: variants.run(n, batches)[0]) for name in names},
+                                         rounds, pause=pause)
     rate = {name: [tokens[name] / s for s in seconds[name]] for name in names}
-    lines.append(f"| batch {batch_size} | target tokens/s, median (min-max) | ratio to {BASELINE}, median (min-max) |")
-    lines.append("|---|---|---|")
-    ratios = {}
+    ratios, rows = {}, []
     for name in names:
-        per_round = [r / b for r, b in zip(rate[name], rate[BASELINE])]
+        per_round = harness.round_ratios(rate[name], rate[BASELINE])
         ratios[name] = statistics.median(per_round)
-        lines.append(f"| {name} | {statistics.median(rate[name]):.0f} ({min(rate[name]):.0f}-{max(rate[name]):.0f}) "
-                     f"| {ratios[name]:.2f} ({min(per_round):.2f}-{max(per_round):.2f}) |")
+        rows.append([name, harness.spread(rate[name], "{:.0f}"), harness.spread(per_round)])
+    lines.append(harness.table([f"batch {batch_size}", "target tokens/s, median (min-max)",
+                                f"ratio to {BASELINE}, median (min-max)"], rows))
     if profile is not None:
         lines += search_lines(profile, batches, seconds, batch_size)
     return lines, ratios
@@ -465,13 +455,11 @@ def search_lines(profile, batches, seconds, batch_size):
     computed = {OURS: rows / steps,
                 XLA: xla_rows / steps,
                 LITERT: sum(len(b) * beam for b in batches) / len(batches)}
-    lines = [f"\n| batch {batch_size}: search | loop steps per batch | rows per step, mean (sentences x beam) "
-             f"| ms per step |", "|---|---|---|---|"]
-    for name in (OURS, XLA, LITERT):
-        if name in seconds:
-            per_step = statistics.median(seconds[name]) / steps * 1000
-            lines.append(f"| {name} (search) | {steps / len(batches):.1f} | {computed[name]:.1f} | {per_step:.2f} |")
-    return lines
+    rows = [[f"{name} (search)", f"{steps / len(batches):.1f}", f"{computed[name]:.1f}",
+             f"{statistics.median(seconds[name]) / steps * 1000:.2f}"]
+            for name in (OURS, XLA, LITERT) if name in seconds]
+    return ["\n" + harness.table([f"batch {batch_size}: search", "loop steps per batch",
+                                  "rows per step, mean (sentences x beam)", "ms per step"], rows)]
 
 
 def main(argv=None):
@@ -479,8 +467,7 @@ def main(argv=None):
     import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    harness.set_threads(args.threads)
     import ctranslate2
     import keras
 
@@ -494,10 +481,7 @@ def main(argv=None):
             model, config, tokenizer, sentences, described = shaped_model(args, work)
         variants = Variants(model, config, tokenizer, work, args)
         profile = SearchProfile(model, config, tokenizer, args.beam_size)
-        load = os.getloadavg()
-        print(f"# translate speed: {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, "
-              f"{os.cpu_count()} CPU(s), load average {load[0]:.2f} at start; TF {tf.__version__}, "
-              f"Keras {keras.__version__}, CTranslate2 {ctranslate2.__version__}")
+        print(harness.header("translate speed", harness.versions(tf, keras, ctranslate2)))
         print(f"# model: {described}")
         print(f"# {len(sentences)} sentences, beam {args.beam_size}, alpha {config.length_penalty_alpha}, "
               f"+{config.decode_extra_length}, {args.threads} threads per side, {args.rounds} timed rounds\n")
@@ -510,10 +494,11 @@ def main(argv=None):
                 headline = headline or (batch_size, ratios[OURS])
         finally:
             variants.close()
-    print(f"# total {time.time() - started:.0f} s; load average {os.getloadavg()[0]:.2f} at end")
-    print(f"serving_default_vs_ctranslate2_float32_batch{headline[0]}: {headline[1]:.2f}")
+    print(harness.finish(f"serving_default_vs_ctranslate2_float32_batch{headline[0]}", f"{headline[1]:.2f}",
+                         started))
     return 0
 
 
 if __name__ == "__main__":
+    harness.quiet_console()
     sys.exit(main())

@@ -12,7 +12,7 @@ asset file to lose), the averaged weights and the beam search:
   (`python -m export.tflite` converts it): no input hygiene, at most 64
   sentences per call;
 * `translate_xla`: as `serving_default`, with the search XLA-compiled
-  (`Translator.search_xla`: inputs padded to a few batch and length buckets,
+  (`Searcher.search_xla`: inputs padded to a few batch and length buckets,
   same translations). Only for processes where XLA JIT runs: Python (what
   `export.translate` uses) or a TF Serving started with
   `--xla_cpu_compilation_enabled` (experimental); a default TF Serving fails
@@ -67,7 +67,8 @@ if __name__ == "__main__":
 
 from keras_transformer.config import TransformerConfig  # noqa: E402  (first: quiet TensorFlow import)
 from keras_transformer.constants import NEG_INF  # noqa: E402
-from keras_transformer.translator import XLA_BATCH_BUCKETS, Translator  # noqa: E402
+from keras_transformer.searcher import XLA_BATCH_BUCKETS  # noqa: E402
+from keras_transformer.translator import Translator  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
@@ -202,7 +203,7 @@ def bucket_warmup_texts(tokenizer_model: bytes, config: TransformerConfig) -> li
     one's (its EOS included), so that it is compiled for exactly that bucket."""
     import sentencepiece as spm
 
-    from keras_transformer.translator import length_buckets
+    from keras_transformer.searcher import length_buckets
 
     processor = spm.SentencePieceProcessor(model_proto=tokenizer_model)
     texts, smaller = [], 0

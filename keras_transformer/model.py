@@ -199,6 +199,13 @@ class Transformer(keras.Model):
             x = self.encoder_norm(x)
         return x, source_mask
 
+    def attention_layers(self):
+        """Every `MultiHeadAttention` of the model, in graph order: each encoder layer's
+        self-attention, then each decoder layer's self- and cross-attention (e.g. to set
+        their `fuse_projections` before a step is traced)."""
+        return [layer.self_attention for layer in self.encoder_layers] + [
+            attention for layer in self.decoder_layers for attention in (layer.self_attention, layer.cross_attention)]
+
     def cross_attention_caches(self, encoder_output):
         """`(key, value)` of the encoder output per decoder layer, each
         `[batch, heads, S, head_size]`: computed once per source."""

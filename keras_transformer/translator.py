@@ -14,23 +14,13 @@ does; the search is the plain-graph one (the XLA variant is for plain text).
 Training (`keras_transformer.training`) computes its BLEU through the same `Translator` that the
 SavedModel exports, so evaluation and serving cannot drift apart.
 
-Two ways to run the search (same translations):
-
-* plain TensorFlow graph (`xla=False`): what TF Serving runs by default
-  (it disables XLA JIT unless started with `--xla_cpu_compilation_enabled`);
-  the buffers are sized to each request.
-* XLA-compiled (`xla=True`): only the search (encoder, decoder steps, beam
-  bookkeeping) is one `jit_compile=True` function; the string ops stay
-  outside, since they have no XLA kernels. XLA compiles one program per
-  input shape, so the source ids are padded to a few *buckets*: the batch to
-  a power of two (`XLA_BATCH_BUCKETS`, then multiples of the largest), the
-  source width to `length_buckets(max_length)`; the buffer holds
-  `width - 1 + decode_extra_length` positions. Padding is masked (source
-  columns) or finished at the first step (batch rows), so the translations
-  do not change; what they cost is computing the padded rows, at most twice
-  the batch. Everything that runs in our own process uses it: `translate`,
-  hence training's BLEU, and the export's `translate_xla` signature, which
-  `export.translate` and the speed benchmark call.
+The ids-to-ids search is `keras_transformer.searcher.Searcher`
+(`Translator.searcher`), in two ways (same translations): the plain
+TensorFlow graph (`xla=False`), what TF Serving runs by default, and the
+XLA-compiled search (`xla=True`), with the string ops outside it since they
+have no XLA kernels. Everything that runs in our own process uses XLA:
+`translate`, hence training's BLEU, and the export's `translate_xla`
+signature, which `export.translate` and the speed benchmark call.
 """
 
 from __future__ import annotations
@@ -41,9 +31,14 @@ import tensorflow_text as tf_text
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.data.annotated import annotated_features
-from keras_transformer.decoding import beam_search
-from keras_transformer.incremental import IncrementalDecoder
 from keras_transformer.model import source_feature_names
+from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher
+
+# `Translator.translate` (train.py's BLEU, in our own process) runs a few batches
+# per shape, not a server's many: the branches' compile time (13.6 s instead of
+# 5.6 s for a batch-32 bucket of the Multi30k model) would cost more than the
+# halving saves, so it searches without them (same translations).
+IN_PROCESS_BATCH_HALVINGS = 0
 
 # Characters kept from one input before tokenization. A SentencePiece piece
 # is at most 16 characters, so `16 * max_length` characters always yield at
@@ -52,85 +47,17 @@ from keras_transformer.model import source_feature_names
 # more than a long sentence.
 CHARS_PER_TOKEN_BOUND = 16
 
-# Batch sizes the XLA-compiled search is compiled for: a request is padded
-# to the next one; larger requests to the next multiple of the last one.
-XLA_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-# The XLA-compiled search runs in stages whose self-attention buffers hold this
-# many positions (then the whole buffer): a step reads and reorders a buffer of
-# its stage's size, not `source + 50` (`beam_search(cache_stages=...)`).
-XLA_CACHE_STAGES = (16, 32, 64)
-# ... and each step runs on the smallest of batch, batch / 2, batch / 4 (rounded
-# up) that holds the sentences not yet done (`beam_search(batch_halvings=...)`):
-# XLA's static shapes cannot drop finished sentences one by one as the plain
-# graph does, so a few fixed sizes, one compiled branch each.
-XLA_BATCH_HALVINGS = 2
-# `Translator.translate` (train.py's BLEU, in our own process) runs a few batches
-# per shape, not a server's many: the branches' compile time (13.6 s instead of
-# 5.6 s for a batch-32 bucket of the Multi30k model) would cost more than the
-# halving saves, so it searches without them (same translations).
-IN_PROCESS_BATCH_HALVINGS = 0
-# Smallest source-width bucket (tokens, EOS included); the others double up to max_length.
-XLA_MIN_LENGTH_BUCKET = 16
-
-
-def length_buckets(max_length: int) -> tuple[int, ...]:
-    """Source widths (tokens including EOS) the XLA-compiled search is compiled for.
-
-    Powers of two from `XLA_MIN_LENGTH_BUCKET` below `max_length`, then
-    `max_length` itself: `length_buckets(256) == (16, 32, 64, 128, 256)`,
-    `length_buckets(100) == (16, 32, 64, 100)`.
-    """
-    buckets, width = [], XLA_MIN_LENGTH_BUCKET
-    while width < max_length:
-        buckets.append(width)
-        width *= 2
-    return (*buckets, max_length)
-
-
-def _bucket(value, buckets, multiple_of_last=False):
-    """The smallest bucket >= `value` (int32 scalar); beyond the last one, the last one
-    (or, with `multiple_of_last`, the next multiple of it)."""
-    table = tf.constant(buckets, tf.int32)
-    index = tf.reduce_sum(tf.cast(table < value, tf.int32))
-    last = buckets[-1]
-    beyond = (value + last - 1) // last * last if multiple_of_last else tf.constant(last, tf.int32)
-    return tf.where(index < len(buckets), tf.gather(table, tf.minimum(index, len(buckets) - 1)), beyond)
-
-
-def bucketed_shape(batch, width, widths):
-    """The `(batch, width)` a request of that size is padded to for the compiled search
-    (int32 scalars): the batch to `XLA_BATCH_BUCKETS` (beyond the last, its next multiple),
-    the width to the smallest of `widths` (`length_buckets`) that holds it."""
-    return (_bucket(batch, XLA_BATCH_BUCKETS, multiple_of_last=True), _bucket(width, widths))
-
-
-def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
-    """`tf.while_loop` whose loop variables may change shape from one iteration
-    to the next (every dimension is relaxed): what `beam_search(...,
-    drop_finished=True)` and caches that grow by concatenation need in a
-    TensorFlow graph (not XLA, which needs static shapes)."""
-    def relax(tensor):
-        rank = tensor.shape.rank
-        return tensor.shape if not rank else tf.TensorShape([None] * rank)
-
-    # One loop variable (the search's state dict) as a 1-tuple, as keras.ops.while_loop does.
-    loop_vars = (loop_vars,)
-    invariants = tf.nest.map_structure(relax, loop_vars)
-    (state,) = tf.while_loop(cond, lambda s: (body(s),), loop_vars, shape_invariants=invariants,
-                             maximum_iterations=maximum_iterations)
-    return state
-
 
 class Translator:
-    """Tokenizer + model + beam search, callable in eager mode or in a graph.
+    """Tokenizer + the model's `Searcher` + detokenizer, callable in eager mode or in a graph.
 
     Args:
         model: a `keras.Model` from `build_transformer(config)`.
         config: its `TransformerConfig` (max_length, beam, alpha, +50 rule).
         tokenizer_model: the SentencePiece model bytes (`Tokenizer.model_bytes`).
-        logits_filter: None, or a function `logits [rows, vocab] -> logits`
-            applied to the decoder's output at every step before the search
-            scores it (e.g. `NEG_INF` on tokens that must never be produced).
+        logits_filter: the search's `Searcher(logits_filter=...)`: None, or a
+            function `logits [rows, vocab] -> logits` applied to the decoder's
+            output at every step before the search scores it.
 
     Example:
         >>> translator = Translator(model, config, tokenizer.model_bytes)
@@ -141,15 +68,10 @@ class Translator:
     def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes, logits_filter=None):
         self.model = model
         self.config = config
-        self.decoder = IncrementalDecoder(model, config)
-        self.logits_filter = logits_filter
+        self.searcher = Searcher(model, config, logits_filter)
         self.sentencepiece_model = tokenizer_model
         self.sentencepiece = tf_text.FastSentencepieceTokenizer(tokenizer_model)
-        # Largest buffer of the search: the longest source plus the paper's +50.
-        self.max_decode_length = config.max_length + config.decode_extra_length
-        self.length_buckets = length_buckets(config.max_length)
         self._functions = {}
-        self._compiled = {}
 
     # -- pieces ------------------------------------------------------------
     def clean_text(self, text):
@@ -207,117 +129,6 @@ class Translator:
         return (features["source_ids"], features["source_lengths"],
                 {name: features[name] for name in source_feature_names(self.config)}, features["errors"])
 
-    def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-               static_buffer=False, source_features=None, patience=None):
-        """Beam search over the decoder, `max_lengths = source_lengths + extra_length`.
-
-        Args:
-            static_buffer: False (graphs run by TensorFlow without XLA: the
-                SavedModel's `serving_default`, `translate_options`): the
-                search does only the work each sentence needs. The
-                self-attention caches grow by one position per step
-                (concatenation: a step costs in proportion to its position,
-                not to the buffer), finished sentences leave the loop
-                (`beam_search(drop_finished=True)`: the step runs on the
-                sentences still searched), and the sequence buffers hold
-                `max(max_lengths)` positions, the most this request can
-                generate. True: every buffer holds `max_decode_length`
-                positions and every sentence stays in the loop to the end
-                (static shapes, as LiteRT needs). Both give the same
-                translations.
-            source_features: the syntax-aware model's extra encoder inputs.
-            patience: None, or a float scalar: CTranslate2's patience stop
-                (`beam_search`); <= 0 is off.
-
-        Returns:
-            ids int32 `[batch, num_results, L]` (EOS, then PAD), with `L`
-            the buffer size above, and scores float32 `[batch, num_results]`.
-        """
-        extra_length = self._clip_extra_length(extra_length)
-        max_lengths = source_lengths + extra_length  # [batch]
-        batch = tf.shape(source_ids)[0]
-        static = self.decoder.static_cache(source_ids, source_features)
-        if static_buffer:
-            buffer_length = self.max_decode_length
-            cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
-        else:
-            buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
-                                             1, self.max_decode_length)  # int32 scalar
-            cache = self.decoder.initial_self_attention_cache(batch, 0)
-        return beam_search(self._step_fn(grow=not static_buffer), cache, batch, max_lengths,
-                           beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
-                           num_results=num_results, static_cache=static, patience=patience,
-                           drop_finished=not static_buffer,
-                           while_loop=None if static_buffer else relaxed_while_loop)
-
-    def _step_fn(self, grow):
-        """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`."""
-        def step_fn(ids, cache, step, static_cache):
-            logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow)
-            return (logits if self.logits_filter is None else self.logits_filter(logits)), cache
-
-        return step_fn
-
-    def _clip_extra_length(self, extra_length):
-        """int32 scalar in `[0, decode_extra_length]`, the most the buffers were made for."""
-        return tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
-
-    def compiled_search(self, beam_size, num_results, batch_halvings=XLA_BATCH_HALVINGS):
-        """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha, patience) -> (ids, scores)`.
-
-        One `tf.function(jit_compile=True)` per `(beam_size, num_results, batch_halvings)`;
-        XLA compiles one program per `(b, S)`. The buffer holds
-        `S - 1 + decode_extra_length` positions (a constant for XLA, which
-        sees the shape of `source_ids`): the longest source `S` can hold
-        (`S - 1` tokens, then EOS) plus the most extra length a request may ask.
-        """
-        key = (beam_size, num_results, batch_halvings)
-        if key not in self._compiled:
-            extra = self.config.decode_extra_length
-
-            def search(source_ids, max_lengths, alpha, patience):
-                batch = tf.shape(source_ids)[0]
-                buffer_length = tf.shape(source_ids)[1] - 1 + extra
-                static = self.decoder.static_cache(source_ids)
-                cache = self.decoder.initial_self_attention_cache(batch, 0)
-                return beam_search(self._step_fn(grow=False), cache, batch, max_lengths, beam_size=beam_size,
-                                   alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
-                                   static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,
-                                   resize_cache=self.decoder.resize_self_attention_cache,
-                                   batch_halvings=batch_halvings)
-
-            self._compiled[key] = tf.function(search, jit_compile=True, input_signature=[
-                tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
-                tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32)])
-        return self._compiled[key]
-
-    def bucketed_shape(self, batch, width):
-        """`bucketed_shape(batch, width, self.length_buckets)`."""
-        return bucketed_shape(batch, width, self.length_buckets)
-
-    def search_xla(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-                   patience=None, batch_halvings=XLA_BATCH_HALVINGS):
-        """`search` through the XLA-compiled function, on inputs padded to a bucket.
-
-        Padded source columns are PAD (masked by the encoder and cross-attention);
-        padded rows are an empty source (EOS) with a limit of one token, so
-        they finish at the first step. Same results as `search`; the ids have
-        `bucket_width - 1 + decode_extra_length` positions.
-        """
-        extra_length = self._clip_extra_length(extra_length)
-        batch, width = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
-        padded_batch, padded_width = self.bucketed_shape(batch, width)
-        source = tf.pad(source_ids, [[0, padded_batch - batch], [0, padded_width - width]],
-                        constant_values=PAD_ID)  # [padded_batch, padded_width]
-        padding_rows = tf.range(padded_batch) >= batch  # [padded_batch]
-        first_column = tf.range(padded_width) == 0  # [padded_width]
-        source = tf.where(tf.logical_and(padding_rows[:, None], first_column[None, :]), EOS_ID, source)
-        max_lengths = tf.concat([source_lengths + extra_length,
-                                 tf.ones([padded_batch - batch], tf.int32)], axis=0)  # [padded_batch]
-        patience = tf.constant(0.0) if patience is None else tf.cast(patience, tf.float32)
-        ids, scores = self.compiled_search(beam_size, num_results, batch_halvings)(
-            source, max_lengths, tf.cast(alpha, tf.float32), patience)
-        return ids[:batch], scores[:batch]
 
     def decode_ids(self, ids, static_batch=None):
         """ids int32 `[n, L]` (text tokens, then EOS and PAD) -> strings `[n]`.
@@ -338,7 +149,7 @@ class Translator:
             return self.sentencepiece.detokenize(ids)
         count = tf.shape(ids)[0]
         padded = tf.pad(ids, [[0, static_batch - count], [0, 0]], constant_values=PAD_ID)
-        padded = tf.reshape(padded, [static_batch, self.max_decode_length])  # [static_batch, L]
+        padded = tf.reshape(padded, [static_batch, self.searcher.max_decode_length])  # [static_batch, L]
         return self.sentencepiece.detokenize(padded)[:count]
 
     def translate_graph(self, text, beam_size, alpha, extra_length, num_results, litert_batch=None,
@@ -356,7 +167,7 @@ class Translator:
                 tokenizer, which maps it to unknown tokens, and long inputs
                 are tokenized whole before the cut) and the detokenizer runs
                 on a static batch (see `decode_ids`).
-            xla: run the search XLA-compiled (`search_xla`); the rest of the
+            xla: run the search XLA-compiled (`Searcher.search_xla`); the rest of the
                 graph stays plain TensorFlow.
             patience: None (exact search), or a float scalar: CTranslate2's
                 patience stop (`beam_search`; <= 0 is off).
@@ -382,11 +193,11 @@ class Translator:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
         if xla:
-            ids, scores = self.search_xla(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                          patience=patience, batch_halvings=batch_halvings)
+            ids, scores = self.searcher.search_xla(source_ids, lengths, beam_size, alpha, extra_length,
+                                                   num_results, patience=patience, batch_halvings=batch_halvings)
         else:
-            ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                      static_buffer=litert_batch is not None, patience=patience)
+            ids, scores = self.searcher.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
+                                               static_buffer=litert_batch is not None, patience=patience)
         return self._strings(ids, scores, lengths, num_results, litert_batch)
 
     def translate_conllu_graph(self, conllu, beam_size, alpha, extra_length, num_results, patience=None,
@@ -407,8 +218,8 @@ class Translator:
             well-formed sentence).
         """
         source_ids, lengths, features, errors = self.encode_conllu(conllu, strict=strict)
-        ids, scores = self.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                  source_features=features, patience=patience)
+        ids, scores = self.searcher.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
+                                           source_features=features, patience=patience)
         strings, scores = self._strings(ids, scores, lengths, num_results, None)
         return strings, scores, errors
 

@@ -26,7 +26,7 @@ def translate_speed_run(tmp_path_factory, request):
     data = write_corpus(tmp_path_factory.mktemp("translate_speed") / "data", pairs=120, valid=4)
     run = in_background(
         subprocess.run,
-        [sys.executable, "benchmarks/translate_speed.py", "--shape", "tiny", "--vocab-size", "60",
+        [sys.executable, "-m", "benchmarks.translate_speed", "--shape", "tiny", "--vocab-size", "60",
          "--tokenizer-text", f"{data}/train.en,{data}/train.de", "--sentences", str(data / "train.en"),
          "--count", "4", "--batch-sizes", "4", "--rounds", "1", "--quantizations", "float32", "--no-xla",
          "--threads", "1"],
@@ -35,15 +35,32 @@ def translate_speed_run(tmp_path_factory, request):
     concurrent.futures.wait([run])
 
 
+def test_harness_rounds_rotate_the_order_and_keep_each_calls_seconds():
+    """The one rounds policy: every call once per round, round r starting r places along;
+    a call's own reported seconds are kept; the summaries are median (min-max) and per-round
+    ratios; the table has its separator; the closing lines end with `name: value`."""
+    from benchmarks import harness
+
+    order, reported = [], {"a": iter([3.0, 1.0, 2.0]), "c": iter([6.0, 6.0, 3.0])}
+    calls = {name: (lambda n=name: order.append(n) or (next(reported[n]) if n in reported else None))
+             for name in ("a", "b", "c")}
+    rounds_done = []
+    seconds = harness.interleaved_rounds(calls, 3, after_round=lambda: rounds_done.append(len(order)))
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"] and rounds_done == [3, 6, 9]
+    assert seconds["a"] == [3.0, 1.0, 2.0] and seconds["c"] == [6.0, 6.0, 3.0]
+    assert len(seconds["b"]) == 3 and all(0 <= s < 0.1 for s in seconds["b"])  # timed: it returned None
+    assert harness.spread(seconds["a"]) == "2.00 (1.00-3.00)"
+    assert harness.round_ratios(seconds["c"], seconds["a"]) == [2.0, 6.0, 1.5]
+    assert harness.table(["x", "y"], [[1, "2"]]) == "| x | y |\n|---|---|\n| 1 | 2 |"
+    assert harness.finish("speedup", "1.23").splitlines()[-1] == "speedup: 1.23"
+    assert harness.header("t", "fact").startswith("# t: ") and harness.header("t", "fact").endswith("; fact")
+
+
 def test_gpu_step_counts_the_flops_of_the_model_it_times(capsys):
     """The benchmark's FLOP count equals 6 x the model's matmul parameters x tokens
     (the standard estimate) up to the attention-score terms it adds; and it runs
     (here on the TensorFlow backend, tiny)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_step
-    finally:
-        sys.path.pop(0)
+    from benchmarks import gpu_step
     from keras_transformer import TransformerConfig, build_transformer
 
     config = TransformerConfig.from_preset("small", vocab_size=8000)
@@ -64,7 +81,7 @@ def test_gpu_step_counts_the_flops_of_the_model_it_times(capsys):
 @pytest.mark.slow
 def test_train_speed_compares_the_same_architecture_from_keras_hub():
     result = subprocess.run(
-        [sys.executable, "benchmarks/train_speed.py", "--preset", "tiny", "--data", "embedded",
+        [sys.executable, "-m", "benchmarks.train_speed", "--preset", "tiny", "--data", "embedded",
          "--vocab-size", "200", "--batch-tokens", "256", "--batches", "1", "--rounds", "1",
          "--peak-size", "256"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -81,11 +98,7 @@ def test_train_speed_compares_the_same_architecture_from_keras_hub():
 def test_input_pipeline_benchmark_reports_its_ratio_from_its_own_figures(capsys):
     """benchmarks/input_pipeline.py in process (it sets no environment on import), on the embedded
     corpus: the last line is the printed pipeline rate over the printed fit rate."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import input_pipeline
-    finally:
-        sys.path.pop(0)
+    from benchmarks import input_pipeline
     assert input_pipeline.main(["--data", "/nonexistent", "--preset", "tiny", "--vocab-size", "200",
                                 "--batch-tokens", "256", "--steps", "3", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
@@ -134,7 +147,7 @@ def test_profile_train_step_splits_the_step_by_part_of_the_model():
     and backward (their name scopes are recognised, not lumped into `other`); the
     printed step figures agree with each other."""
     result = subprocess.run(
-        [sys.executable, "benchmarks/profile_train_step.py", "--preset", "tiny", "--data", "embedded",
+        [sys.executable, "-m", "benchmarks.profile_train_step", "--preset", "tiny", "--data", "embedded",
          "--vocab-size", "200", "--batch-tokens", "256", "--batches", "1", "--passes", "2", "--peak-size", "256"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -167,11 +180,7 @@ def test_loss_benchmark_reference_is_the_package_loss_and_runs(capsys):
     import numpy as np
     import tensorflow as tf
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import loss as loss_benchmark
-    finally:
-        sys.path.pop(0)
+    from benchmarks import loss as loss_benchmark
     from keras_transformer import LabelSmoothedCrossEntropy
 
     rng = np.random.default_rng(5)
@@ -207,7 +216,7 @@ def test_multi30k_benchmark_never_trains_a_finished_run_again(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "results.json").write_text('{"steps": 250}', encoding="utf-8")
-    result = subprocess.run([sys.executable, "benchmarks/multi30k.py", "--model-dir", str(run), "--data", str(data)],
+    result = subprocess.run([sys.executable, "-m", "benchmarks.multi30k", "--model-dir", str(run), "--data", str(data)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (

@@ -483,7 +483,7 @@ def test_drop_finished_equals_the_full_batch_loop(beam_size, num_results):
     same sequences and scores as the loop that keeps every sentence, eagerly
     and in a graph (a while_loop whose shapes change), with the sentence id
     in a static cache that must follow the kept sentences."""
-    from keras_transformer.translator import relaxed_while_loop
+    from keras_transformer.searcher import relaxed_while_loop
 
     model = ToyModel(seed=41, vocab=9, batch=12, eos_bias=0.5)
     max_lengths = np.array([1, 3, 12, 7, 5, 9, 2, 12, 4, 6, 8, 10], "int32")

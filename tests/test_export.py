@@ -78,7 +78,7 @@ def export_processes(exported, tmp_path_factory, request):
         "test_translate_command_reads_stdin":
             lambda: run_module("export.translate", "--saved-model", path, stdin="\n".join(GOLDEN) + "\n"),
         "test_multi30k_benchmark_scores_a_finished_runs_export": lambda: (multi30k_run, subprocess.run(
-            [sys.executable, "benchmarks/multi30k.py", "--model-dir", str(multi30k_run),
+            [sys.executable, "-m", "benchmarks.multi30k", "--model-dir", str(multi30k_run),
              "--data", str(exported["data"]), "--test", "valid", "--patience", "0.25"], cwd=ROOT,
             capture_output=True, text=True,
             timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))),
@@ -94,9 +94,13 @@ def export_processes(exported, tmp_path_factory, request):
     references = (exported["data"] / "valid.de").read_text(encoding="utf-8").splitlines()
     (candidate / "valid.hyp.txt").write_text("\n".join(references[:-1] + ["x"]) + "\n", encoding="utf-8")
     starts["test_multi30k_sweep_tables_a_finished_candidate"] = lambda: (sweep_runs, subprocess.run(
-        [sys.executable, "benchmarks/multi30k_sweep.py", "--runs-dir", str(sweep_runs), "--only", "multi30k",
+        [sys.executable, "-m", "benchmarks.multi30k_sweep", "--runs-dir", str(sweep_runs), "--only", "multi30k",
          "--data", str(exported["data"]), "--test", "valid", "--plot", str(sweep_runs / "plot.png")], cwd=ROOT,
         capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")))
+    starts["test_litert_quantize_benchmark_scores_the_conversion"] = lambda: subprocess.run(
+        [sys.executable, "-m", "benchmarks.litert_quantize", "--saved-model", path, "--options", "none",
+         "--source", str(exported["data"] / "valid.en"), "--reference", str(exported["data"] / "valid.de")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     selected = {item.originalname for item in request.session.items if item.module is request.module}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
     yield {name: pool.submit(start) for name, start in starts.items() if name in selected}
@@ -380,7 +384,7 @@ def test_xla_signature_translates_like_serving_default(loaded):
 
 
 def test_xla_buckets():
-    from keras_transformer.translator import bucketed_shape, length_buckets
+    from keras_transformer.searcher import bucketed_shape, length_buckets
 
     assert length_buckets(256) == (16, 32, 64, 128, 256)
     assert length_buckets(100) == (16, 32, 64, 100)
@@ -396,11 +400,11 @@ def test_xla_warmup_requests_cover_every_bucket(exported, loaded, tmp_path):
     from tensorflow_serving.apis import prediction_log_pb2
 
     from export.saved_model import bucket_warmup_texts, write_warmup_requests
-    from keras_transformer.translator import XLA_BATCH_BUCKETS
+    from keras_transformer.searcher import XLA_BATCH_BUCKETS
 
     translator, config = exported["translator"], exported["config"]
     texts = bucket_warmup_texts(exported["tokenizer"].model_bytes, config)
-    assert [bucket for bucket, _ in texts] == list(translator.length_buckets) == [16, 24]
+    assert [bucket for bucket, _ in texts] == list(translator.searcher.length_buckets) == [16, 24]
     path = write_warmup_requests(tmp_path, xla_texts=[text for _, text in texts])
     requests = [prediction_log_pb2.PredictionLog.FromString(r).predict_log.request
                 for r in tf.data.TFRecordDataset(str(path)).as_numpy_iterator()]
@@ -410,7 +414,7 @@ def test_xla_warmup_requests_cover_every_bucket(exported, loaded, tmp_path):
     for request in requests[1:]:
         text = tf.make_ndarray(request.inputs["text"])
         source_ids, _ = translator.encode_text(tf.constant(text))
-        shapes.add(tuple(int(v) for v in translator.bucketed_shape(*tf.shape(source_ids))))
+        shapes.add(tuple(int(v) for v in translator.searcher.bucketed_shape(*tf.shape(source_ids))))
         assert len(text) in XLA_BATCH_BUCKETS
     assert shapes == {(b, w) for b in XLA_BATCH_BUCKETS for w in (16, 24)}
     out = loaded.signatures["translate_xla"](text=tf.constant(tf.make_ndarray(requests[-1].inputs["text"])))
@@ -472,6 +476,51 @@ def test_multi30k_sweep_tables_a_finished_candidate(exported, export_processes):
     assert "holds a finished run" in (runs / "multi30k" / "multi30k.log").read_text()
     assert (runs / "plot.png").stat().st_size > 0
     assert result.stdout.strip().splitlines()[-1] == "best_valid: multi30k"
+
+
+@pytest.mark.slow
+def test_litert_quantize_benchmark_scores_the_conversion(exported, export_processes):
+    """benchmarks/litert_quantize.py --options none: the LiteRT conversion's BLEU on the
+    toy valid set is the in-process model's (LiteRT translates as the SavedModel does);
+    the last line is that BLEU."""
+    import sacrebleu
+
+    result = export_processes["test_litert_quantize_benchmark_scores_the_conversion"].result()
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    data = exported["data"]
+    sources = (data / "valid.en").read_text(encoding="utf-8").splitlines()
+    references = (data / "valid.de").read_text(encoding="utf-8").splitlines()
+    bleu = sacrebleu.corpus_bleu(in_process(exported["translator"], sources)[0], [references]).score
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| none |")]
+    assert len(rows) == 1 and rows[0].endswith(f"| BLEU {bleu:.2f} |"), result.stdout
+    assert result.stdout.strip().splitlines()[-1] == f"none_bleu: {bleu:.2f}"
+
+
+def test_decoding_benchmark_checks_the_uncached_reference(exported, tmp_path, capsys):
+    """benchmarks/decoding.py on a run directory of the toy model: the uncached reference
+    (the whole model re-run on every prefix) decodes exactly what the cached greedy search
+    does; cached greedy is the baseline of the ratios; the last line is the median of the
+    last variant's per-round ratios, as its table row prints it."""
+    from benchmarks import decoding
+    from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tokenizer.model").write_bytes(exported["tokenizer"].model_bytes)
+    check_run_file(run, exported["config"], exported["tokenizer"], {"data": "toy", "source_lang": "en",
+                                                                     "target_lang": "de"})
+    exported["model"].save_weights(run / FINAL_WEIGHTS)
+    (tmp_path / "data" / "multi30k").mkdir(parents=True)
+    shutil.copy(exported["data"] / "valid.en", tmp_path / "data" / "multi30k" / "test2016.en")
+    assert decoding.main(["--model-dir", str(run), "--data-root", str(tmp_path / "data"), "--datasets", "multi30k",
+                          "--sentences", "6", "--batch-sizes", "3", "--repeats", "2", "--no-xla"]) == 0
+    out = capsys.readouterr().out
+    assert "- uncached vs cached greedy: 0 of 6 sentences differ in ids, 0 in text" in out, out
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in out.splitlines() if line.startswith("| ")}
+    assert set(rows) == {"variant", "cached greedy", "uncached greedy", "cached beam 4"}, out
+    assert rows["cached greedy"][-1].strip() == "1.00 (1.00-1.00)"
+    name, value = out.strip().splitlines()[-1].split(": ")
+    assert name == "cached_beam_4_vs_cached_greedy" and value == rows["cached beam 4"][-1].split()[0]
 
 
 def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch):
@@ -714,7 +763,7 @@ def test_output_without_eos_stops_at_source_length_plus_extra(exported):
     source_ids, lengths = translator.encode_text(texts)
     for extra in (0, 3, 10):
         for static_buffer in (False, True):
-            ids, _ = translator.search(source_ids, lengths, 4, 0.6, extra, 2, static_buffer=static_buffer)
+            ids, _ = translator.searcher.search(source_ids, lengths, 4, 0.6, extra, 2, static_buffer=static_buffer)
             generated = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1).numpy()  # [batch, n]
             np.testing.assert_array_equal(generated, np.repeat((lengths.numpy() + extra)[:, None], 2, 1))
             assert not (ids.numpy() == EOS_ID).any()
@@ -730,10 +779,10 @@ def test_request_sized_buffer_equals_the_static_buffer(exported, beam_size, num_
     translator = exported["translator"]
     texts = tf.constant(GOLDEN + ["the man", "cat cat cat cat cat cat cat cat cat cat cat cat"])
     source_ids, lengths = translator.encode_text(texts)
-    static_length = translator.max_decode_length
+    static_length = translator.searcher.max_decode_length
     for extra in (0, 2, translator.config.decode_extra_length):
-        request = tf.function(lambda i, l: translator.search(i, l, beam_size, 0.6, extra, num_results))
-        static = tf.function(lambda i, l: translator.search(i, l, beam_size, 0.6, extra, num_results,
+        request = tf.function(lambda i, l: translator.searcher.search(i, l, beam_size, 0.6, extra, num_results))
+        static = tf.function(lambda i, l: translator.searcher.search(i, l, beam_size, 0.6, extra, num_results,
                                                             static_buffer=True))
         ids, scores = request(source_ids, lengths)
         static_ids, static_scores = static(source_ids, lengths)

@@ -191,3 +191,29 @@ def test_growing_cache_and_per_sentence_cross_cache_match_the_full_pass():
         assert cache[0][0].shape == (6, config.num_heads, t + 1, config.head_size)
         np.testing.assert_allclose(np.asarray(logits).reshape(2, 3, -1),
                                    np.repeat(full[:, t][:, None], 3, axis=1), atol=1e-5)
+
+
+def test_attention_layers_are_every_attention_of_the_model_and_fusing_them_keeps_the_logits():
+    """`Transformer.attention_layers()` lists each MultiHeadAttention once (encoder self,
+    decoder self and cross per layer), so `fuse_projections` set through it reaches every
+    one: a fresh trace of the fused model gives the unfused logits."""
+    import tensorflow as tf
+
+    from keras_transformer.layers.attention import MultiHeadAttention
+
+    config = TransformerConfig.from_preset("tiny", vocab_size=50, max_length=16, dropout=0.0)
+    keras.utils.set_random_seed(3)
+    model = build_transformer(config)
+    found = model.attention_layers()
+    every = [layer for layer in model._flatten_layers() if isinstance(layer, MultiHeadAttention)]
+    assert len(found) == 3 * config.num_layers == len(every)
+    assert {id(layer) for layer in found} == {id(layer) for layer in every}
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, 50, (3, 7)).astype("int32")
+    target = rng.integers(4, 50, (3, 5)).astype("int32")
+    source[1, 4:] = PAD_ID
+    want = tf.function(lambda s, t: model([s, t], training=False))(source, target).numpy()
+    for attention in found:
+        attention.fuse_projections = True
+    got = tf.function(lambda s, t: model([s, t], training=False))(source, target).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -638,12 +638,9 @@ def test_syntax_benchmark_writes_aligned_data_and_summarises_finished_runs(tmp_p
     """benchmarks/syntax.py on finished runs (it reuses their results.json): the table's
     means, the summary and the plot; its data directory reads back aligned."""
     import json
-    import sys
 
+    from benchmarks import syntax as benchmark
     from keras_transformer.data import load_corpus
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-    import syntax as benchmark
 
     data = benchmark.write_data(tmp_path / "data" / "train20", 20, 5)
     corpus = load_corpus(str(data), "en", "de")

@@ -1,0 +1,234 @@
+"""Source ids in, translation ids out: the beam search over the cached decoder.
+
+`Searcher(model, config)` runs `keras_transformer.decoding.beam_search` over
+the model's `IncrementalDecoder`, in one of two ways (same translations):
+
+* plain TensorFlow graph (`search`): what TF Serving runs by default (it
+  disables XLA JIT unless started with `--xla_cpu_compilation_enabled`);
+  the buffers are sized to each request, the self-attention caches grow by
+  one position per step and finished sentences leave the loop.
+* XLA-compiled (`search_xla`): the search (encoder, decoder steps, beam
+  bookkeeping) is one `jit_compile=True` function. XLA compiles one program
+  per input shape, so the source ids are padded to a few *buckets*: the
+  batch to a power of two (`XLA_BATCH_BUCKETS`, then multiples of the
+  largest), the source width to `length_buckets(max_length)`; the buffer
+  holds `width - 1 + decode_extra_length` positions. Padding is masked
+  (source columns) or finished at the first step (batch rows), so the
+  translations do not change; what they cost is computing the padded rows,
+  at most twice the batch.
+
+Strings (tokenizer, detokenizer, CoNLL-U) are `keras_transformer.translator`'s
+concern: `Translator` wraps one `Searcher`.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from keras_transformer.config import TransformerConfig
+from keras_transformer.constants import EOS_ID, PAD_ID
+from keras_transformer.decoding import beam_search
+from keras_transformer.incremental import IncrementalDecoder
+
+# Batch sizes the XLA-compiled search is compiled for: a request is padded
+# to the next one; larger requests to the next multiple of the last one.
+XLA_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# The XLA-compiled search runs in stages whose self-attention buffers hold this
+# many positions (then the whole buffer): a step reads and reorders a buffer of
+# its stage's size, not `source + 50` (`beam_search(cache_stages=...)`).
+XLA_CACHE_STAGES = (16, 32, 64)
+# ... and each step runs on the smallest of batch, batch / 2, batch / 4 (rounded
+# up) that holds the sentences not yet done (`beam_search(batch_halvings=...)`):
+# XLA's static shapes cannot drop finished sentences one by one as the plain
+# graph does, so a few fixed sizes, one compiled branch each.
+XLA_BATCH_HALVINGS = 2
+# Smallest source-width bucket (tokens, EOS included); the others double up to max_length.
+XLA_MIN_LENGTH_BUCKET = 16
+
+
+def length_buckets(max_length: int) -> tuple[int, ...]:
+    """Source widths (tokens including EOS) the XLA-compiled search is compiled for.
+
+    Powers of two from `XLA_MIN_LENGTH_BUCKET` below `max_length`, then
+    `max_length` itself: `length_buckets(256) == (16, 32, 64, 128, 256)`,
+    `length_buckets(100) == (16, 32, 64, 100)`.
+    """
+    buckets, width = [], XLA_MIN_LENGTH_BUCKET
+    while width < max_length:
+        buckets.append(width)
+        width *= 2
+    return (*buckets, max_length)
+
+
+def _bucket(value, buckets, multiple_of_last=False):
+    """The smallest bucket >= `value` (int32 scalar); beyond the last one, the last one
+    (or, with `multiple_of_last`, the next multiple of it)."""
+    table = tf.constant(buckets, tf.int32)
+    index = tf.reduce_sum(tf.cast(table < value, tf.int32))
+    last = buckets[-1]
+    beyond = (value + last - 1) // last * last if multiple_of_last else tf.constant(last, tf.int32)
+    return tf.where(index < len(buckets), tf.gather(table, tf.minimum(index, len(buckets) - 1)), beyond)
+
+
+def bucketed_shape(batch, width, widths):
+    """The `(batch, width)` a request of that size is padded to for the compiled search
+    (int32 scalars): the batch to `XLA_BATCH_BUCKETS` (beyond the last, its next multiple),
+    the width to the smallest of `widths` (`length_buckets`) that holds it."""
+    return (_bucket(batch, XLA_BATCH_BUCKETS, multiple_of_last=True), _bucket(width, widths))
+
+
+def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
+    """`tf.while_loop` whose loop variables may change shape from one iteration
+    to the next (every dimension is relaxed): what `beam_search(...,
+    drop_finished=True)` and caches that grow by concatenation need in a
+    TensorFlow graph (not XLA, which needs static shapes)."""
+    def relax(tensor):
+        rank = tensor.shape.rank
+        return tensor.shape if not rank else tf.TensorShape([None] * rank)
+
+    # One loop variable (the search's state dict) as a 1-tuple, as keras.ops.while_loop does.
+    loop_vars = (loop_vars,)
+    invariants = tf.nest.map_structure(relax, loop_vars)
+    (state,) = tf.while_loop(cond, lambda s: (body(s),), loop_vars, shape_invariants=invariants,
+                             maximum_iterations=maximum_iterations)
+    return state
+
+
+class Searcher:
+    """The model's beam search from source ids to translation ids (plain graph or XLA).
+
+    Args:
+        model: a `keras.Model` from `build_transformer(config)`.
+        config: its `TransformerConfig` (max_length, the +50 rule).
+        logits_filter: None, or a function `logits [rows, vocab] -> logits`
+            applied to the decoder's output at every step before the search
+            scores it (e.g. `NEG_INF` on tokens that must never be produced,
+            or a probe that counts the rows each step runs).
+
+    Example:
+        >>> searcher = Searcher(model, config)
+        >>> ids, scores = searcher.search(source_ids, source_lengths, beam_size=4, alpha=0.6,
+        ...                               extra_length=50, num_results=1)
+    """
+
+    def __init__(self, model, config: TransformerConfig, logits_filter=None):
+        self.model = model
+        self.config = config
+        self.decoder = IncrementalDecoder(model, config)
+        self.logits_filter = logits_filter
+        # Largest buffer of the search: the longest source plus the paper's +50.
+        self.max_decode_length = config.max_length + config.decode_extra_length
+        self.length_buckets = length_buckets(config.max_length)
+        self._compiled = {}
+
+    def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
+               static_buffer=False, source_features=None, patience=None):
+        """Beam search over the decoder, `max_lengths = source_lengths + extra_length`.
+
+        Args:
+            static_buffer: False (graphs run by TensorFlow without XLA: the
+                SavedModel's `serving_default`, `translate_options`): the
+                search does only the work each sentence needs. The
+                self-attention caches grow by one position per step
+                (concatenation: a step costs in proportion to its position,
+                not to the buffer), finished sentences leave the loop
+                (`beam_search(drop_finished=True)`: the step runs on the
+                sentences still searched), and the sequence buffers hold
+                `max(max_lengths)` positions, the most this request can
+                generate. True: every buffer holds `max_decode_length`
+                positions and every sentence stays in the loop to the end
+                (static shapes, as LiteRT needs). Both give the same
+                translations.
+            source_features: the syntax-aware model's extra encoder inputs.
+            patience: None, or a float scalar: CTranslate2's patience stop
+                (`beam_search`); <= 0 is off.
+
+        Returns:
+            ids int32 `[batch, num_results, L]` (EOS, then PAD), with `L`
+            the buffer size above, and scores float32 `[batch, num_results]`.
+        """
+        extra_length = self._clip_extra_length(extra_length)
+        max_lengths = source_lengths + extra_length  # [batch]
+        batch = tf.shape(source_ids)[0]
+        static = self.decoder.static_cache(source_ids, source_features)
+        if static_buffer:
+            buffer_length = self.max_decode_length
+            cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
+        else:
+            buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
+                                             1, self.max_decode_length)  # int32 scalar
+            cache = self.decoder.initial_self_attention_cache(batch, 0)
+        return beam_search(self._step_fn(grow=not static_buffer), cache, batch, max_lengths,
+                           beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
+                           num_results=num_results, static_cache=static, patience=patience,
+                           drop_finished=not static_buffer,
+                           while_loop=None if static_buffer else relaxed_while_loop)
+
+    def _step_fn(self, grow):
+        """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`."""
+        def step_fn(ids, cache, step, static_cache):
+            logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow)
+            return (logits if self.logits_filter is None else self.logits_filter(logits)), cache
+
+        return step_fn
+
+    def _clip_extra_length(self, extra_length):
+        """int32 scalar in `[0, decode_extra_length]`, the most the buffers were made for."""
+        return tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
+
+    def compiled_search(self, beam_size, num_results, batch_halvings=XLA_BATCH_HALVINGS):
+        """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha, patience) -> (ids, scores)`.
+
+        One `tf.function(jit_compile=True)` per `(beam_size, num_results, batch_halvings)`;
+        XLA compiles one program per `(b, S)`. The buffer holds
+        `S - 1 + decode_extra_length` positions (a constant for XLA, which
+        sees the shape of `source_ids`): the longest source `S` can hold
+        (`S - 1` tokens, then EOS) plus the most extra length a request may ask.
+        """
+        key = (beam_size, num_results, batch_halvings)
+        if key not in self._compiled:
+            extra = self.config.decode_extra_length
+
+            def search(source_ids, max_lengths, alpha, patience):
+                batch = tf.shape(source_ids)[0]
+                buffer_length = tf.shape(source_ids)[1] - 1 + extra
+                static = self.decoder.static_cache(source_ids)
+                cache = self.decoder.initial_self_attention_cache(batch, 0)
+                return beam_search(self._step_fn(grow=False), cache, batch, max_lengths, beam_size=beam_size,
+                                   alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
+                                   static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,
+                                   resize_cache=self.decoder.resize_self_attention_cache,
+                                   batch_halvings=batch_halvings)
+
+            self._compiled[key] = tf.function(search, jit_compile=True, input_signature=[
+                tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
+                tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32)])
+        return self._compiled[key]
+
+    def bucketed_shape(self, batch, width):
+        """`bucketed_shape(batch, width, self.length_buckets)`."""
+        return bucketed_shape(batch, width, self.length_buckets)
+
+    def search_xla(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
+                   patience=None, batch_halvings=XLA_BATCH_HALVINGS):
+        """`search` through the XLA-compiled function, on inputs padded to a bucket.
+
+        Padded source columns are PAD (masked by the encoder and cross-attention);
+        padded rows are an empty source (EOS) with a limit of one token, so
+        they finish at the first step. Same results as `search`; the ids have
+        `bucket_width - 1 + decode_extra_length` positions.
+        """
+        extra_length = self._clip_extra_length(extra_length)
+        batch, width = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+        padded_batch, padded_width = self.bucketed_shape(batch, width)
+        source = tf.pad(source_ids, [[0, padded_batch - batch], [0, padded_width - width]],
+                        constant_values=PAD_ID)  # [padded_batch, padded_width]
+        padding_rows = tf.range(padded_batch) >= batch  # [padded_batch]
+        first_column = tf.range(padded_width) == 0  # [padded_width]
+        source = tf.where(tf.logical_and(padding_rows[:, None], first_column[None, :]), EOS_ID, source)
+        max_lengths = tf.concat([source_lengths + extra_length,
+                                 tf.ones([padded_batch - batch], tf.int32)], axis=0)  # [padded_batch]
+        patience = tf.constant(0.0) if patience is None else tf.cast(patience, tf.float32)
+        ids, scores = self.compiled_search(beam_size, num_results, batch_halvings)(
+            source, max_lengths, tf.cast(alpha, tf.float32), patience)
+        return ids[:batch], scores[:batch]
