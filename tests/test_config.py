@@ -35,10 +35,12 @@ def test_multi30k_recipe_preset():
     # Issue #17: the whole hour (56 training minutes; averaging, BLEU and export in the rest),
     # the step count only a cap.
     assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size,
-            run.steps) == (4096, 250, 5, 56.0, 8000, 40_000)
+            run.steps) == (4096, 250, 10, 56.0, 8000, 40_000)
+    assert (run.keep_checkpoints, run.beam_size) == (10, 5)  # decoding chosen on valid (issue #17)
     config = run.model_config(8000)
     assert (config.num_layers, config.d_model, config.d_ff, config.num_heads, config.dropout,
             config.warmup_steps) == (2, 128, 512, 4, 0.2, 200)
+    assert (config.beam_size, config.length_penalty_alpha, config.checkpoints_to_average) == (5, 1.0, 10)
     assert TrainingConfig.create("multi30k", max_minutes=5, checkpoint_every=50).max_minutes == 5
     assert TrainingConfig.create("tiny").max_minutes == 0
     with pytest.raises(ValueError, match="^max_minutes must be >= 0, got -1$"):
