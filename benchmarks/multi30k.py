@@ -6,8 +6,8 @@ What it does, as a user would:
 
 1. `python train.py --config multi30k --data ../shared/data/multi30k
    --max-minutes N --model-dir D` (a subprocess): the recipe preset trains
-   until the budget (stopping at a checkpoint boundary), averages the last 5
-   checkpoints, scores valid/test2016 and exports the SavedModel to
+   until the budget (stopping at a checkpoint boundary), averages the last
+   checkpoints (the preset's 10), scores valid/test2016 and exports the SavedModel to
    `D/export/<version>`. A model directory holding a finished run
    (`results.json`) is evaluated again without training, never trained
    further; if its own export failed, the newest one in `D/export` is used

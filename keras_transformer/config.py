@@ -278,8 +278,8 @@ PRESETS: dict[str, TransformerConfig] = {
 BATCH_TOKENS: dict[str, int] = {"base": 25000, "big": 25000, "small": 4096, "tiny": 2048, "multi30k": 4096}
 # Other training defaults of a preset (`TrainingConfig` fields), where they differ from
 # the general rule: the Multi30k recipe checkpoints every 250 steps (about 3.5 minutes
-# here) so that a time budget stops near its end and the last 5 checkpoints averaged
-# span the last ~1,250 steps, and trains for 56 minutes (averaging, BLEU and export
+# here) so that a time budget stops near its end and the last 10 checkpoints averaged
+# span the last ~2,500 steps, and trains for 56 minutes (averaging, BLEU and export
 # take ~4 more: the whole run fits in an hour).
 TRAINING_DEFAULTS: dict[str, dict[str, Any]] = {"multi30k": {"checkpoint_every": 250, "max_minutes": 56.0}}
 # A checkpoint every `steps / CHECKPOINTS_PER_RUN` steps unless told otherwise.
