@@ -48,6 +48,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
     import keras
     import tensorflow as tf
 
