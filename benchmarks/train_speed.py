@@ -180,7 +180,7 @@ def main(argv=None):
     import keras
 
     modules = [tf, keras]
-    if args.baseline == "keras-hub":
+    if any(name.startswith("keras-hub") for name in args.variants):
         import keras_hub
 
         modules.append(keras_hub)

@@ -112,7 +112,6 @@ class Searcher:
     """
 
     def __init__(self, model, config: TransformerConfig, logits_filter=None):
-        self.model = model
         self.config = config
         self.decoder = IncrementalDecoder(model, config)
         self.logits_filter = logits_filter
