@@ -64,15 +64,23 @@ class IncrementalDecoder:
 
         return [(pad(k), pad(v)) for k, v in caches]
 
-    def decode(self, target_ids, step, self_caches, cross_caches, source_mask, grow=False):
+    def output_kernel(self):
+        """The output projection's matrix `[d_model, vocab]` (the transposed embeddings):
+        computed once before a decoding loop and passed to `step`, so no step
+        transposes the embeddings (under XLA a batch-1 step's projection took
+        ~206 us with the transpose folded into it; BENCHMARKS.md)."""
+        return self.model.embedding.output_kernel()
+
+    def decode(self, target_ids, step, self_caches, cross_caches, source_mask, grow=False, output_kernel=None):
         """Runs the decoder on `target_ids` `[batch, T]` at positions `step ..`.
 
         Returns logits `[batch, T, vocab]` and the updated self-attention caches
-        (grown by `T` positions with `grow`).
+        (grown by `T` positions with `grow`). `output_kernel`: None or `output_kernel()`.
         """
         return self.model.decode(target_ids, None, source_mask, start_position=step,
                                  self_attention_caches=self_caches,
-                                 cross_attention_caches=cross_caches, grow_caches=grow)
+                                 cross_attention_caches=cross_caches, grow_caches=grow,
+                                 output_kernel=output_kernel)
 
     def static_cache(self, source_ids, source_features=None):
         """Encodes `source_ids` once: what every decoding step reads and never changes.
@@ -86,11 +94,13 @@ class IncrementalDecoder:
         encoder_output, source_mask = self.encode(source_ids, source_features)
         return {"cross": self.cross_attention_caches(encoder_output), "mask": source_mask}
 
-    def step(self, ids, cache, step, static_cache, grow=False):
+    def step(self, ids, cache, step, static_cache, grow=False, output_kernel=None):
         """The beam-search step function with a static cache (`static_cache` above):
         `(ids [rows, 1], cache, step, static_cache) -> (logits [rows, vocab], cache)`,
-        where the rows are `beam` consecutive rows per row of `static_cache`."""
-        logits, cache = self.decode(ids, step, cache, static_cache["cross"], static_cache["mask"], grow=grow)
+        where the rows are `beam` consecutive rows per row of `static_cache`.
+        `output_kernel`: None, or `output_kernel()` computed before the loop."""
+        logits, cache = self.decode(ids, step, cache, static_cache["cross"], static_cache["mask"], grow=grow,
+                                    output_kernel=output_kernel)
         return logits[:, 0, :], cache  # [rows, vocab]
 
     def make_step_fn(self, source_ids, beam_size, source_features=None):

@@ -213,7 +213,8 @@ class Transformer(keras.Model):
                 for layer in self.decoder_layers]
 
     def decode(self, target_ids, encoder_output, source_mask, *, start_position=0,
-               self_attention_caches=None, cross_attention_caches=None, training=None, grow_caches=False):
+               self_attention_caches=None, cross_attention_caches=None, training=None, grow_caches=False,
+               output_kernel=None):
         """The decoder stack and the tied output projection.
 
         Without caches this is the training pass: causal self-attention over
@@ -235,6 +236,9 @@ class Transformer(keras.Model):
             grow_caches: the self-attention caches hold exactly the
                 `start_position` positions before and grow by concatenation
                 (`MultiHeadAttention`'s `grow_cache`).
+            output_kernel: None, or `embedding.output_kernel()` computed
+                once before a decoding loop (the loop then does not
+                transpose the embeddings every step).
 
         Returns:
             float32 logits `[batch, T, vocab]` and the updated self-attention
@@ -258,7 +262,7 @@ class Transformer(keras.Model):
                           cross_attention_cache=cross_cache, training=training)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        logits = self.logits_output(self.embedding(y, reverse=True))  # [batch, T, vocab]
+        logits = self.logits_output(self.embedding(y, reverse=True, output_kernel=output_kernel))  # [batch, T, vocab]
         return logits, (new_caches if cached else None)
 
     # -- serialisation ------------------------------------------------------------

@@ -164,9 +164,15 @@ class Searcher:
                            while_loop=None if static_buffer else relaxed_while_loop)
 
     def _step_fn(self, grow):
-        """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`."""
+        """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`.
+
+        The output projection's matrix is transposed here, once, before the loop
+        (the step function closes over it; a loop-invariant input of the loop)."""
+        output_kernel = self.decoder.output_kernel()  # [d_model, vocab]
+
         def step_fn(ids, cache, step, static_cache):
-            logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow)
+            logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow,
+                                              output_kernel=output_kernel)
             return (logits if self.logits_filter is None else self.logits_filter(logits)), cache
 
         return step_fn

@@ -57,6 +57,9 @@ class PositionalEmbedding(keras.layers.Layer):
             decoding feeds one token at a time at increasing positions).
         reverse: project states to vocabulary logits with the transposed
             embedding matrix instead.
+        output_kernel: with `reverse`, None or `output_kernel()` computed
+            once outside a decoding loop (the transposed matrix, so the loop
+            body multiplies by it instead of transposing every step).
         positions: False returns the scaled token embeddings without the
             positional encoding (a `TagFactorEmbedding` combines them with
             tag embeddings first, then adds the positions itself).
@@ -91,11 +94,16 @@ class PositionalEmbedding(keras.layers.Layer):
         self.embeddings = self.add_weight(name="embeddings", shape=(self.vocab_size, self.d_model),
                                           initializer=initializer)
 
-    def call(self, inputs, start_position=0, reverse=False, positions=True):
+    def output_kernel(self):
+        """The output projection's matrix `[d_model, vocab]`: the transposed embeddings,
+        in the compute dtype."""
+        return ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
+
+    def call(self, inputs, start_position=0, reverse=False, positions=True, output_kernel=None):
         if reverse:
-            embeddings = ops.cast(self.embeddings, self.compute_dtype)
+            kernel = self.output_kernel() if output_kernel is None else output_kernel  # [d_model, vocab]
             flat = ops.reshape(inputs, (-1, self.d_model))  # [tokens, d_model]: a 2-D matmul (see apply_per_token)
-            logits = ops.matmul(flat, ops.transpose(embeddings))  # [tokens, vocab]
+            logits = ops.matmul(flat, kernel)  # [tokens, vocab]
             return ops.reshape(logits, leading_shape(inputs) + (self.vocab_size,))  # [batch, T, vocab]
         x = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)  # [batch, T, d_model]
         x = ops.cast(x, self.compute_dtype) * math.sqrt(self.d_model)
@@ -111,7 +119,7 @@ class PositionalEmbedding(keras.layers.Layer):
             return tuple(inputs_shape[:-1]) + (self.vocab_size,)  # [batch, T, vocab]
         return tuple(inputs_shape) + (self.d_model,)  # [batch, T, d_model]
 
-    def compute_output_spec(self, inputs, start_position=0, reverse=False, positions=True):
+    def compute_output_spec(self, inputs, start_position=0, reverse=False, positions=True, output_kernel=None):
         # `reverse` is not a tensor, so Keras would not pass it to
         # `compute_output_shape` on its own.
         return keras.KerasTensor(self.compute_output_shape(inputs.shape, reverse=reverse),
