@@ -26,17 +26,12 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import sys
 
-if __name__ == "__main__":
-    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
-    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
-
-from keras_transformer import console  # noqa: E402  (imports TensorFlow quietly when asked)
-from keras_transformer.config import (  # noqa: E402
+from keras_transformer import console
+from keras_transformer.config import (
     MODEL_OVERRIDE_FIELDS, SYNTAX_FIELDS, ConfigError, TrainingConfig, TransformerConfig, command_line_options)
-from keras_transformer.console import OneLineArgumentParser  # noqa: E402
+from keras_transformer.console import OneLineArgumentParser
 
 log = logging.getLogger("train")
 

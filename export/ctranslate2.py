@@ -95,24 +95,25 @@ import pathlib
 import shutil
 import sys
 
-if __name__ == "__main__":
-    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
-    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
-    if importlib.util.find_spec("ctranslate2") is None:  # an optional dependency
-        print("export.ctranslate2: error: ctranslate2 is not installed; "
-              "pip install 'keras-transformer[ctranslate2]'", file=sys.stderr)
-        sys.exit(2)
+from keras_transformer.config import TransformerConfig  # first: the package imports TensorFlow (quietly)
+from keras_transformer.console import OneLineArgumentParser
+from keras_transformer.constants import BOS_ID, EOS_ID, UNK_ID
+from keras_transformer.layers import sinusoidal_encoding
 
-from keras_transformer.config import TransformerConfig  # noqa: E402  (first: quiet TensorFlow import)
-from export.errors import ConversionError  # noqa: E402
-from keras_transformer.console import OneLineArgumentParser  # noqa: E402
-from keras_transformer.constants import BOS_ID, EOS_ID, UNK_ID  # noqa: E402
-from keras_transformer.layers import sinusoidal_encoding  # noqa: E402
+import numpy as np
+from keras import ops
 
-import ctranslate2  # noqa: E402
-import numpy as np  # noqa: E402
-from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES  # noqa: E402
-from keras import ops  # noqa: E402
+from export.errors import ConversionError
+
+try:
+    import ctranslate2
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+except ImportError:  # an optional dependency: the command says how to install it
+    if __name__ != "__main__":
+        raise
+    print("export.ctranslate2: error: ctranslate2 is not installed; "
+          "pip install 'keras-transformer[ctranslate2]'", file=sys.stderr)
+    sys.exit(2)
 
 # Position-table rows at least: CTranslate2's default `max_input_length`, so
 # that requests with its default options never run past the table.

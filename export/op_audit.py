@@ -16,21 +16,16 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import pathlib
 import sys
 
-if __name__ == "__main__":
-    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
-    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
+from keras_transformer.console import OneLineArgumentParser
 
 REFERENCE = pathlib.Path(__file__).with_name("reference")
 # Core TensorFlow ops that run a Python function of the process that built the graph: in
 # TensorFlow's op list, but a SavedModel holding one fails wherever that process is not.
 PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 
-
-from keras_transformer.console import OneLineArgumentParser  # noqa: E402
 
 def _load(name):
     return json.loads((REFERENCE / name).read_text())

@@ -61,16 +61,13 @@ import pathlib
 import shutil
 import sys
 
-if __name__ == "__main__":
-    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
-    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
+from keras_transformer.config import TransformerConfig
+from keras_transformer.console import OneLineArgumentParser
+from keras_transformer.constants import NEG_INF
+from keras_transformer.searcher import XLA_BATCH_BUCKETS
+from keras_transformer.translator import Translator
 
-from keras_transformer.config import TransformerConfig  # noqa: E402  (first: quiet TensorFlow import)
-from keras_transformer.constants import NEG_INF  # noqa: E402
-from keras_transformer.searcher import XLA_BATCH_BUCKETS  # noqa: E402
-from keras_transformer.translator import Translator  # noqa: E402
-
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 # Beam sizes the options signature can run; each has its own branch in the
 # graph (beam size fixes the shapes of the search buffers).
@@ -189,8 +186,6 @@ class TranslationModule(tf.Module):
                 LITERT_SIGNATURE: self.serve_litert.get_concrete_function(),
                 XLA_SIGNATURE: self.serve_xla.get_concrete_function()}
 
-
-from keras_transformer.console import OneLineArgumentParser  # noqa: E402
 
 def next_version(output: pathlib.Path) -> int:
     versions = [int(p.name) for p in output.iterdir() if p.is_dir() and p.name.isdigit()] if output.exists() else []

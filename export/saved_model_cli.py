@@ -10,13 +10,11 @@ and then runs the stock tool with the same arguments:
         --signature_def serving_default --input_exprs 'text=["A sentence."]'
 """
 
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import tensorflow_text  # noqa: E402,F401  (registers the TFText ops)
-from tensorflow.python.tools import saved_model_cli  # noqa: E402
+import keras_transformer  # noqa: F401  (a command: TensorFlow imported without its start-up lines)
+import tensorflow_text  # noqa: F401  (registers the TFText ops)
+from tensorflow.python.tools import saved_model_cli
 
 if __name__ == "__main__":
     sys.argv[0] = "saved_model_cli"

@@ -29,16 +29,10 @@ import os
 import pathlib
 import sys
 
-if __name__ == "__main__":
-    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
-    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from export.errors import ConversionError  # noqa: E402
-from export.op_audit import audit_tflite  # noqa: E402
-from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE  # noqa: E402
-from keras_transformer.console import OneLineArgumentParser  # noqa: E402
+from export.errors import ConversionError
+from export.op_audit import audit_tflite
+from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
+from keras_transformer.console import OneLineArgumentParser
 
 # --quantize choices: weights as trained; float16 weights (dequantized to
 # float32 when the model loads); int8 weights with dynamic-range

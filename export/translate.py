@@ -19,15 +19,8 @@ import argparse
 import os
 import sys
 
-if __name__ == "__main__":
-    # Quiet console unless --verbose: asked before keras_transformer imports TensorFlow.
-    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "0" if "--verbose" in sys.argv[1:] else "1")
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-from keras_transformer.config import TransformerConfig  # noqa: E402
-from keras_transformer.console import OneLineArgumentParser  # noqa: E402
+from keras_transformer.config import TransformerConfig
+from keras_transformer.console import OneLineArgumentParser
 
 # Exports made before `assets.extra/keras_transformer.json` recorded their config were all
 # built with the paper's decoding options (beam 4, alpha 0.6, +50).

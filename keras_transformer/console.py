@@ -3,9 +3,12 @@
 TensorFlow prints start-up lines from C++ before its logging is set up
 ("All log messages before absl::InitializeLog() ...", oneDNN, CUDA stubs,
 `cuInit`), which `TF_CPP_MIN_LOG_LEVEL` does not silence, and Keras/absl
-print warnings that mean nothing to a user of our commands. A command asks
-for quiet by setting `KERAS_TRANSFORMER_QUIET=1` before it imports
-`keras_transformer` (`train.py` does unless `--verbose`); the package's `__init__` then
+print warnings that mean nothing to a user of our commands. The commands
+are quiet unless `--verbose` (`quiet_requested`): `python train.py` and
+`python -m` of a module of `keras_transformer`, `export` or `benchmarks`, as
+the interpreter's command line says (`sys.orig_argv`), so no entry point has
+to set anything before its imports; `KERAS_TRANSFORMER_QUIET=1` / `=0` asks
+for it, or against it, in any program. The package's `__init__` then
 imports TensorFlow with file descriptor 2 sent to a temporary file, which is
 replayed if the import fails. Library users who do not ask see everything.
 
@@ -44,8 +47,51 @@ _IGNORED_ABSL = (
 )
 
 
+# The project's commands: scripts run as files, and packages whose modules run with `python -m`.
+COMMAND_SCRIPTS = ("train.py",)
+COMMAND_PACKAGES = ("keras_transformer", "export", "benchmarks")
+# Interpreter options that take a value (`python -X dev -m ...`).
+_OPTIONS_WITH_VALUE = ("-X", "-W", "-Q")
+
+
+def main_program(argv=None) -> tuple[str, str] | None:
+    """What the interpreter was asked to run, from its command line (`sys.orig_argv`):
+    `("module", NAME)` for `python -m NAME`, `("script", PATH)` for `python PATH`,
+    None for `-c`, stdin or an embedded interpreter."""
+    args = list(sys.orig_argv[1:] if argv is None else argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "-m":
+            return ("module", args[0]) if args else None
+        if arg.startswith("-m"):  # python -mNAME
+            return "module", arg[2:]
+        if arg in ("-c", "-") or arg.startswith("-c"):
+            return None
+        if arg in _OPTIONS_WITH_VALUE:
+            args = args[1:]
+        elif not arg.startswith("-"):
+            return "script", arg
+    return None
+
+
+def running_command(argv=None) -> bool:
+    """Whether the main program is one of the project's commands (`COMMAND_SCRIPTS`, or a
+    module of `COMMAND_PACKAGES` run with `python -m`)."""
+    program = main_program(argv)
+    if program is None:
+        return False
+    kind, name = program
+    if kind == "module":
+        return name.partition(".")[0] in COMMAND_PACKAGES
+    return os.path.basename(name) in COMMAND_SCRIPTS
+
+
 def quiet_requested() -> bool:
-    return os.environ.get(QUIET_ENV, "0") == "1"
+    """`KERAS_TRANSFORMER_QUIET` when set (`1`: quiet); otherwise quiet for the project's
+    commands unless `--verbose` is among their arguments."""
+    if QUIET_ENV in os.environ:
+        return os.environ[QUIET_ENV] == "1"
+    return running_command() and "--verbose" not in sys.argv[1:]
 
 
 @contextlib.contextmanager
@@ -77,7 +123,9 @@ class _AbslFilter(logging.Filter):
 def quiet_tensorflow() -> None:
     """Imports TensorFlow without its start-up lines and filters the warnings
     of `_IGNORED_WARNINGS` / `_IGNORED_ABSL`. Idempotent; a no-op once
-    TensorFlow was imported by someone else."""
+    TensorFlow was imported by someone else. The process's children (a command's
+    LiteRT checks, a benchmark's workers) inherit the request."""
+    os.environ.setdefault(QUIET_ENV, "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for pattern in _IGNORED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
