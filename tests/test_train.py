@@ -239,6 +239,20 @@ NOISE = ("absl::InitializeLog", "oneDNN", "cuda", "cuInit", "cpu_feature_guard",
          "INFO:tensorflow")
 
 
+def test_the_quiet_rule_knows_our_commands_from_the_interpreters_command_line():
+    from keras_transformer import console
+
+    assert console.main_program(["-u", "-X", "dev", "-m", "export.saved_model", "--model-dir", "x"]) == (
+        "module", "export.saved_model")
+    assert console.main_program(["-B", "train.py", "-m", "x"]) == ("script", "train.py")
+    assert console.main_program(["-c", "import train"]) is None and console.main_program([]) is None
+    for ours in (["train.py", "--config", "tiny"], ["/repo/train.py"], ["-m", "benchmarks.loss"],
+                 ["-mkeras_transformer.parsing"], ["-m", "export.tflite", "--verbose"]):
+        assert console.running_command(ours), ours
+    for theirs in (["-m", "pytest"], ["-c", "import train"], ["serve.py"], ["-m", "exporter.x"]):
+        assert not console.running_command(theirs), theirs
+
+
 @pytest.mark.slow
 def test_sigterm_checkpoints_exits_0_and_resumes(tmp_path):
     data = write_corpus(tmp_path / "data")
