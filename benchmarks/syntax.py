@@ -17,8 +17,18 @@ test sentences (beam 4, cased sacreBLEU):
   self-attention to tree neighbours within 2 edges, Eq. 53);
 * `both`: the two together.
 
+On real text (`--data`), a directory written by `python -m
+keras_transformer.parsing corpus` (the parser's CoNLL-U of every source
+split beside the targets, no plain source: the plain model reads the
+parser's words, so only the annotations differ), the same four variants of
+`--config` (e.g. `multi30k`) each train for `--minutes` of wall clock, and
+the table gives valid and test BLEU (train.py's own, beam and averaging of
+the preset) per variant:
+
+    python -m benchmarks.syntax --out runs/syntax-multi30k --data runs/multi30k-parsed --config multi30k --minutes 56
+
 Finished runs are reused (their `results.json`), so an interrupted
-benchmark continues where it stopped. It prints a Markdown table (mean test
+benchmark continues where it stopped. It prints a Markdown table (mean
 BLEU over seeds, and each seed) and writes `OUT/syntax_bleu.png` and
 `OUT/summary.json`.
 """
@@ -57,7 +67,15 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=400, help="training steps of every run (default 400)")
     parser.add_argument("--valid", type=int, default=100, help="validation sentences (default 100)")
     parser.add_argument("--train-args", default="", help="extra train.py flags (smoke tests)")
+    parser.add_argument("--data", default=None,
+                        help="real text instead of the embedded corpus: a directory written by "
+                             "`python -m keras_transformer.parsing corpus` (--sizes, --steps and --valid unused)")
+    parser.add_argument("--config", default=None, help="with --data: train.py's --config (e.g. multi30k)")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="with --data: train.py's --max-minutes, the same wall clock for every run")
     args = parser.parse_args(argv)
+    if (args.config or args.minutes) and not args.data:
+        parser.error("--config and --minutes go with --data")
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.variants = args.variants.split(",")
@@ -85,11 +103,13 @@ def write_data(directory: pathlib.Path, size: int, valid: int) -> pathlib.Path:
     return directory
 
 
-def run(data: pathlib.Path, model_dir: pathlib.Path, variant: str, seed: int, steps: int, extra: list[str]):
+def run(data: pathlib.Path, model_dir: pathlib.Path, variant: str, seed: int, budget: list[str], extra: list[str]):
+    """train.py on `data` with the variant's flags and `budget` (`--steps N`, or `--config C
+    --max-minutes M`), unless `model_dir` holds a finished run; its results.json."""
     results = model_dir / "results.json"
     if not results.exists():
         command = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(data), "--model-dir", str(model_dir),
-                   "--steps", str(steps), "--seed", str(seed), "--bleu-every-sentences", "0", "--no-export",
+                   *budget, "--seed", str(seed), "--bleu-every-sentences", "0", "--no-export",
                    *VARIANTS[variant], *extra]
         started = time.time()
         subprocess.run(command, check=True, cwd=REPO_ROOT, env={**os.environ, "KERAS_TRANSFORMER_QUIET": "1"},
@@ -102,12 +122,15 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = pathlib.Path(args.out)
     extra = args.train_args.split()
+    if args.data:
+        return main_real_text(args, out, extra)
     table = {}
     for size in args.sizes:
         data = write_data(out / "data" / f"train{size}", size, args.valid)
         for variant in args.variants:
             for seed in args.seeds:
-                results = run(data, out / "runs" / f"{size}-{variant}-seed{seed}", variant, seed, args.steps, extra)
+                results = run(data, out / "runs" / f"{size}-{variant}-seed{seed}", variant, seed,
+                              ["--steps", str(args.steps)], extra)
                 table.setdefault(size, {}).setdefault(variant, []).append(results["test_bleu"])
                 print(f"size {size} {variant} seed {seed}: test BLEU {results['test_bleu']:.2f}", flush=True)
     print(harness.table(["training pairs", *args.variants], [
@@ -120,6 +143,59 @@ def main(argv=None) -> int:
     plot(table, out / "syntax_bleu.png", args.steps)
     print(f"wrote {out / 'syntax_bleu.png'}")
     return 0
+
+
+def main_real_text(args, out: pathlib.Path, extra: list[str]) -> int:
+    """`--data`: every variant and seed on the parsed corpus at the same budget; valid and test BLEU."""
+    data = pathlib.Path(args.data)
+    budget = (["--config", args.config] if args.config else []) + (
+        ["--max-minutes", f"{args.minutes:g}"] if args.minutes else [])
+    scores = {}
+    for variant in args.variants:
+        for seed in args.seeds:
+            results = run(data, out / "runs" / f"{data.name}-{variant}-seed{seed}", variant, seed, budget, extra)
+            for split in ("valid", "test"):
+                scores.setdefault(variant, {}).setdefault(split, []).append(results[f"{split}_bleu"])
+            print(f"{data.name} {variant} seed {seed}: {results.get('steps')} steps, valid BLEU "
+                  f"{results['valid_bleu']:.2f}, test BLEU {results['test_bleu']:.2f}", flush=True)
+
+    def cell(values):
+        return f"{sum(values) / len(values):.2f} ({', '.join(f'{b:.2f}' for b in values)})"
+
+    print(harness.table(["variant", "valid BLEU, mean (seeds)", "test BLEU, mean (seeds)"],
+                        [[variant, cell(row["valid"]), cell(row["test"])] for variant, row in scores.items()]))
+    summary = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+               "data": str(data), "config": args.config, "minutes": args.minutes, "seeds": args.seeds,
+               "variants": {v: VARIANTS[v] for v in args.variants}, "bleu": scores}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot_variants(scores, out / "syntax_bleu.png", f"{data.name}, {args.config or 'default'}"
+                  + (f", {args.minutes:g} min" if args.minutes else ""))
+    print(f"wrote {out / 'syntax_bleu.png'}")
+    return 0
+
+
+def plot_variants(scores, path, title):
+    """Valid and test BLEU per variant: the mean of the seeds, each seed a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(scores)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for offset, split in ((-0.1, "valid"), (0.1, "test")):
+        xs = [i + offset for i in range(len(variants))]
+        means = [sum(scores[v][split]) / len(scores[v][split]) for v in variants]
+        line, = ax.plot(xs, means, marker="o", linestyle="", label=f"{split} (mean)")
+        for x, v in zip(xs, variants):
+            ax.scatter([x] * len(scores[v][split]), scores[v][split], s=10, alpha=0.5, color=line.get_color())
+    ax.set_xticks(range(len(variants)), variants)
+    ax.set_ylabel("BLEU (cased)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot(table, path, steps):

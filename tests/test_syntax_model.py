@@ -657,3 +657,18 @@ def test_syntax_benchmark_writes_aligned_data_and_summarises_finished_runs(tmp_p
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["test_bleu"]["20"] == {"plain": [50.0, 54.0], "both": [60.0, 61.0]}
     assert (tmp_path / "syntax_bleu.png").stat().st_size > 0
+
+    # Real text (--data): one row per variant, valid and test, runs named after the data directory.
+    real = tmp_path / "real"
+    for (variant, seed), bleu in scores.items():
+        run = real / "runs" / f"parsed-{variant}-seed{seed}"
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps({"valid_bleu": bleu + 1, "test_bleu": bleu, "steps": 9}))
+    assert benchmark.main(["--out", str(real), "--data", str(tmp_path / "parsed"), "--config", "multi30k",
+                           "--minutes", "56", "--variants", "plain,both"]) == 0
+    out = capsys.readouterr().out
+    assert "| plain | 53.00 (51.00, 55.00) | 52.00 (50.00, 54.00) |" in out
+    assert "| both | 61.50 (61.00, 62.00) | 60.50 (60.00, 61.00) |" in out
+    summary = json.loads((real / "summary.json").read_text())
+    assert summary["bleu"]["both"] == {"valid": [61.0, 62.0], "test": [60.0, 61.0]} and summary["minutes"] == 56
+    assert (real / "syntax_bleu.png").stat().st_size > 0
