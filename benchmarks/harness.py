@@ -152,9 +152,3 @@ def compiled_model(config, seed: int = 0, jit_compile: bool = False, loss=None, 
     return model
 
 
-def quiet_console() -> None:
-    """Asks `keras_transformer` for its quiet console (TensorFlow's start-up lines hidden)
-    unless the caller set `KERAS_TRANSFORMER_QUIET` already. Call it only when a script
-    runs as the main program, before its `main` imports the package: a test that imports
-    the script must not pass the variable on to its other subprocesses."""
-    os.environ.setdefault("KERAS_TRANSFORMER_QUIET", "1")

@@ -106,5 +106,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    harness.quiet_console()
     sys.exit(main())

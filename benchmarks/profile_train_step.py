@@ -184,5 +184,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    harness.quiet_console()
     sys.exit(main())

@@ -112,8 +112,7 @@ def run(data: pathlib.Path, model_dir: pathlib.Path, variant: str, seed: int, bu
                    *budget, "--seed", str(seed), "--bleu-every-sentences", "0", "--no-export",
                    *VARIANTS[variant], *extra]
         started = time.time()
-        subprocess.run(command, check=True, cwd=REPO_ROOT, env={**os.environ, "KERAS_TRANSFORMER_QUIET": "1"},
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(command, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)  # train.py: quiet on its own
         print(f"  {model_dir.name}: {time.time() - started:.0f} s", flush=True)
     return json.loads(results.read_text())
 
