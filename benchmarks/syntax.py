@@ -133,8 +133,7 @@ def main(argv=None) -> int:
                 table.setdefault(size, {}).setdefault(variant, []).append(results["test_bleu"])
                 print(f"size {size} {variant} seed {seed}: test BLEU {results['test_bleu']:.2f}", flush=True)
     print(harness.table(["training pairs", *args.variants], [
-        [f"{size:,}", *[f"{sum(v) / len(v):.2f} ({', '.join(f'{b:.2f}' for b in v)})" for v in row.values()]]
-        for size, row in table.items()]))
+        [f"{size:,}", *[_mean_and_seeds(v) for v in row.values()]] for size, row in table.items()]))
     summary = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                "steps": args.steps, "seeds": args.seeds, "variants": {v: VARIANTS[v] for v in args.variants},
                "test_bleu": {str(size): row for size, row in table.items()}}
@@ -142,6 +141,11 @@ def main(argv=None) -> int:
     plot(table, out / "syntax_bleu.png", args.steps)
     print(f"wrote {out / 'syntax_bleu.png'}")
     return 0
+
+
+def _mean_and_seeds(values) -> str:
+    """A table cell: the mean BLEU of the seeds, then each seed's: `52.00 (50.00, 54.00)`."""
+    return f"{sum(values) / len(values):.2f} ({', '.join(f'{b:.2f}' for b in values)})"
 
 
 def main_real_text(args, out: pathlib.Path, extra: list[str]) -> int:
@@ -158,11 +162,9 @@ def main_real_text(args, out: pathlib.Path, extra: list[str]) -> int:
             print(f"{data.name} {variant} seed {seed}: {results.get('steps')} steps, valid BLEU "
                   f"{results['valid_bleu']:.2f}, test BLEU {results['test_bleu']:.2f}", flush=True)
 
-    def cell(values):
-        return f"{sum(values) / len(values):.2f} ({', '.join(f'{b:.2f}' for b in values)})"
-
     print(harness.table(["variant", "valid BLEU, mean (seeds)", "test BLEU, mean (seeds)"],
-                        [[variant, cell(row["valid"]), cell(row["test"])] for variant, row in scores.items()]))
+                        [[variant, _mean_and_seeds(row["valid"]), _mean_and_seeds(row["test"])]
+                         for variant, row in scores.items()]))
     summary = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                "data": str(data), "config": args.config, "minutes": args.minutes, "seeds": args.seeds,
                "variants": {v: VARIANTS[v] for v in args.variants}, "bleu": scores}

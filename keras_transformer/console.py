@@ -65,7 +65,7 @@ def main_program(argv=None) -> tuple[str, str] | None:
             return ("module", args[0]) if args else None
         if arg.startswith("-m"):  # python -mNAME
             return "module", arg[2:]
-        if arg in ("-c", "-") or arg.startswith("-c"):
+        if arg == "-" or arg.startswith("-c"):  # stdin, or python -c CODE
             return None
         if arg in _OPTIONS_WITH_VALUE:
             args = args[1:]
