@@ -350,8 +350,9 @@ def main(argv=None) -> int:
     try:
         if args.command == "train":
             train_parser(args.treebank, args.output, args.max_minutes, args.seed)
-            if "test" in treebank_files(args.treebank):
-                scores = evaluate_parser(load_parser(args.output), treebank_files(args.treebank)["test"])
+            test = treebank_files(args.treebank).get("test")
+            if test is not None:
+                scores = evaluate_parser(load_parser(args.output), test)
                 print(json.dumps({"test": scores}))
         elif args.command == "evaluate":
             print(json.dumps(evaluate_parser(load_parser(args.parser), args.conllu)))
