@@ -70,6 +70,7 @@ __all__ = [
     "expand_to_beams",
     "flatten_beams",
     "gather_beams",
+    "keras_gather",
     "greedy_search",
     "halving_sizes",
     "length_penalty",
@@ -175,12 +176,32 @@ def gather_beams(x, beam_indices):
     return ops.take(flat_x, beam_indices + offsets, axis=0)  # [batch, new_beam, ...]
 
 
+def keras_gather(x, indices, batch_dims=0):
+    """The search's gathers in ``keras.ops``, with ``tf.gather(x, indices,
+    axis=batch_dims, batch_dims=batch_dims)``'s meaning (what `beam_search`
+    takes as ``gather``):
+
+    * ``batch_dims=0``: rows of ``x`` ``[n, ...]`` by ``indices`` (any shape);
+    * ``batch_dims=1``: ``out[b, j] = x[b, indices[b, j]]``: `gather_beams`.
+
+    Runs on every backend and converts to LiteRT's GATHER; a TensorFlow graph
+    may pass ``tf.gather`` instead (one node per call, where ``ops.take``
+    adds its negative-index fix and `gather_beams` its offsets: a while
+    loop pays for every node on every step).
+    """
+    if batch_dims == 0:
+        return ops.take(x, indices, axis=0)
+    if batch_dims == 1:
+        return gather_beams(x, indices)
+    raise ValueError(f"keras_gather takes batch_dims 0 or 1, got {batch_dims!r}")
+
+
 # Smallest and largest block of `top_k_blockwise`, and how many blocks per wanted entry
 # it needs before it beats one `top_k` over the whole row.
 _MIN_BLOCK, _MAX_BLOCK, _MIN_BLOCKS_PER_ENTRY = 16, 256, 2
 
 
-def top_k_blockwise(x, k, block_size=None):
+def top_k_blockwise(x, k, block_size=None, gather=keras_gather):
     """``ops.top_k(x, k)`` over the last axis of a float ``[rows, V]``, exactly (same
     values, same indices, ties to the lower index), in two small passes instead of
     one ``top_k`` over ``V``.
@@ -200,6 +221,7 @@ def top_k_blockwise(x, k, block_size=None):
         k: python int, ``1 <= k <= V``.
         block_size: None (a power of two near ``sqrt(V / k)``, within
             [16, 256]) or a python int.
+        gather: `keras_gather` or a function with its meaning (``tf.gather``).
 
     Returns:
         ``(values [rows, k], indices int32 [rows, k])``, as ``ops.top_k``.
@@ -218,11 +240,10 @@ def top_k_blockwise(x, k, block_size=None):
     blocks = ops.reshape(x, (-1, num_blocks, block_size))  # [rows, blocks, block]
     _, best = ops.top_k(ops.max(blocks, axis=2), k)  # [rows, k]
     best = ops.sort(ops.cast(best, "int32"), axis=-1)  # [rows, k]: candidates in index order
-    rows = ops.arange(ops.shape(best)[0], dtype="int32")[:, None] * num_blocks + best  # [rows, k]
-    candidates = ops.take(ops.reshape(blocks, (-1, block_size)), rows, axis=0)  # [rows, k, block]
+    candidates = gather(blocks, best, 1)  # [rows, k, block]
     values, position = ops.top_k(ops.reshape(candidates, (-1, k * block_size)), k)  # [rows, k] x2
     position = ops.cast(position, "int32")
-    block = ops.take_along_axis(best, position // block_size, axis=1)  # [rows, k]
+    block = gather(best, position // block_size, 1)  # [rows, k]
     return values, block * block_size + position % block_size
 
 
@@ -263,9 +284,10 @@ class _SearchSpec(typing.NamedTuple):
     patience: object  # None, or float scalar: stop after round(k * patience) finished hypotheses
     positions: object  # int32 [L], arange(L): where to write the token of `step`
     neg_inf: object  # float32 scalar tensor NEG_INF
+    gather: object  # `keras_gather`, or a function with its meaning (tf.gather)
 
 
-def _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id):
+def _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id, gather):
     """Builds the `_SearchSpec` of a search (before the loop); arguments as in
     `beam_search` (already validated)."""
     return _SearchSpec(
@@ -280,6 +302,7 @@ def _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_i
         patience=patience,
         positions=ops.arange(0, max_decode_length, dtype="int32"),  # [L]
         neg_inf=ops.convert_to_tensor(NEG_INF, "float32"),
+        gather=gather,
     )
 
 
@@ -334,11 +357,6 @@ def _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bo
     return state
 
 
-def _gather_per_beam(x, beam_indices):
-    """`gather_beams` for one value per beam: ``[batch, beam] -> [batch, new_beam]``."""
-    return gather_beams(x[:, :, None], beam_indices)[:, :, 0]  # [batch, new_beam]
-
-
 def _beam_rows(beam_indices, beam_size, sentences=None):
     """Flat ``[b * beam]`` row indices into a ``[batch * beam, ...]`` cache.
 
@@ -389,7 +407,7 @@ def _grow_candidates(state, log_probs, spec):
     vocab = log_probs.shape[-1]
     # Each beam's best tokens (a beam never contributes more than C candidates).
     per_beam = num_candidates if vocab is None else min(num_candidates, vocab)
-    beam_logp, beam_tok = top_k_blockwise(log_probs, per_beam)  # [b * k, P] x2
+    beam_logp, beam_tok = top_k_blockwise(log_probs, per_beam, gather=spec.gather)  # [b * k, P] x2
     beam_logp = ops.reshape(beam_logp, (-1, k, per_beam))  # [b, k, P]
     beam_tok = ops.reshape(ops.cast(beam_tok, "int32"), (-1, k * per_beam))  # [b, k * P]
     valid = ops.logical_and(
@@ -406,10 +424,10 @@ def _grow_candidates(state, log_probs, spec):
     else:
         top_logp, top_idx = ops.top_k(flat_logp, num_candidates)  # [b, C] x2
         top_idx = ops.cast(top_idx, "int32")
-    top_valid = _gather_per_beam(flat_valid, top_idx)  # [b, C]
+    top_valid = spec.gather(flat_valid, top_idx, 1)  # [b, C]
     top_beam = ops.floor_divide(top_idx, per_beam)  # [b, C]
-    top_tok = _gather_per_beam(beam_tok, top_idx)  # [b, C]
-    top_seqs = gather_beams(state["alive_seqs"], top_beam)  # [b, C, L]
+    top_tok = spec.gather(beam_tok, top_idx, 1)  # [b, C]
+    top_seqs = spec.gather(state["alive_seqs"], top_beam, 1)  # [b, C, L]
     write = (spec.positions == step)[None, None, :]  # [1, 1, L]
     top_seqs = ops.where(write, top_tok[:, :, None], top_seqs)  # [b, C, L]
 
@@ -448,15 +466,15 @@ def _update_alive(candidates, spec):
     key = ops.where(candidates["continuing"], candidates["logp"], spec.neg_inf)  # [b, C]
     _, idx = ops.top_k(key, k)  # [b, k]
     idx = ops.cast(idx, "int32")
-    valid = _gather_per_beam(candidates["continuing"], idx)  # [b, k]
-    logp = _gather_per_beam(key, idx)  # [b, k]
+    valid = spec.gather(candidates["continuing"], idx, 1)  # [b, k]
+    logp = spec.gather(key, idx, 1)  # [b, k]
     logp = ops.where(valid, logp, spec.neg_inf)  # [b, k]
     return {
-        "alive_seqs": gather_beams(candidates["seqs"], idx),  # [b, k, L]
-        "alive_last": _gather_per_beam(candidates["tok"], idx),  # [b, k]
+        "alive_seqs": spec.gather(candidates["seqs"], idx, 1),  # [b, k, L]
+        "alive_last": spec.gather(candidates["tok"], idx, 1),  # [b, k]
         "alive_logp": logp,
         "alive_valid": valid,
-        "source_beam": _gather_per_beam(candidates["beam"], idx),  # [b, k]
+        "source_beam": spec.gather(candidates["beam"], idx, 1),  # [b, k]
     }
 
 
@@ -492,9 +510,9 @@ def _update_finished(state, candidates, spec):
     all_seqs = ops.concatenate([old_seqs, candidates["seqs"]], axis=1)  # [b, k + C, L]
     _, idx = ops.top_k(all_scores, spec.beam_size)  # [b, k]
     idx = ops.cast(idx, "int32")
-    scores = _gather_per_beam(all_scores, idx)  # [b, k]
-    valid = _gather_per_beam(all_valid, idx)  # [b, k]
-    seqs = gather_beams(all_seqs, idx)  # [b, k, L]
+    scores = spec.gather(all_scores, idx, 1)  # [b, k]
+    valid = spec.gather(all_valid, idx, 1)  # [b, k]
+    seqs = spec.gather(all_seqs, idx, 1)  # [b, k, L]
     finished = {
         "finished_seqs": ops.where(done[:, None, None], old_seqs, seqs),
         "finished_scores": ops.where(done[:, None], old_scores, scores),
@@ -614,6 +632,7 @@ def beam_search(
     cache_stages=None,
     resize_cache=None,
     batch_halvings=0,
+    gather=None,
 ):
     """Batched beam search with GNMT length penalty and early termination.
 
@@ -693,6 +712,10 @@ def beam_search(
             rows). 0: every step runs on the whole batch. Same results;
             needs ``slice_update`` (on TensorFlow an XLA op: for
             ``jit_compile`` functions only).
+        gather: None (`keras_gather`) or a function with its meaning, for
+            the loop's gathers (beam reorders, the candidates' top-k, the
+            dropped sentences): ``tf.gather`` in a TensorFlow graph, one
+            node per gather instead of ~6-18. Same results.
 
     Returns:
         ``(sequences, scores)``:
@@ -724,7 +747,8 @@ def beam_search(
         max_decode_length = ops.maximum(ops.cast(max_decode_length, "int32"), 1)
     while_loop = while_loop or ops.while_loop
 
-    spec = _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id)
+    spec = _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id,
+                      gather or keras_gather)
     state = _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bos_id, spec)
 
     def call_step(state, static):
@@ -743,7 +767,7 @@ def beam_search(
             logits, cache = call_step(state, static)
             state, source_beam = _search_step(state, logits, cache, spec)
             rows = _beam_rows(source_beam, beam_size)  # [b * k]
-            state["cache"] = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache)
+            state["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
             return state
 
         if batch_halvings:
@@ -788,25 +812,25 @@ def beam_search(
 
         def reorder():  # no sentence ended this step (most steps): the beam reorder only
             rows = _beam_rows(source_beam, beam_size)  # [b * k]
-            return {**state, "cache": keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache),
+            return {**state, "cache": keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache),
                     "done": ops.logical_and(done, False)}
 
         def write_and_drop():
             dropped = dict(state)
             seqs, scores = _best_results(state, num_results, spec)  # [b, n, L], [b, n]
             ended = ops.nonzero(done)[0]  # [e]
-            written = ops.expand_dims(ops.take(state["sentence"], ended, axis=0), 1)  # [e, 1]
-            dropped["out_seqs"] = ops.scatter_update(state["out_seqs"], written, ops.take(seqs, ended, axis=0))
+            written = ops.expand_dims(spec.gather(state["sentence"], ended, 0), 1)  # [e, 1]
+            dropped["out_seqs"] = ops.scatter_update(state["out_seqs"], written, spec.gather(seqs, ended, 0))
             dropped["out_scores"] = ops.scatter_update(state["out_scores"], written,
-                                                       ops.take(scores, ended, axis=0))
+                                                       spec.gather(scores, ended, 0))
             kept = ops.nonzero(ops.logical_not(done))[0]  # [b']
             # One gather per cache leaf: beam reorder and dropped sentences together.
-            rows = _beam_rows(ops.take(source_beam, kept, axis=0), beam_size, kept)  # [b' * k]
-            dropped["cache"] = keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache)
+            rows = _beam_rows(spec.gather(source_beam, kept, 0), beam_size, kept)  # [b' * k]
+            dropped["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
             for name in _PER_SENTENCE:
                 if name in state:  # finished_count only with patience
-                    dropped[name] = ops.take(state[name], kept, axis=0)
-            dropped["static"] = keras.tree.map_structure(lambda x: ops.take(x, kept, axis=0), state["static"])
+                    dropped[name] = spec.gather(state[name], kept, 0)
+            dropped["static"] = keras.tree.map_structure(lambda x: spec.gather(x, kept, 0), state["static"])
             dropped["done"] = ops.zeros_like(dropped["sentence"]) > 0  # [b']: the kept ones are not done
             return dropped
 

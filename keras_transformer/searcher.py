@@ -77,6 +77,14 @@ def bucketed_shape(batch, width, widths):
     return (_bucket(batch, XLA_BATCH_BUCKETS, multiple_of_last=True), _bucket(width, widths))
 
 
+def tf_gather(x, indices, batch_dims=0):
+    """`keras_gather`'s meaning as one `tf.gather` node, for the plain graph's
+    loop (`beam_search(gather=...)`): `ops.take` adds a negative-index fix
+    (~5 nodes) and `gather_beams` its offsets (~12) to every gather, and a
+    `while_loop` runs every node of its body on every step."""
+    return tf.gather(x, indices, axis=batch_dims, batch_dims=batch_dims)
+
+
 def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
     """`tf.while_loop` whose loop variables may change shape from one iteration
     to the next (every dimension is relaxed): what `beam_search(...,
@@ -149,19 +157,21 @@ class Searcher:
         extra_length = self._clip_extra_length(extra_length)
         max_lengths = source_lengths + extra_length  # [batch]
         batch = tf.shape(source_ids)[0]
-        static = self.decoder.static_cache(source_ids, source_features)
         if static_buffer:
+            static = self.decoder.static_cache(source_ids, source_features)
             buffer_length = self.max_decode_length
             cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
-        else:
-            buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
-                                             1, self.max_decode_length)  # int32 scalar
-            cache = self.decoder.initial_self_attention_cache(batch, 0)
-        return beam_search(self._step_fn(grow=not static_buffer), cache, batch, max_lengths,
+            return beam_search(self._step_fn(grow=False), cache, batch, max_lengths,
+                               beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
+                               num_results=num_results, static_cache=static, patience=patience)
+        buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
+                                         1, self.max_decode_length)  # int32 scalar
+        static = self.decoder.static_cache(source_ids, source_features)
+        cache = self.decoder.initial_self_attention_cache(batch, 0)
+        return beam_search(self._step_fn(grow=True), cache, batch, max_lengths,
                            beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
                            num_results=num_results, static_cache=static, patience=patience,
-                           drop_finished=not static_buffer,
-                           while_loop=None if static_buffer else relaxed_while_loop)
+                           drop_finished=True, while_loop=relaxed_while_loop, gather=tf_gather)
 
     def _step_fn(self, grow):
         """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`.
@@ -203,7 +213,7 @@ class Searcher:
                                    alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
                                    static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,
                                    resize_cache=self.decoder.resize_self_attention_cache,
-                                   batch_halvings=batch_halvings)
+                                   batch_halvings=batch_halvings, gather=tf_gather)
 
             self._compiled[key] = tf.function(search, jit_compile=True, input_signature=[
                 tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),

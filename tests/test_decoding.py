@@ -24,6 +24,7 @@ from keras_transformer.decoding import (
     gather_beams,
     greedy_search,
     halving_sizes,
+    keras_gather,
     length_penalty,
     tile_beams,
     top_k_blockwise,
@@ -190,6 +191,28 @@ def test_helpers():
     np.testing.assert_allclose(float(length_penalty(7, 0.0)), 1.0)
 
 
+def test_keras_gather_has_tf_gathers_meaning():
+    """`keras_gather` (keras.ops) and `tf_gather` (one tf.gather node, what the
+    plain graph's loop uses) give the rows and the per-sentence beams NumPy
+    indexing gives, on float and bool values, eagerly and in a graph."""
+    from keras_transformer.searcher import tf_gather
+
+    y = np.arange(3 * 4 * 2, dtype="float32").reshape(3, 4, 2)
+    beams = np.array([[3, 0, 3], [1, 1, 2], [0, 2, 1]], "int32")  # [3, 3]: each sentence's own beams
+    rows = np.array([5, 0, 11, 5], "int32")
+    flat = y.reshape(12, 2)
+    cases = [(y, beams, 1, np.stack([y[b, beams[b]] for b in range(3)])),
+             (y[:, :, 0] > 7, beams, 1, np.stack([(y[:, :, 0] > 7)[b, beams[b]] for b in range(3)])),
+             (flat, rows, 0, flat[rows]), (flat, beams, 0, flat[beams])]
+    for gather in (keras_gather, tf_gather):
+        graph = tf.function(lambda x, i, b, gather=gather: gather(x, i, b))
+        for x, indices, batch_dims, expected in cases:
+            np.testing.assert_array_equal(np.asarray(gather(x, indices, batch_dims)), expected)
+            np.testing.assert_array_equal(graph(x, indices, batch_dims).numpy(), expected)
+    with pytest.raises(ValueError, match="batch_dims 0 or 1, got 2"):
+        keras_gather(y, beams, 2)
+
+
 @pytest.mark.parametrize("alpha", [0.6, 0.0, -0.4])
 def test_exhaustive_nbest(alpha):
     # vocab {UNK, EOS, 4, 5} (PAD/BOS masked): 1+3+9+27 = 40 outputs up to 3
@@ -242,6 +265,8 @@ def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
     masked = rng.normal(size=(4, 700))
     masked[:, rng.integers(0, 700, size=650)] = NEG_INF  # a few real entries left per row
     cases.append((masked, 8, None))
+    from keras_transformer.searcher import tf_gather
+
     for x, k, block in cases:
         x = x.astype("float32")
         expected_values, expected_indices = (np.asarray(t) for t in tf.math.top_k(x, k))
@@ -249,7 +274,9 @@ def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
         graph = tf.function(lambda t: top_k_blockwise(t, k, block),
                             input_signature=[tf.TensorSpec([None, x.shape[1]], tf.float32)])(x)
         xla = tf.function(lambda t: top_k_blockwise(t, k, block), jit_compile=True)(x)
-        for values, indices in (eager, graph, xla):
+        tf_gathers = tf.function(lambda t: top_k_blockwise(t, k, block, gather=tf_gather),
+                                 input_signature=[tf.TensorSpec([None, x.shape[1]], tf.float32)])(x)
+        for values, indices in (eager, graph, xla, tf_gathers):
             np.testing.assert_array_equal(np.asarray(values), expected_values)
             np.testing.assert_array_equal(np.asarray(indices), expected_indices)
     interpreter_lib = pytest.importorskip("ai_edge_litert.interpreter")
@@ -483,7 +510,7 @@ def test_drop_finished_equals_the_full_batch_loop(beam_size, num_results):
     same sequences and scores as the loop that keeps every sentence, eagerly
     and in a graph (a while_loop whose shapes change), with the sentence id
     in a static cache that must follow the kept sentences."""
-    from keras_transformer.searcher import relaxed_while_loop
+    from keras_transformer.searcher import relaxed_while_loop, tf_gather
 
     model = ToyModel(seed=41, vocab=9, batch=12, eos_bias=0.5)
     max_lengths = np.array([1, 3, 12, 7, 5, 9, 2, 12, 4, 6, 8, 10], "int32")
@@ -492,17 +519,18 @@ def test_drop_finished_equals_the_full_batch_loop(beam_size, num_results):
     np.testing.assert_array_equal(np.asarray(dropped[0]), seqs)
     np.testing.assert_allclose(np.asarray(dropped[1]), scores, rtol=1e-6)
 
-    def decode(h, acc, lengths):
+    def decode(h, acc, lengths, gather):
         return beam_search(static_step_fn(model, beam_size), {"h": h, "acc": acc}, tf.shape(h)[0], lengths,
                            beam_size=beam_size, num_results=num_results, max_decode_length=12,
                            static_cache={"sid": tf.range(tf.shape(h)[0])}, drop_finished=True,
-                           while_loop=relaxed_while_loop)
+                           while_loop=relaxed_while_loop, gather=gather)
 
-    graph = tf.function(decode, input_signature=[
-        tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, *EMB], tf.float32),
-        tf.TensorSpec([None], tf.int32)])(model.h0, model.acc0, max_lengths)
-    np.testing.assert_array_equal(graph[0].numpy(), seqs)
-    np.testing.assert_allclose(graph[1].numpy(), scores, rtol=1e-6)
+    for gather in (None, tf_gather):  # keras.ops' gathers, and the plain graph's one-node ones
+        graph = tf.function(lambda h, a, m, gather=gather: decode(h, a, m, gather), input_signature=[
+            tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, *EMB], tf.float32),
+            tf.TensorSpec([None], tf.int32)])(model.h0, model.acc0, max_lengths)
+        np.testing.assert_array_equal(graph[0].numpy(), seqs)
+        np.testing.assert_allclose(graph[1].numpy(), scores, rtol=1e-6)
 
 
 def count_steps(model, max_lengths, **kwargs):
