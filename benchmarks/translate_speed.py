@@ -59,7 +59,7 @@ same search (`SearchProfile`: a `Translator` whose `logits_filter`
 counts); every variant of ours runs the same steps (same search, same
 stopping rule). `serving_default` drops finished sentences, so its rows
 shrink as sentences end; `translate_xla` runs the smallest of its padded
-batch bucket, half or a quarter of it that holds the sentences not done
+batch bucket, half, a quarter or an eighth of it that holds the sentences not done
 (`XLA_BATCH_HALVINGS`), and LiteRT every sentence of the batch until the
 loop ends.
 
