@@ -70,9 +70,9 @@ __all__ = [
     "expand_to_beams",
     "flatten_beams",
     "gather_beams",
-    "keras_gather",
     "greedy_search",
     "halving_sizes",
+    "keras_gather",
     "length_penalty",
     "tile_beams",
     "top_k_blockwise",
@@ -773,7 +773,7 @@ def beam_search(
         if batch_halvings:
             state["sentence"] = ops.arange(batch_size, dtype="int32")  # [batch]: each row's sentence
             state["static"] = static_cache if static_cache is not None else {}
-            body = _halving_body(search_body, batch_size, beam_size, int(batch_halvings))
+            body = _halving_body(search_body, batch_size, beam_size, int(batch_halvings), spec.gather)
         else:
             def body(state):
                 return search_body(state, static_cache)
@@ -855,7 +855,7 @@ def halving_sizes(batch_size, halvings):
     return sizes
 
 
-def _halving_body(search_body, batch_size, beam_size, halvings):
+def _halving_body(search_body, batch_size, beam_size, halvings, gather):
     """The loop body of `beam_search(batch_halvings=...)`: `search_body(state, static)`
     on the smallest prefix of sentences that holds every one not done, then the
     sentences not done moved first when one ended on this step.
@@ -863,7 +863,8 @@ def _halving_body(search_body, batch_size, beam_size, halvings):
     The state carries ``sentence`` (each row's sentence) and ``static`` (the
     static cache, permuted with the rows). With a python `batch_size` the sizes
     are python ints; with a scalar tensor (TensorFlow) XLA still sees each as a
-    constant, since it compiles one program per batch size.
+    constant, since it compiles one program per batch size. `gather`: the
+    search's (`keras_gather` or one with its meaning), for the reordering.
     """
     sizes = halving_sizes(batch_size, halvings)
 
@@ -899,13 +900,13 @@ def _halving_body(search_body, batch_size, beam_size, halvings):
         index = sum(ops.cast(ops.logical_and(alive <= size, size < batch_size), "int32") for size in sizes[1:])
         state = ops.switch(index, [lambda s, size=size: on_prefix(s, size) for size in sizes], state)
         ended = ops.any(ops.logical_and(state["done"], ops.logical_not(done)))
-        return ops.cond(ended, lambda: _not_done_first(state, beam_size), lambda: state)
+        return ops.cond(ended, lambda: _not_done_first(state, beam_size, gather), lambda: state)
 
     return body
 
 
-def _not_done_first(state, beam_size):
-    """The state with the sentences not done first (one gather per entry)."""
+def _not_done_first(state, beam_size, gather):
+    """The state with the sentences not done first (one `gather` per entry)."""
     order = ops.argsort(ops.cast(state["done"], "int32"))  # [batch]
     every_beam = ops.broadcast_to(ops.arange(beam_size, dtype="int32")[None, :], (ops.shape(order)[0], beam_size))
     rows = _beam_rows(every_beam, beam_size, order)  # [batch * k]: each sentence's beams, in `order`
@@ -915,7 +916,7 @@ def _not_done_first(state, beam_size):
             new[name] = x
         else:
             index = rows if name == "cache" else order
-            new[name] = keras.tree.map_structure(lambda leaf, index=index: ops.take(leaf, index, axis=0), x)
+            new[name] = keras.tree.map_structure(lambda leaf, index=index: gather(leaf, index, 0), x)
     return new
 
 
