@@ -52,6 +52,10 @@ CANDIDATES: dict[str, tuple[str, str]] = {
     "batch-8192": ("the preset with twice the tokens per update (8,192 padded tokens per side; about half "
                    "the steps in the hour, so a checkpoint every 125 steps keeps ~3.5 minutes between them)",
                    "--batch-tokens 8192 --checkpoint-every 125"),
+    "lr2-warmup800": ("the preset's peak rate (warm-up 800 at twice the paper's rate) with a tail twice as high: "
+                      "the paper's rate past warm-up is d^-0.5 * step^-0.5 whatever the warm-up, ~0.0009 at step "
+                      "10,000 here, a third of Wu et al.'s there (5e-3, warm-up 2,000)",
+                      "--set warmup_steps=800 --set learning_rate_scale=2"),
 }
 DECODE_GRID = {"average": (5, 10), "beam_size": (4, 5), "alpha": (0.6, 1.0)}
 

@@ -78,6 +78,11 @@ class TransformerConfig:
             + 50".
         beam_size, length_penalty_alpha: the paper's beam 4 and alpha 0.6.
         warmup_steps: warm-up of the learning-rate schedule (4000).
+        learning_rate_scale: a constant factor on the schedule's rate (1.0,
+            the paper's; tensor2tensor's `learning_rate_constant`, OpenNMT-tf's
+            `NoamDecay` scale). Past warm-up the paper's rate is
+            `d_model^-0.5 * step^-0.5` whatever the warm-up, so a longer
+            warm-up with a larger scale keeps the peak and decays more slowly.
         train_steps: the paper's number of training steps for this size.
         checkpoints_to_average: the paper averages the last 5 (base) or 20
             (big) checkpoints.
@@ -124,6 +129,7 @@ class TransformerConfig:
     beam_size: int = 4
     length_penalty_alpha: float = 0.6
     warmup_steps: int = 4000
+    learning_rate_scale: float = 1.0
     train_steps: int = 100_000
     checkpoints_to_average: int = 5
     source_tags: tuple[str, ...] = option(
@@ -156,6 +162,10 @@ class TransformerConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ConfigError(name, f"TransformerConfig.{name} must be in [0, 1), got {value!r}")
+        if (isinstance(self.learning_rate_scale, bool) or not isinstance(self.learning_rate_scale, (int, float))
+                or not self.learning_rate_scale > 0):
+            raise ConfigError("learning_rate_scale",
+                              f"learning_rate_scale must be a positive number, got {self.learning_rate_scale!r}")
         if self.decode_extra_length < 0:
             raise ConfigError("decode_extra_length", f"decode_extra_length must be >= 0, got {self.decode_extra_length}")
         if self.length_penalty_alpha < 0:
@@ -299,7 +309,7 @@ SCHEDULE_ONLY_FIELDS = ("train_steps", "checkpoints_to_average")
 # checkpoints_to_average's roles) and the syntax options.
 MODEL_OVERRIDE_FIELDS = ("num_layers", "d_model", "d_ff", "num_heads", "dropout", "attention_dropout",
                          "label_smoothing", "norm_first", "layer_norm_epsilon", "decode_extra_length",
-                         "beam_size", "length_penalty_alpha", "warmup_steps")
+                         "beam_size", "length_penalty_alpha", "warmup_steps", "learning_rate_scale")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,9 +10,10 @@ from keras_transformer.config import TransformerConfig
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """`lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)`.
+    """`lrate = scale * d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)`.
 
-    Linear warm-up for `warmup_steps`, then inverse square-root decay.
+    Linear warm-up for `warmup_steps`, then inverse square-root decay; `scale`
+    is 1 in the paper (`TransformerConfig.learning_rate_scale`).
 
     Keras calls a schedule with the optimizer's `iterations`, which is 0 for
     the first update. The paper counts updates from 1, so `schedule(i)`
@@ -22,6 +23,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     Args:
         d_model: model width (512 base, 1024 big).
         warmup_steps: 4000 in the paper.
+        scale: a constant factor on the rate (1.0 in the paper).
 
     Example:
         >>> schedule = TransformerSchedule(512)
@@ -29,25 +31,27 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         0.000698771...
     """
 
-    def __init__(self, d_model, warmup_steps=4000):
-        if d_model <= 0 or warmup_steps <= 0:
-            raise ValueError(f"d_model and warmup_steps must be positive, got {d_model}, {warmup_steps}")
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+        if d_model <= 0 or warmup_steps <= 0 or scale <= 0:
+            raise ValueError(f"d_model, warmup_steps and scale must be positive, got {d_model}, {warmup_steps}, "
+                             f"{scale}")
         self.d_model = d_model
         self.warmup_steps = warmup_steps
+        self.scale = scale
 
     def __call__(self, step):
         step_num = ops.cast(step, "float32") + 1.0
-        return (self.d_model ** -0.5) * ops.minimum(ops.rsqrt(step_num),
+        return (self.scale * self.d_model ** -0.5) * ops.minimum(ops.rsqrt(step_num),
                                                     step_num * self.warmup_steps ** -1.5)
 
     def get_config(self):
-        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps}
+        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
 
 
 def make_optimizer(config: TransformerConfig) -> keras.optimizers.Adam:
     """Adam with beta1 0.9, beta2 0.98, epsilon 1e-9 and `TransformerSchedule`."""
     return keras.optimizers.Adam(
-        learning_rate=TransformerSchedule(config.d_model, config.warmup_steps),
+        learning_rate=TransformerSchedule(config.d_model, config.warmup_steps, config.learning_rate_scale),
         beta_1=0.9, beta_2=0.98, epsilon=1e-9)
 
 
