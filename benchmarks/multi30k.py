@@ -108,6 +108,7 @@ def train(args):
 
 
 def translate(export, sources, batch_size=64):
+    import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the tokenizer ops)
 
@@ -124,6 +125,8 @@ def patience_table(export, data, splits, values, batch_size=64):
     """Cased BLEU of the export's `translate_options` (beam 4, alpha 0.6, +50) on each
     split for patience 0 (exact) and each of `values`: the table's lines."""
     import sacrebleu
+
+    import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the tokenizer ops)
 
