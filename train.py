@@ -100,7 +100,7 @@ def _model_options(settings: list[str]) -> dict:
         if not equals or name not in MODEL_OVERRIDE_FIELDS:
             raise ValueError(f"--set {setting!r}: expected FIELD=VALUE with FIELD one of "
                              f"{', '.join(MODEL_OVERRIDE_FIELDS)}")
-        kind = type(defaults[name])
+        kind = int if defaults[name] is None else type(defaults[name])  # None: num_decoder_layers
         try:
             if kind is bool:
                 if text.strip().lower() not in ("true", "false", "1", "0"):

@@ -365,7 +365,7 @@ def main(argv=None) -> int:
         print(f"decoding.py: error: {error}", file=sys.stderr)
         return 2
     print(harness.header("decoding benchmark", harness.versions(tf, keras)))
-    print(f"# model {args.model_dir}: {config.num_layers} layers, d_model {config.d_model}, "
+    print(f"# model {args.model_dir}: {config.depth_text} layers, d_model {config.d_model}, "
           f"vocab {config.vocab_size}, search buffer: the request's longest source + "
           f"{config.decode_extra_length} (XLA: {config.max_length + config.decode_extra_length})")
     print(f"# {args.repeats} interleaved timed rounds after one untimed interleaved warm-up round\n")

@@ -49,13 +49,14 @@ def parse_args(argv=None):
 
 def matmul_flops(config, sentences, source_length, target_length):
     """Matmul FLOPs of one training step (forward x 3) on `sentences` pairs of the given lengths."""
-    d, f, n, v = config.d_model, config.d_ff, config.num_layers, config.vocab_size
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
     s, t = source_length, target_length
     encoder = 4 * s * d * d + 2 * s * s * d + 2 * s * d * f  # projections, scores + weighted sums, FFN
     decoder = (4 * t * d * d + 2 * t * t * d  # self-attention
                + 2 * t * d * d + 2 * s * d * d + 2 * t * s * d  # cross-attention (Q, O on t; K, V on s)
                + 2 * t * d * f)
-    return 3 * 2 * sentences * (n * (encoder + decoder) + t * d * v)  # + output projection
+    return 3 * 2 * sentences * (config.num_layers * encoder + config.decoder_depth * decoder
+                                + t * d * v)  # + output projection
 
 
 def step_flops(config, sentences, length):
@@ -95,7 +96,7 @@ def main(argv=None):
     config = TransformerConfig.from_preset(args.preset, vocab_size=args.vocab_size)
     sentences = args.batch_tokens // args.length
     flops = step_flops(config, sentences, args.length)
-    print(f"# preset {args.preset}: {config.num_layers} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
+    print(f"# preset {args.preset}: {config.depth_text} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
           f"vocab {config.vocab_size}; {sentences} sentences x {args.length} tokens per side "
           f"({sentences * args.length} target tokens) per step; {flops / 1e12:.2f} TFLOP per step (matmuls)")
     rng = np.random.default_rng(0)

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     corpus, tokenizer = harness.tokenized_corpus(data, args.vocab_size, args.seed)
     config = TransformerConfig.from_preset(args.preset, vocab_size=tokenizer.vocab_size)
     print(harness.header("input pipeline", harness.versions(tf, keras)))
-    print(f"# preset {args.preset}: {config.num_layers} layers, d_model {config.d_model}, vocab {config.vocab_size}; "
+    print(f"# preset {args.preset}: {config.depth_text} layers, d_model {config.d_model}, vocab {config.vocab_size}; "
           f"data {data}; batches of <= {args.batch_tokens} padded tokens per side; {args.steps} steps per fit")
 
     def batches():

@@ -56,6 +56,9 @@ CANDIDATES: dict[str, tuple[str, str]] = {
                       "the paper's rate past warm-up is d^-0.5 * step^-0.5 whatever the warm-up, ~0.0009 at step "
                       "10,000 here, a third of Wu et al.'s there (5e-3, warm-up 2,000)",
                       "--set warmup_steps=800 --set learning_rate_scale=2"),
+    "enc3-dec1": ("a deeper encoder and a shallower decoder (Kasai et al. 2021): 3 encoder layers, 1 decoder "
+                  "layer, ~7% fewer weights than 2+2; decoding runs one decoder layer per token",
+                  "--set num_layers=3 --set num_decoder_layers=1"),
 }
 DECODE_GRID = {"average": (5, 10), "beam_size": (4, 5), "alpha": (0.6, 1.0)}
 

@@ -147,7 +147,7 @@ def main(argv=None):
     model = build_variant(args.variant, config, args.seed)
     print(harness.header("profile of the train step", harness.versions(tf), f"{args.threads} threads",
                          f"variant {args.variant}"))
-    print(f"# preset {args.preset}: {config.num_layers} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
+    print(f"# preset {args.preset}: {config.depth_text} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
           f"vocab {config.vocab_size}; data {corpus.name}; {len(batches)} batches of <= {args.batch_tokens} padded "
           f"tokens per side (shapes {', '.join(f'{s.shape[0]}x{s.shape[1]}->{ti.shape[1]}' for (s, ti), _ in batches)}"
           f"; {tokens} real target tokens, {flops / 1e12:.3f} TFLOP of matmuls per pass)")

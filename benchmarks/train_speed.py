@@ -163,7 +163,7 @@ def keras_hub_transformer(config):
                                                 layer_norm_epsilon=config.layer_norm_epsilon)(
             x, padding_mask=source_mask)
     y = embed(target)
-    for _ in range(config.num_layers):
+    for _ in range(config.decoder_depth):
         y = keras_hub.layers.TransformerDecoder(config.d_ff, config.num_heads, dropout=config.dropout,
                                                 layer_norm_epsilon=config.layer_norm_epsilon)(
             y, x, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask)
@@ -187,7 +187,7 @@ def main(argv=None):
     corpus, config, batches, tokens, flops = training_batches(args)
     models = {name: build_variant(name, config, args.seed) for name in args.variants}
     print(harness.header("train speed", harness.versions(*modules), f"{args.threads} threads"))
-    print(f"# preset {args.preset}: {config.num_layers} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
+    print(f"# preset {args.preset}: {config.depth_text} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
           f"vocab {config.vocab_size}; data {corpus.name}; {len(batches)} batches of <= {args.batch_tokens} "
           f"padded tokens per side ({tokens} real target tokens, {flops / 1e12:.3f} TFLOP of matmuls per pass)")
     print("# parameters: " + ", ".join(f"{n} {m.count_params():,}" for n, m in models.items()))

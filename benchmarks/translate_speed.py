@@ -165,7 +165,7 @@ def trained_model(args):
 
     model, config, tokenizer = load_trained(args.model_dir)
     sentences = read_lines(args.sentences or DEFAULT_SENTENCES)[:args.count]
-    return model, config, tokenizer, sentences, f"{args.model_dir} ({config.num_layers} layers, " \
+    return model, config, tokenizer, sentences, f"{args.model_dir} ({config.depth_text} layers, " \
         f"d_model {config.d_model}, vocab {config.vocab_size})"
 
 
@@ -195,7 +195,7 @@ def shaped_model(args, work):
     if len(sentences) < args.count:
         sys.exit(f"translate_speed: only {len(sentences)} sentences of exactly {wanted} pieces; "
                  f"lower --count or change --source-tokens")
-    return model, config, tokenizer, sentences, f"random {args.shape} shape ({config.num_layers} layers, " \
+    return model, config, tokenizer, sentences, f"random {args.shape} shape ({config.depth_text} layers, " \
         f"d_model {config.d_model}, vocab {config.vocab_size}), seed {args.seed}, " \
         f"sources of exactly {wanted} pieces, EOS embedding row zeroed"
 

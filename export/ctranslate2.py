@@ -209,7 +209,7 @@ def build_spec(model, config: TransformerConfig, tokenizer) -> ctranslate2.specs
                          f"embedding rows and config.vocab_size={config.vocab_size}; they must be equal")
 
     spec = ctranslate2.specs.TransformerSpec.from_config(
-        config.num_layers, config.num_heads, pre_norm=config.norm_first,
+        (config.num_layers, config.decoder_depth), config.num_heads, pre_norm=config.norm_first,
         activation=ctranslate2.specs.Activation.RELU)
     positions = position_table(config)
     for stack in (spec.encoder, spec.decoder):

@@ -59,7 +59,14 @@ class TransformerConfig:
     Args:
         vocab_size: size of the shared source/target vocabulary (paper: ~37,000
             BPE tokens for En-De).
-        num_layers: N, identical layers in each of the encoder and decoder.
+        num_layers: N, identical layers in each of the encoder and decoder
+            (the encoder's only, when `num_decoder_layers` is set).
+        num_decoder_layers: None (the paper's: `num_layers`), or the
+            decoder's own depth: a deeper encoder and a shallower decoder
+            (Kasai et al., "Deep Encoder, Shallow Decoder", ICLR 2021). The
+            encoder runs once per sentence and the decoder once per output
+            token, so depth moved into the encoder costs training about the
+            same and decoding less. `decoder_depth` is the count either way.
         d_model: width of every sub-layer output and of the embeddings.
         d_ff: inner size of the position-wise feed-forward network.
         num_heads: h; `d_k = d_v = d_model / num_heads`.
@@ -116,6 +123,7 @@ class TransformerConfig:
 
     vocab_size: int = 37000
     num_layers: int = 6
+    num_decoder_layers: int | None = None
     d_model: int = 512
     d_ff: int = 2048
     num_heads: int = 8
@@ -156,6 +164,11 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(name, f"TransformerConfig.{name} must be a positive integer, got {value!r}")
+        if self.num_decoder_layers is not None and (
+                isinstance(self.num_decoder_layers, bool) or not isinstance(self.num_decoder_layers, int)
+                or self.num_decoder_layers <= 0):
+            raise ConfigError("num_decoder_layers", f"TransformerConfig.num_decoder_layers must be None or a "
+                                                    f"positive integer, got {self.num_decoder_layers!r}")
         if self.d_model % self.num_heads:
             raise ConfigError("num_heads", f"num_heads={self.num_heads} does not divide d_model={self.d_model}")
         for name in ("dropout", "attention_dropout", "label_smoothing"):
@@ -217,6 +230,18 @@ class TransformerConfig:
         if not self.uses_syntax_attention:
             return ()
         return self.syntax_layers or tuple(range(self.num_layers))
+
+    @property
+    def decoder_depth(self) -> int:
+        """Layers of the decoder: `num_decoder_layers`, or `num_layers` when it is None."""
+        return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+    @property
+    def depth_text(self) -> str:
+        """The layer counts in words for reports: `"6"`, or `"3+1"` (encoder + decoder)."""
+        if self.decoder_depth == self.num_layers:
+            return str(self.num_layers)
+        return f"{self.num_layers}+{self.decoder_depth}"
 
     @property
     def head_size(self) -> int:
@@ -307,7 +332,7 @@ SCHEDULE_ONLY_FIELDS = ("train_steps", "checkpoints_to_average")
 # `train.py --set FIELD=VALUE`): all but those with their own `TrainingConfig` field
 # (vocab_size, max_length; the run's steps and average set train_steps'/
 # checkpoints_to_average's roles) and the syntax options.
-MODEL_OVERRIDE_FIELDS = ("num_layers", "d_model", "d_ff", "num_heads", "dropout", "attention_dropout",
+MODEL_OVERRIDE_FIELDS = ("num_layers", "num_decoder_layers", "d_model", "d_ff", "num_heads", "dropout", "attention_dropout",
                          "label_smoothing", "norm_first", "layer_norm_epsilon", "decode_extra_length",
                          "beam_size", "length_penalty_alpha", "warmup_steps", "learning_rate_scale")
 

@@ -54,7 +54,7 @@ class IncrementalDecoder:
         (`max_length=0` for caches that grow: `step(..., grow=True)`)."""
         shape = (batch_size, self.config.num_heads, max_length, self.config.head_size)
         dtype = self.model.compute_dtype
-        return [(ops.zeros(shape, dtype), ops.zeros(shape, dtype)) for _ in range(self.config.num_layers)]
+        return [(ops.zeros(shape, dtype), ops.zeros(shape, dtype)) for _ in range(self.config.decoder_depth)]
 
     def resize_self_attention_cache(self, caches, length):
         """Pads each `(key, value)` buffer `[rows, heads, n, head_size]` with zeros to

@@ -132,7 +132,7 @@ class Transformer(keras.Model):
         self.encoder_norm = _final_norm(config, ENCODER_NORM)
         self.decoder_dropout = keras.layers.Dropout(config.dropout, name=DECODER_DROPOUT)
         self.decoder_layers = [_built(DecoderBlock(**_block_kwargs(config), name=DECODER_LAYER.format(i)),
-                                      features) for i in range(config.num_layers)]
+                                      features) for i in range(config.decoder_depth)]
         self.decoder_norm = _final_norm(config, DECODER_NORM)
         # Logits in float32 even under mixed precision: the loss and the beam
         # search's log-softmax need the range.

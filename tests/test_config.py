@@ -126,3 +126,22 @@ def test_a_bad_value_names_its_flag_through_the_fields_config_error(field, capsy
     assert exit_.value.code == 2
     line = capsys.readouterr().err.strip()
     assert f"error: {flag} must be a positive integer, got 0" in line or f"error: {flag}: " in line, line
+
+
+def test_num_decoder_layers_from_the_command_line(capsys):
+    """train.py --set num_decoder_layers=N (a field whose default is None) reads an int;
+    None keeps the paper's equal depths; a bad value is a one-line error naming it."""
+    import train
+
+    run = train.parse_args(["--config", "multi30k", "--set", "num_layers=3", "--set", "num_decoder_layers=1"]).run
+    config = run.model_config(8000)
+    assert (config.num_layers, config.num_decoder_layers, config.decoder_depth, config.depth_text) == (3, 1, 1, "3+1")
+    plain = TransformerConfig.from_preset("multi30k")
+    assert (plain.num_decoder_layers, plain.decoder_depth, plain.depth_text) == (None, 2, "2")
+    assert TransformerConfig.from_dict({k: v for k, v in config.to_dict().items()}) == config
+    for value in ("0", "one"):
+        with pytest.raises(SystemExit):
+            train.parse_args(["--config", "multi30k", "--set", f"num_decoder_layers={value}"])
+        assert "num_decoder_layers" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="num_decoder_layers must be None or a positive integer, got True"):
+        TransformerConfig.from_preset("multi30k", num_decoder_layers=True)

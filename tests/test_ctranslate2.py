@@ -121,12 +121,13 @@ def test_token_log_probs_match_ours(toy):
         np.testing.assert_allclose(result.log_probs, row[:len(target) + 1], atol=SCORE_ATOL)
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_two_layer_random_model_log_probs_match(toy, tmp_path, norm_first):
-    # Several layers and heads, and the pre-norm stacks' final LayerNorms.
+@pytest.mark.parametrize("norm_first,decoder_layers", [(False, None), (True, None), (False, 1)])
+def test_two_layer_random_model_log_probs_match(toy, tmp_path, norm_first, decoder_layers):
+    # Several layers and heads, the pre-norm stacks' final LayerNorms, and a decoder
+    # shallower than the encoder (num_decoder_layers).
     config = TransformerConfig(vocab_size=toy["tokenizer"].vocab_size, num_layers=2, d_model=32, d_ff=64,
                                num_heads=4, dropout=0.0, max_length=24, decode_extra_length=10,
-                               norm_first=norm_first)
+                               norm_first=norm_first, num_decoder_layers=decoder_layers)
     model = build_transformer(config)
     ct2 = ctranslate2.Translator(str(convert(model, config, toy["tokenizer"], tmp_path / "ct2")),
                                  intra_threads=1)

@@ -16,12 +16,12 @@ def random_ids(rng, shape, vocab=50):
 
 def expected_params(config):
     """Parameter count from the survey's per-module formulas."""
-    d, f, n, v = config.d_model, config.d_ff, config.num_layers, config.vocab_size
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
     attention = 4 * d * d + 4 * d  # W^Q, W^K, W^V, W^O with biases
     ffn = 2 * d * f + d + f
     layer_norm = 2 * d
-    encoder = n * (attention + ffn + 2 * layer_norm)
-    decoder = n * (2 * attention + ffn + 3 * layer_norm)
+    encoder = config.num_layers * (attention + ffn + 2 * layer_norm)
+    decoder = config.decoder_depth * (2 * attention + ffn + 3 * layer_norm)
     return v * d + encoder + decoder  # one shared embedding/projection matrix
 
 
@@ -82,6 +82,26 @@ def assert_cached_decoding_matches(decoder, source, target, full, buffer):
     for t in range(target.shape[1]):
         logits, caches = decoder.decode(target[:, t:t + 1], t, caches, cross, source_mask)
         np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=1e-5)
+
+
+def test_deeper_encoder_shallower_decoder(tmp_path):
+    """num_decoder_layers: 3 encoder layers and 1 decoder layer, with the parameters of
+    that many blocks; cached decoding equals the full pass; the .keras file keeps it."""
+    rng = np.random.default_rng(5)
+    config = TransformerConfig(**{**TINY, "num_layers": 3}, num_decoder_layers=1)
+    model = build_transformer(config)
+    assert (len(model.encoder_layers), len(model.decoder_layers), config.decoder_depth) == (3, 1, 1)
+    assert model.count_params() == expected_params(config)
+    assert expected_params(config) < expected_params(TransformerConfig(**{**TINY, "num_layers": 3}))
+    source = random_ids(rng, (2, 6))
+    target = np.concatenate([np.full((2, 1), BOS_ID, "int32"), random_ids(rng, (2, 5))], axis=1)
+    full = np.asarray(model([source, target]))
+    assert_cached_decoding_matches(IncrementalDecoder(model, config), source, target, full, buffer=8)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert len(loaded.decoder_layers) == 1 and loaded.transformer_config == config
+    np.testing.assert_allclose(np.asarray(loaded([source, target])), full, atol=1e-6)
 
 
 def test_incremental_step_fn_repeats_sources_over_beams():
