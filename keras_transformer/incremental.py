@@ -101,7 +101,7 @@ class IncrementalDecoder:
         `output_kernel`: None, or `output_kernel()` computed before the loop."""
         logits, cache = self.decode(ids, step, cache, static_cache["cross"], static_cache["mask"], grow=grow,
                                     output_kernel=output_kernel)
-        return logits[:, 0, :], cache  # [rows, vocab]
+        return ops.squeeze(logits, 1), cache  # [rows, vocab]
 
     def make_step_fn(self, source_ids, beam_size, source_features=None):
         """Encodes `source_ids` (with the syntax-aware model's `source_features`)

@@ -247,6 +247,13 @@ class Transformer(keras.Model):
         y = self.embedding(target_ids, start_position=start_position)  # [batch, T, d_model]
         y = self.decoder_dropout(y, training=training)
         cached = self_attention_caches is not None
+        # A cached step of one position (every step of beam search): the layers
+        # take `[batch, d_model]`, so every projection is a plain 2-D matmul with
+        # no reshape around it, and cross-attention needs no transposes (a
+        # TensorFlow `while_loop` pays for every node of its body on every step).
+        one_position = cached and target_ids.shape[1] == 1
+        if one_position:
+            y = ops.reshape(y, (-1, self.transformer_config.d_model))  # [batch, d_model]
         self_caches = self_attention_caches if cached else [None] * len(self.decoder_layers)
         cross_caches = cross_attention_caches or [None] * len(self.decoder_layers)
         new_caches = []
@@ -263,6 +270,8 @@ class Transformer(keras.Model):
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         logits = self.logits_output(self.embedding(y, reverse=True, output_kernel=output_kernel))  # [batch, T, vocab]
+        if one_position:
+            logits = ops.expand_dims(logits, 1)  # [batch, 1, vocab]
         return logits, (new_caches if cached else None)
 
     # -- serialisation ------------------------------------------------------------

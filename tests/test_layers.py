@@ -121,9 +121,15 @@ def test_self_attention_cache_step_by_step_equals_causal_full_pass():
     x = rng.normal(size=(3, 6, 8)).astype("float32")
     full = np.asarray(layer(x, x, attention_mask=np.tril(np.ones((6, 6), bool))[None]))
     cache = (np.zeros((3, 2, 9, 4), "float32"), np.zeros((3, 2, 9, 4), "float32"))  # [batch, heads, slots, d]
+    flat_cache = cache
     for t in range(6):
         out, cache = layer(x[:, t:t + 1], cache=cache, cache_index=t)
         np.testing.assert_allclose(np.asarray(out)[:, 0], full[:, t], atol=1e-5)
+        # One position per row as `[batch, d_model]` (the decoder's cached steps): the same.
+        flat, flat_cache = layer(x[:, t], cache=flat_cache, cache_index=t)
+        assert flat.shape == (3, 8)
+        np.testing.assert_allclose(np.asarray(flat), full[:, t], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(flat_cache[0]), np.asarray(cache[0]), atol=1e-6)
     # The cache holds exactly the projected keys of the 6 positions, zeros after.
     keys = np.asarray(layer.compute_key_value(x)[0])
     np.testing.assert_allclose(np.asarray(cache[0])[:, :, :6], keys, atol=1e-6)
@@ -135,7 +141,9 @@ def test_small_kernels_equal_numpy_in_both_regimes(monkeypatch, threshold):
     """`small_kernels` picks, per call, oneDNN's batched matmuls or broadcast products
     (`SMALL_ATTENTION`); forced to each, a growing-cache decoding step equals the causal
     full pass in NumPy, and cross-attention with 3 beams' queries per cached sentence
-    equals NumPy's attention over the sentence repeated per beam."""
+    equals NumPy's attention over the sentence repeated per beam; both also with one
+    position per row as `[rows, d_model]` (the decoder's steps: cross-attention then
+    takes the beams query-major, with no transposes)."""
     monkeypatch.setattr(attention_module, "SMALL_ATTENTION", threshold)
     rng = np.random.default_rng(7)
     layer = MultiHeadAttention(num_heads=2, d_model=8)
@@ -143,9 +151,12 @@ def test_small_kernels_equal_numpy_in_both_regimes(monkeypatch, threshold):
     layer(x, x)  # build
     want = numpy_attention(layer, x, x, mask=np.broadcast_to(np.tril(np.ones((6, 6), bool)), (3, 6, 6)))
     cache = (np.zeros((3, 2, 0, 4), "float32"), np.zeros((3, 2, 0, 4), "float32"))  # grows by one slot a step
+    flat_cache = cache
     for t in range(6):
         out, cache = layer(x[:, t:t + 1], cache=cache, cache_index=t, grow_cache=True, small_kernels=True)
         np.testing.assert_allclose(np.asarray(out)[:, 0], want[:, t], atol=1e-5)
+        flat, flat_cache = layer(x[:, t], cache=flat_cache, cache_index=t, grow_cache=True, small_kernels=True)
+        np.testing.assert_allclose(np.asarray(flat), want[:, t], atol=1e-5)
 
     memory = rng.normal(size=(2, 5, 8)).astype("float32")  # 2 sentences
     padding = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
@@ -155,6 +166,10 @@ def test_small_kernels_equal_numpy_in_both_regimes(monkeypatch, threshold):
     repeated = np.repeat(memory, 3, axis=0)  # [6, 5, 8]
     mask = np.broadcast_to(np.repeat(padding, 3, axis=0)[:, None, :], (6, 1, 5))
     np.testing.assert_allclose(np.asarray(got), numpy_attention(layer, beams, repeated, mask=mask), atol=1e-5)
+    for small in (True, False):
+        flat, _ = layer(beams[:, 0], cache=layer.compute_key_value(memory), attention_mask=padding[:, None, :],
+                        small_kernels=small)  # [6, 8]
+        np.testing.assert_allclose(np.asarray(flat), np.asarray(got)[:, 0], atol=1e-5)
 
 
 def test_small_kernels_choose_by_the_size_of_the_product(monkeypatch):

@@ -204,8 +204,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def split_heads(self, x):
-        """`[batch, T, d_model]` -> `[batch, heads, T, head_size]`."""
-        if x.shape[1] == 1:  # one position (a decoding step): the transpose is a reshape
+        """`[batch, T, d_model]` (or `[batch, d_model]`, one position per row) ->
+        `[batch, heads, T, head_size]`."""
+        if len(x.shape) == 2 or x.shape[1] == 1:  # one position (a decoding step): the transpose is a reshape
             return ops.reshape(x, (-1, self.num_heads, 1, self.head_size))  # [batch, heads, 1, head_size]
         x = ops.reshape(x, leading_shape(x) + (self.num_heads, self.head_size))  # [batch, T, heads, head_size]
         return ops.transpose(x, (0, 2, 1, 3))  # [batch, heads, T, head_size]
@@ -233,6 +234,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return self._attend_static_cache(query, cache, attention_mask, attention_bias,
                                              attention_scale, training, small_kernels)
         self_attention = value is None or value is query
+        flat = len(query.shape) == 2  # [rows, d_model]: one position per row (a cached decoding step)
         if cache is None and self_attention and self.fuse_projections:  # whole sequences
             q, k, v = (self.split_heads(x) for x in self.project(
                 query, (self.query_dense, self.key_dense, self.value_dense), fused=True))
@@ -250,7 +252,7 @@ class MultiHeadAttention(keras.layers.Layer):
             else:
                 k = write_cache(cache[0], new_k, cache_index)  # [batch, heads, max_length, head_size]
                 v = write_cache(cache[1], new_v, cache_index)
-            if not (grow_cache and query.shape[1] == 1):  # one query at the end sees every slot
+            if not (grow_cache and (flat or query.shape[1] == 1)):  # one query at the end sees every slot
                 # Causal mask over the cache: query t (absolute position
                 # cache_index + t) sees slots <= cache_index + t.
                 slots = ops.arange(ops.shape(k)[2], dtype="int32")  # [slots]
@@ -259,8 +261,8 @@ class MultiHeadAttention(keras.layers.Layer):
                                          0)  # [1, T_q, slots]
                 attention_mask = causal if attention_mask is None else ops.logical_and(attention_mask, causal)
 
-        small = small_kernels and cache is not None and q.shape[2] == 1  # one query per row: a decoding step
-        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training, small)
+        small = small_kernels if cache is not None and q.shape[2] == 1 else False  # one query per row: a step
+        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training, small, flat=flat)
         if cache is None:
             return output
         return output, (k, v)
@@ -274,15 +276,31 @@ class MultiHeadAttention(keras.layers.Layer):
         attend to them together, as `[rows, m * T]` queries); masks and biases
         have one row per cache row. Returns `(output [rows * m, T, d_model], cache)`."""
         k, v = cache
-        small = small_kernels and query.shape[1] == 1  # a decoding step: m beams' queries per row
+        if len(query.shape) == 2:  # [rows * m, d_model]: one position per row (a decoding step)
+            if attention_bias is not None or attention_scale is not None:
+                raise ValueError("a static cache with one position per query row takes no attention_bias "
+                                 "or attention_scale (they have a heads axis; the queries here are beams-first)")
+            q = apply_per_token(self.query_dense, query)  # [rows * m, d_model]
+            # [rows, m, heads, head_size]: the beams' queries of each row, query-major (no transpose)
+            q = ops.reshape(q, (ops.shape(k)[0], -1, self.num_heads, self.head_size))
+            output = self._attend(q, k, v, attention_mask, None, None, training, small_kernels, flat=True,
+                                  query_major=True)
+            return output, cache  # [rows * m, d_model]
+        small = small_kernels if query.shape[1] == 1 else False  # a decoding step: m beams' queries per row
         shape = ops.shape(query)
         query = ops.reshape(query, (ops.shape(k)[0], -1, self.d_model))  # [rows, m * T, d_model]
         q = self.split_heads(apply_per_token(self.query_dense, query))  # [rows, heads, m * T, head_size]
         output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training, small)
         return ops.reshape(output, shape), cache  # [rows * m, T, d_model]
 
-    def _attend(self, q, k, v, attention_mask, attention_bias, attention_scale, training, small=False):
+    def _attend(self, q, k, v, attention_mask, attention_bias, attention_scale, training, small=False,
+                flat=False, query_major=False):
         """softmax(q k^T / sqrt(d_k) (* scale) + bias, masked) v, then the output projection.
+
+        `q` is `[batch, heads, T_q, head_size]`, or with `query_major`
+        `[batch, T_q, heads, head_size]` (no bias or scale: the masks then
+        broadcast over `[batch, T_q, heads, T_k]`); the output is
+        `[batch, T_q, d_model]`, or with `flat` `[batch * T_q, d_model]`.
 
         With `small` (a decoding step with few queries per row, in a graph
         whose shapes change per call) a call whose product
@@ -294,7 +312,16 @@ class MultiHeadAttention(keras.layers.Layer):
         The same formulas, so the same numbers up to float rounding.
         """
         def context(few):
-            scores = self._products(q, k, few)  # [batch, heads, T_q, T_k]
+            # Query-major products broadcast in q's layout (no transpose); oneDNN's
+            # batched matmuls take heads first.
+            major = query_major and few
+            heads_axis = 2 if major else 1  # of the scores
+            if major:
+                scores = ops.sum(ops.expand_dims(q, 3) * ops.expand_dims(k, 1), axis=-1)  # [batch, T_q, heads, T_k]
+            elif query_major:
+                scores = self._products(ops.transpose(q, (0, 2, 1, 3)), k, few)  # [batch, heads, T_q, T_k]
+            else:
+                scores = self._products(q, k, few)  # [batch, heads, T_q, T_k]
             # Scores in float32 so that NEG_INF and the softmax are exact under
             # mixed precision.
             scores = ops.cast(scores, "float32") / math.sqrt(self.head_size)
@@ -303,29 +330,34 @@ class MultiHeadAttention(keras.layers.Layer):
             if attention_bias is not None:
                 scores = scores + ops.cast(attention_bias, "float32")
             if attention_mask is not None:
-                mask = ops.expand_dims(ops.cast(attention_mask, "bool"), 1)  # [batch, 1, T_q, T_k]
+                mask = ops.expand_dims(ops.cast(attention_mask, "bool"), heads_axis)  # heads axis of 1
                 scores = ops.where(mask, scores, NEG_INF)
             if few:
-                exp = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))  # [batch, heads, T_q, T_k]
+                exp = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))  # as scores
                 weights = exp / ops.sum(exp, axis=-1, keepdims=True)
             else:
                 weights = ops.softmax(scores, axis=-1)
             weights = self.dropout_layer(ops.cast(weights, self.compute_dtype), training=training)
             if not few:
                 out = ops.einsum("bhqk,bhkd->bqhd", weights, v)  # [batch, T_q, heads, head_size]
-            elif q.shape[2] == 1:
+            elif major:
+                out = ops.sum(ops.expand_dims(weights, 4) * ops.expand_dims(v, 1),
+                              axis=3)  # [batch, T_q, heads, head_size]
+            elif q.shape[2] == 1:  # (heads-first q)
                 out = ops.sum(ops.expand_dims(ops.squeeze(weights, 2), 3) * v, axis=2)  # [batch, heads, head_size]
             else:
                 out = ops.sum(ops.expand_dims(weights, 4) * ops.expand_dims(v, 2),
                               axis=3)  # [batch, heads, T_q, head_size]
                 out = ops.transpose(out, (0, 2, 1, 3))  # [batch, T_q, heads, head_size]
-            if q.shape[2] == 1:
+            if flat:
+                return ops.reshape(out, (-1, self.d_model))  # [batch * T_q, d_model]
+            if not query_major and q.shape[2] == 1:
                 return ops.reshape(out, (-1, 1, self.d_model))  # [batch, 1, d_model]
             return ops.reshape(out, leading_shape(out)[:-1] + (self.d_model,))  # [batch, T_q, d_model]
 
         if small:
             shape_q, shape_k = ops.shape(q), ops.shape(k)
-            size = shape_q[0] * self.num_heads * shape_q[2] * shape_k[2] * self.head_size
+            size = shape_q[0] * self.num_heads * shape_q[1 if query_major else 2] * shape_k[2] * self.head_size
             attended = ops.cond(size <= SMALL_ATTENTION, lambda: context(True), lambda: context(False))
         else:
             attended = context(False)

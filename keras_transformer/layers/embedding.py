@@ -52,7 +52,7 @@ class PositionalEmbedding(keras.layers.Layer):
 
     Call arguments:
         inputs: int `[batch, T]` token ids, or with `reverse=True` float
-            `[batch, T, d_model]` decoder states.
+            `[batch, T, d_model]` (or `[tokens, d_model]`) decoder states.
         start_position: int32 scalar, position of the first token (incremental
             decoding feeds one token at a time at increasing positions).
         reverse: project states to vocabulary logits with the transposed
@@ -102,6 +102,8 @@ class PositionalEmbedding(keras.layers.Layer):
     def call(self, inputs, start_position=0, reverse=False, positions=True, output_kernel=None):
         if reverse:
             kernel = self.output_kernel() if output_kernel is None else output_kernel  # [d_model, vocab]
+            if len(inputs.shape) == 2:  # [tokens, d_model] already
+                return ops.matmul(inputs, kernel)  # [tokens, vocab]
             flat = ops.reshape(inputs, (-1, self.d_model))  # [tokens, d_model]: a 2-D matmul (see apply_per_token)
             logits = ops.matmul(flat, kernel)  # [tokens, vocab]
             return ops.reshape(logits, leading_shape(inputs) + (self.vocab_size,))  # [batch, T, vocab]
