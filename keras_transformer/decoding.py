@@ -273,7 +273,8 @@ class _SearchSpec(typing.NamedTuple):
 
     Static python values that fix shapes, and loop-invariant tensors built
     once before the loop (the loop body captures them instead of rebuilding
-    them every step).
+    them every step; in a TensorFlow graph each captured tensor is carried
+    as a loop variable, ~4 nodes a step, so constants stay NumPy values).
     """
 
     beam_size: int  # k, static
@@ -283,7 +284,7 @@ class _SearchSpec(typing.NamedTuple):
     alpha: object  # python float or float scalar tensor
     patience: object  # None, or float scalar: stop after round(k * patience) finished hypotheses
     positions: object  # int32 [L], arange(L): where to write the token of `step`
-    neg_inf: object  # float32 scalar tensor NEG_INF
+    neg_inf: object  # NEG_INF as a NumPy float32 scalar
     gather: object  # `keras_gather`, or a function with its meaning (tf.gather)
 
 
@@ -301,7 +302,9 @@ def _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_i
         alpha=alpha,
         patience=patience,
         positions=ops.arange(0, max_decode_length, dtype="int32"),  # [L]
-        neg_inf=ops.convert_to_tensor(NEG_INF, "float32"),
+        # A constant wherever it is used: a tensor made before the loop would be
+        # one more variable of a TensorFlow while_loop (~4 nodes every step).
+        neg_inf=np.float32(NEG_INF),
         gather=gather,
     )
 
@@ -809,35 +812,36 @@ def beam_search(
         logits, cache = call_step(state, state["static"])
         state, source_beam = _search_step(state, logits, cache, spec)
         done = state.pop("done")  # [b]
+        # Every step writes the results of the sentences that ended (on most steps
+        # none: an empty scatter) and keeps the others, with no `cond` over the
+        # state: such a cond cost more per step (a Switch, a Merge and two
+        # function-boundary copies per tensor of the state, and the branch not
+        # taken) than these small gathers, and a `while_loop` pays for every node
+        # of its body on every step.
+        kept_state = dict(state)
+        seqs, scores = _best_results(state, num_results, spec)  # [b, n, L], [b, n]
+        ended = ops.nonzero(done)[0]  # [e]
+        written = ops.expand_dims(spec.gather(state["sentence"], ended, 0), 1)  # [e, 1]
+        kept_state["out_seqs"] = ops.scatter_update(state["out_seqs"], written, spec.gather(seqs, ended, 0))
+        kept_state["out_scores"] = ops.scatter_update(state["out_scores"], written, spec.gather(scores, ended, 0))
+        kept = ops.nonzero(ops.logical_not(done))[0]  # [b']
+        # One gather per cache leaf: beam reorder and dropped sentences together.
+        rows = _beam_rows(spec.gather(source_beam, kept, 0), beam_size, kept)  # [b' * k]
+        kept_state["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
+        for name in _PER_SENTENCE:
+            if name in state:  # finished_count only with patience
+                kept_state[name] = spec.gather(state[name], kept, 0)
+        # The encoder's keys and values, the largest per-sentence tensors, are
+        # copied only on a step where a sentence ended.
+        if state["static"]:  # ({} without a static cache)
+            kept_state["static"] = ops.cond(
+                ops.any(done), lambda: keras.tree.map_structure(lambda x: spec.gather(x, kept, 0), state["static"]),
+                lambda: state["static"])
+        kept_state["done"] = ops.zeros_like(kept) > 0  # [b']: the kept ones are not done
+        return kept_state
 
-        def reorder():  # no sentence ended this step (most steps): the beam reorder only
-            rows = _beam_rows(source_beam, beam_size)  # [b * k]
-            return {**state, "cache": keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache),
-                    "done": ops.logical_and(done, False)}
-
-        def write_and_drop():
-            dropped = dict(state)
-            seqs, scores = _best_results(state, num_results, spec)  # [b, n, L], [b, n]
-            ended = ops.nonzero(done)[0]  # [e]
-            written = ops.expand_dims(spec.gather(state["sentence"], ended, 0), 1)  # [e, 1]
-            dropped["out_seqs"] = ops.scatter_update(state["out_seqs"], written, spec.gather(seqs, ended, 0))
-            dropped["out_scores"] = ops.scatter_update(state["out_scores"], written,
-                                                       spec.gather(scores, ended, 0))
-            kept = ops.nonzero(ops.logical_not(done))[0]  # [b']
-            # One gather per cache leaf: beam reorder and dropped sentences together.
-            rows = _beam_rows(spec.gather(source_beam, kept, 0), beam_size, kept)  # [b' * k]
-            dropped["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
-            for name in _PER_SENTENCE:
-                if name in state:  # finished_count only with patience
-                    dropped[name] = spec.gather(state[name], kept, 0)
-            dropped["static"] = keras.tree.map_structure(lambda x: spec.gather(x, kept, 0), state["static"])
-            dropped["done"] = ops.zeros_like(dropped["sentence"]) > 0  # [b']: the kept ones are not done
-            return dropped
-
-        # The results are written and the batch shrinks only on a step where a sentence ended.
-        return ops.cond(ops.any(done), write_and_drop, reorder)
-
-    state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
+    # `cond` bounds the steps: no iteration counter (a loop variable more).
+    state = while_loop(cond, body, state, maximum_iterations=None)
     return state["out_seqs"], state["out_scores"]
 
 
