@@ -214,7 +214,7 @@ class Transformer(keras.Model):
 
     def decode(self, target_ids, encoder_output, source_mask, *, start_position=0,
                self_attention_caches=None, cross_attention_caches=None, training=None, grow_caches=False,
-               output_kernel=None):
+               output_kernel=None, small_kernels=None):
         """The decoder stack and the tied output projection.
 
         Without caches this is the training pass: causal self-attention over
@@ -239,6 +239,8 @@ class Transformer(keras.Model):
             output_kernel: None, or `embedding.output_kernel()` computed
                 once before a decoding loop (the loop then does not
                 transpose the embeddings every step).
+            small_kernels: with caches, None or the attentions'
+                `small_kernels` (`DecoderBlock`).
 
         Returns:
             float32 logits `[batch, T, vocab]` and the updated self-attention
@@ -262,7 +264,7 @@ class Transformer(keras.Model):
                 y, self_cache = layer(y, encoder_output, encoder_padding_mask=source_mask,
                                       self_attention_cache=self_cache, cache_index=start_position,
                                       cross_attention_cache=cross_cache, training=training,
-                                      grow_cache=grow_caches)
+                                      grow_cache=grow_caches, small_kernels=small_kernels)
                 new_caches.append(self_cache)
             else:
                 y = layer(y, encoder_output, encoder_padding_mask=source_mask,

@@ -29,6 +29,7 @@ from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.decoding import beam_search
 from keras_transformer.incremental import IncrementalDecoder
+from keras_transformer.layers.attention import SMALL_ATTENTION
 
 # Batch sizes the XLA-compiled search is compiled for: a request is padded
 # to the next one; larger requests to the next multiple of the last one.
@@ -85,6 +86,15 @@ def tf_gather(x, indices, batch_dims=0):
     (~5 nodes) and `gather_beams` its offsets (~12) to every gather, and a
     `while_loop` runs every node of its body on every step."""
     return tf.gather(x, indices, axis=batch_dims, batch_dims=batch_dims)
+
+
+def broadcast_products_suffice(rows, d_model, keys):
+    """Whether every attention product of a search is small enough for the broadcast
+    products (`MultiHeadAttention(small_kernels=...)`), bool scalar: with `rows`
+    query rows (batch x beam) and at most `keys` keys, the largest product has
+    `rows x heads x keys x head_size = rows x d_model x keys` entries; compared
+    with `SMALL_ATTENTION` as each call compares its own."""
+    return tf.cast(rows, tf.int64) * d_model * tf.cast(keys, tf.int64) <= SMALL_ATTENTION
 
 
 def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
@@ -144,7 +154,11 @@ class Searcher:
                 (`beam_search(drop_finished=True)`: the step runs on the
                 sentences still searched), and the sequence buffers hold
                 `max(max_lengths)` positions, the most this request can
-                generate. True: every buffer holds `max_decode_length`
+                generate; a request whose every attention product is small
+                (`broadcast_products_suffice`, e.g. one sentence on the
+                Multi30k model) runs a loop traced with the broadcast
+                products alone, with no per-attention choice in its steps.
+                True: every buffer holds `max_decode_length`
                 positions and every sentence stays in the loop to the end
                 (static shapes, as LiteRT needs). Both give the same
                 translations.
@@ -170,13 +184,28 @@ class Searcher:
                                          1, self.max_decode_length)  # int32 scalar
         static = self.decoder.static_cache(source_ids, source_features)
         cache = self.decoder.initial_self_attention_cache(batch, 0)
-        return beam_search(self._step_fn(grow=True), cache, batch, max_lengths,
-                           beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
-                           num_results=num_results, static_cache=static, patience=patience,
-                           drop_finished=True, while_loop=relaxed_while_loop, gather=tf_gather)
 
-    def _step_fn(self, grow):
-        """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`.
+        def search(small_kernels):
+            return beam_search(self._step_fn(grow=True, small_kernels=small_kernels), cache, batch, max_lengths,
+                               beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
+                               num_results=num_results, static_cache=static, patience=patience,
+                               drop_finished=True, while_loop=relaxed_while_loop, gather=tf_gather)
+
+        # Each attention of a step picks oneDNN's batched matmuls or broadcast products
+        # by the size of its product (`MultiHeadAttention(small_kernels=True)`), a `cond`
+        # per attention per step. The largest product this request can reach is
+        # rows x d_model x keys (rows = batch x beam; keys: at most `buffer_length`
+        # cached positions, or the source width): when even that is within
+        # `SMALL_ATTENTION`, every call would pick the broadcast products, and a loop
+        # traced with them alone (`"always"`) runs the same kernels with no cond (e.g.
+        # batch 1 on the Multi30k model). The graph holds both loops; one runs.
+        keys = tf.maximum(buffer_length, tf.shape(source_ids)[1])
+        return tf.cond(broadcast_products_suffice(batch * beam_size, self.config.d_model, keys),
+                       lambda: search("always"), lambda: search(True))
+
+    def _step_fn(self, grow, small_kernels=None):
+        """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`
+        (`small_kernels`: None, `grow`'s choice, or the attentions', see `DecoderBlock`).
 
         The output projection's matrix is transposed here, once, before the loop
         (the step function closes over it; a loop-invariant input of the loop)."""
@@ -184,7 +213,7 @@ class Searcher:
 
         def step_fn(ids, cache, step, static_cache):
             logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow,
-                                              output_kernel=output_kernel)
+                                              output_kernel=output_kernel, small_kernels=small_kernels)
             return (logits if self.logits_filter is None else self.logits_filter(logits)), cache
 
         return step_fn

@@ -143,7 +143,8 @@ def test_small_kernels_equal_numpy_in_both_regimes(monkeypatch, threshold):
     full pass in NumPy, and cross-attention with 3 beams' queries per cached sentence
     equals NumPy's attention over the sentence repeated per beam; both also with one
     position per row as `[rows, d_model]` (the decoder's steps: cross-attention then
-    takes the beams query-major, with no transposes)."""
+    takes the beams query-major, with no transposes), and with `small_kernels="always"`
+    (the broadcast products whatever the threshold)."""
     monkeypatch.setattr(attention_module, "SMALL_ATTENTION", threshold)
     rng = np.random.default_rng(7)
     layer = MultiHeadAttention(num_heads=2, d_model=8)
@@ -155,8 +156,12 @@ def test_small_kernels_equal_numpy_in_both_regimes(monkeypatch, threshold):
     for t in range(6):
         out, cache = layer(x[:, t:t + 1], cache=cache, cache_index=t, grow_cache=True, small_kernels=True)
         np.testing.assert_allclose(np.asarray(out)[:, 0], want[:, t], atol=1e-5)
-        flat, flat_cache = layer(x[:, t], cache=flat_cache, cache_index=t, grow_cache=True, small_kernels=True)
+        flat, grown = layer(x[:, t], cache=flat_cache, cache_index=t, grow_cache=True, small_kernels=True)
         np.testing.assert_allclose(np.asarray(flat), want[:, t], atol=1e-5)
+        # "always": the broadcast products whatever the threshold.
+        always, _ = layer(x[:, t], cache=flat_cache, cache_index=t, grow_cache=True, small_kernels="always")
+        np.testing.assert_allclose(np.asarray(always), want[:, t], atol=1e-5)
+        flat_cache = grown
 
     memory = rng.normal(size=(2, 5, 8)).astype("float32")  # 2 sentences
     padding = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
@@ -166,7 +171,7 @@ def test_small_kernels_equal_numpy_in_both_regimes(monkeypatch, threshold):
     repeated = np.repeat(memory, 3, axis=0)  # [6, 5, 8]
     mask = np.broadcast_to(np.repeat(padding, 3, axis=0)[:, None, :], (6, 1, 5))
     np.testing.assert_allclose(np.asarray(got), numpy_attention(layer, beams, repeated, mask=mask), atol=1e-5)
-    for small in (True, False):
+    for small in (True, False, "always"):
         flat, _ = layer(beams[:, 0], cache=layer.compute_key_value(memory), attention_mask=padding[:, None, :],
                         small_kernels=small)  # [6, 8]
         np.testing.assert_allclose(np.asarray(flat), np.asarray(got)[:, 0], atol=1e-5)

@@ -138,7 +138,9 @@ class MultiHeadAttention(keras.layers.Layer):
             broadcast products by the size of the product (`SMALL_ATTENTION`;
             see `_attend`): for a TensorFlow graph without XLA, where a
             step's batch shrinks as sentences end. Same results up to float
-            rounding.
+            rounding. `"always"`: the broadcast products with no choice (a
+            caller that knows every product is at most `SMALL_ATTENTION`:
+            the same kernels, without a `cond` in the step).
         training: enables dropout.
 
     Returns:
@@ -355,7 +357,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 return ops.reshape(out, (-1, 1, self.d_model))  # [batch, 1, d_model]
             return ops.reshape(out, leading_shape(out)[:-1] + (self.d_model,))  # [batch, T_q, d_model]
 
-        if small:
+        if small == "always":
+            attended = context(True)
+        elif small:
             shape_q, shape_k = ops.shape(q), ops.shape(k)
             size = shape_q[0] * self.num_heads * shape_q[1 if query_major else 2] * shape_k[2] * self.head_size
             attended = ops.cond(size <= SMALL_ATTENTION, lambda: context(True), lambda: context(False))

@@ -145,6 +145,8 @@ class DecoderBlock(_BlockBase):
             instead of writing them at `cache_index` (see `MultiHeadAttention`);
             both attentions then pick their kernels per call by size
             (`MultiHeadAttention`'s `small_kernels`).
+        small_kernels: None (`grow_cache`'s choice above), or the
+            attentions' `small_kernels` for this cached call (`"always"`).
 
     Returns:
         `[batch, T, d_model]`, and the updated self-attention cache when one
@@ -163,7 +165,8 @@ class DecoderBlock(_BlockBase):
 
     def call(self, inputs, encoder_output=None, encoder_padding_mask=None,
              self_attention_bias=None, self_attention_cache=None, cache_index=None,
-             cross_attention_cache=None, training=None, grow_cache=False):
+             cross_attention_cache=None, training=None, grow_cache=False, small_kernels=None):
+        kernels = grow_cache if small_kernels is None else small_kernels
         if self_attention_cache is None:
             length = ops.shape(inputs)[1]
             positions = ops.arange(length)
@@ -176,7 +179,7 @@ class DecoderBlock(_BlockBase):
             def self_attend(h):
                 return self.self_attention(h, attention_bias=self_attention_bias,
                                            cache=self_attention_cache, cache_index=cache_index,
-                                           grow_cache=grow_cache, small_kernels=grow_cache, training=training)
+                                           grow_cache=grow_cache, small_kernels=kernels, training=training)
         x, new_cache = self._apply(self.self_attention_residual, self_attend, inputs, training)
 
         cross_mask = None if encoder_padding_mask is None else ops.expand_dims(encoder_padding_mask, 1)
@@ -184,7 +187,7 @@ class DecoderBlock(_BlockBase):
             self.cross_attention_residual,
             lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask,
                                            cache=cross_attention_cache, training=training,
-                                           small_kernels=grow_cache and cross_attention_cache is not None),
+                                           small_kernels=kernels if cross_attention_cache is not None else False),
             x, training)
         x, _ = self._apply(self.feed_forward_residual, self.feed_forward, x, training)
         if self_attention_cache is None:

@@ -1,0 +1,49 @@
+"""The plain graph's search: its kernel choice per request."""
+
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer import TransformerConfig, build_transformer
+from keras_transformer import searcher as searcher_module
+from keras_transformer.constants import EOS_ID, PAD_ID
+from keras_transformer.layers.attention import SMALL_ATTENTION
+from keras_transformer.searcher import Searcher, broadcast_products_suffice
+
+
+def test_broadcast_products_suffice_at_the_largest_product():
+    """rows x d_model x keys entries against SMALL_ATTENTION, as each attention call
+    compares its own product (rows x heads x keys x head_size); no int32 overflow."""
+    assert bool(broadcast_products_suffice(4, 128, SMALL_ATTENTION // 512))
+    assert not bool(broadcast_products_suffice(4, 128, SMALL_ATTENTION // 512 + 1))
+    assert not bool(broadcast_products_suffice(2**20, 1024, 2**12))  # 2^42 entries
+
+
+def test_one_loop_of_broadcast_products_equals_the_choice_per_call(monkeypatch):
+    """When every product is small the request runs a loop traced with the broadcast
+    products alone (no cond per attention): the same kernels as choosing per call,
+    so bit-identical ids and scores, at batch 1 and batch 3, also with n-best."""
+    config = TransformerConfig(vocab_size=40, num_layers=2, d_model=16, d_ff=32, num_heads=2, dropout=0.0,
+                               max_length=12, decode_extra_length=6)
+    model = build_transformer(config)
+    rng = np.random.default_rng(3)
+    source = rng.integers(3, 40, size=(3, 7)).astype("int32")
+    source[:, -1] = EOS_ID
+    source[1, 4:] = PAD_ID
+    source[1, 3] = EOS_ID
+    lengths = np.array([7, 4, 7], "int32")
+
+    def run(searcher, batch, num_results):
+        search = tf.function(lambda i, n: searcher.search(i, n, 4, 0.6, 6, num_results))
+        ids, scores = search(source[:batch], lengths[:batch])
+        return ids.numpy(), scores.numpy()
+
+    results = {}
+    for forced in (False, True):
+        if forced:  # no request qualifies: every attention chooses per call (and picks broadcast)
+            monkeypatch.setattr(searcher_module, "SMALL_ATTENTION", -1)
+        searcher = Searcher(model, config)
+        results[forced] = [run(searcher, batch, n) for batch, n in ((1, 1), (3, 1), (3, 2))]
+    for (ids, scores), (want_ids, want_scores) in zip(results[False], results[True]):
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(scores, want_scores)
+    assert (results[False][1][0][:, 0, 0] > PAD_ID).all()  # real outputs
