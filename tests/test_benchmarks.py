@@ -224,3 +224,29 @@ def test_multi30k_benchmark_never_trains_a_finished_run_again(tmp_path):
         f"`python -m export.saved_model --model-dir {run} --output {run / 'export'}` and run this again")
     assert "Traceback" not in result.stderr and "train.py" not in result.stdout
     assert sorted(p.name for p in run.iterdir()) == ["results.json"]
+
+
+def test_step_nodes_counts_each_loop_step_once(tmp_path, capsys):
+    """benchmarks/step_nodes.py on a random tiny model whose outputs never end: the loop
+    runs exactly to the limit (source + EOS + 50 steps), and every loop variable's
+    NextIteration runs once a step, so its count per step is a whole number (a count
+    off by one step would not divide); the command prints the same per-step figure."""
+    from benchmarks import step_nodes
+
+    args = step_nodes.parse_args(["--shape", "tiny", "--source-tokens", "5", "--batch-sizes", "1,3"])
+    model, config, tokenizer, _ = step_nodes.model_and_tokenizer(args)
+    ids, lengths = step_nodes.sources(args, config, tokenizer)
+    assert ids.shape == (3, 6) and (lengths == 6).all()
+    step_nodes.save_search(model, config, args.beam_size, str(tmp_path / "search"))
+    steps, ops = step_nodes.count_nodes(str(tmp_path / "search"), ids[:1], lengths[:1])
+    assert steps == 6 + config.decode_extra_length
+    loop_variables = ops["NextIteration"] / steps
+    assert loop_variables == int(loop_variables) and 15 <= loop_variables <= 40, ops["NextIteration"]
+    assert ops["LoopCond"] == steps + 1
+    per_step = sum(ops.values()) / steps
+    assert 200 < per_step < 2000, per_step
+
+    assert step_nodes.main(["--shape", "tiny", "--source-tokens", "5", "--batch-sizes", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"#### batch 1: {steps} loop steps, {per_step:.1f} nodes run per step" in out
+    assert out.strip().splitlines()[-1] == f"nodes_per_step_batch1: {per_step:.1f}"
