@@ -486,10 +486,11 @@ def _update_finished(state, candidates, spec):
 
     Old entries come first in the merge: ``top_k`` is stable, so on a tie
     the older hypothesis is kept.  Sentences already done are frozen
-    (batching must not change them).
+    (batching must not change them); a state without ``done`` (the
+    drop-finished loop, where no sentence in the loop is done) has none.
 
     Args:
-        state: the search state (its finished set and ``done``).
+        state: the search state (its finished set and ``done``, if any).
         candidates: the dict from `_grow_candidates`.
         spec: the `_SearchSpec`.
 
@@ -497,7 +498,6 @@ def _update_finished(state, candidates, spec):
         dict with the state's ``finished_seqs``, ``finished_scores``,
         ``finished_valid`` and, with patience, ``finished_count``.
     """
-    done = state["done"]  # [b]
     old_scores = state["finished_scores"]  # [b, k]
     old_valid = state["finished_valid"]  # [b, k]
     old_seqs = state["finished_seqs"]  # [b, k, L]
@@ -516,14 +516,16 @@ def _update_finished(state, candidates, spec):
     scores = spec.gather(all_scores, idx, 1)  # [b, k]
     valid = spec.gather(all_valid, idx, 1)  # [b, k]
     seqs = spec.gather(all_seqs, idx, 1)  # [b, k, L]
-    finished = {
-        "finished_seqs": ops.where(done[:, None, None], old_seqs, seqs),
-        "finished_scores": ops.where(done[:, None], old_scores, scores),
-        "finished_valid": ops.where(done[:, None], old_valid, valid),
-    }
+    finished = {"finished_seqs": seqs, "finished_scores": scores, "finished_valid": valid}
     if spec.patience is not None:
-        count = state["finished_count"] + ops.sum(ops.cast(candidates["finishing"], "int32"), axis=1)
-        finished["finished_count"] = ops.where(done, state["finished_count"], count)  # [b]
+        finished["finished_count"] = state["finished_count"] + ops.sum(
+            ops.cast(candidates["finishing"], "int32"), axis=1)  # [b]
+    if "done" in state:
+        done = state["done"]  # [b]
+        old = {"finished_seqs": old_seqs, "finished_scores": old_scores, "finished_valid": old_valid,
+               "finished_count": state.get("finished_count")}
+        finished = {name: ops.where(ops.reshape(done, (-1,) + (1,) * (len(x.shape) - 1)), old[name], x)
+                    for name, x in finished.items()}
     return finished
 
 
@@ -569,7 +571,8 @@ def _update_done(state, candidates, alive, finished, spec):
         worst_finished = ops.min(ops.where(fin_valid, fin_scores, spec.neg_inf), axis=1)  # [b]
         cannot_improve = ops.logical_and(all_finished, worst_finished >= bound)  # [b]
     done = ops.logical_or(
-        ops.logical_or(state["done"], candidates["at_limit"][:, 0]),
+        candidates["at_limit"][:, 0] if "done" not in state else ops.logical_or(
+            state["done"], candidates["at_limit"][:, 0]),
         ops.logical_or(ops.logical_not(any_alive), cannot_improve),
     )  # [b]
     if spec.patience is not None:
@@ -799,7 +802,8 @@ def beam_search(
 
     # drop_finished: the loop carries only the sentences not done (their
     # original row in `sentence`), and each writes its results when done.
-    state["sentence"] = ops.arange(ops.shape(state["done"])[0], dtype="int32")  # [b]
+    # No sentence in the loop is done (each leaves when it is): no `done` to carry.
+    state["sentence"] = ops.arange(ops.shape(state.pop("done"))[0], dtype="int32")  # [b]
     state["static"] = static_cache if static_cache is not None else {}
     state["out_seqs"] = ops.full((batch_size, num_results, max_decode_length), PAD_ID,
                                  dtype="int32")  # [batch, n, L]
@@ -837,7 +841,6 @@ def beam_search(
             kept_state["static"] = ops.cond(
                 ops.any(done), lambda: keras.tree.map_structure(lambda x: spec.gather(x, kept, 0), state["static"]),
                 lambda: state["static"])
-        kept_state["done"] = ops.zeros_like(kept) > 0  # [b']: the kept ones are not done
         return kept_state
 
     # `cond` bounds the steps: no iteration counter (a loop variable more).
