@@ -152,3 +152,20 @@ def compiled_model(config, seed: int = 0, jit_compile: bool = False, loss=None, 
     return model
 
 
+
+
+def never_ending_model(config, seed: int = 0):
+    """`build_transformer(config)` from `seed` whose outputs never end with EOS: the
+    embedding row of EOS (tied to the output projection) is zero, so its logit is exactly
+    0 while the best of the other random logits is above 0 every step, and every
+    hypothesis runs to its length limit (equal output lengths by construction)."""
+    import keras
+
+    from keras_transformer import build_transformer
+    from keras_transformer.constants import EOS_ID
+
+    keras.utils.set_random_seed(seed)
+    model = build_transformer(config)
+    table = model.embedding.embeddings
+    table.assign(keras.ops.where(keras.ops.arange(config.vocab_size)[:, None] == EOS_ID, 0.0, table))
+    return model

@@ -77,10 +77,7 @@ def sources(args, config, tokenizer):
 
 def model_and_tokenizer(args):
     """`(model, config, tokenizer or None, description)`."""
-    import keras
-
-    from keras_transformer import TransformerConfig, build_transformer
-    from keras_transformer.constants import EOS_ID
+    from keras_transformer import TransformerConfig
 
     if args.model_dir:
         from keras_transformer.run_dir import load_trained
@@ -88,10 +85,7 @@ def model_and_tokenizer(args):
         model, config, tokenizer = load_trained(args.model_dir)
         return model, config, tokenizer, f"{args.model_dir} ({config.depth_text} layers, d_model {config.d_model})"
     config = TransformerConfig.from_preset(args.shape)
-    keras.utils.set_random_seed(args.seed)
-    model = build_transformer(config)
-    table = model.embedding.embeddings
-    table.assign(keras.ops.where(keras.ops.arange(config.vocab_size)[:, None] == EOS_ID, 0.0, table))
+    model = harness.never_ending_model(config, args.seed)
     return model, config, None, (f"random {args.shape} shape ({config.depth_text} layers, d_model {config.d_model}, "
                                  f"vocab {config.vocab_size}), seed {args.seed}, EOS embedding row zeroed, "
                                  f"sources of {args.source_tokens} tokens")

@@ -172,21 +172,16 @@ def trained_model(args):
 def shaped_model(args, work):
     """A random model of preset `args.shape` whose outputs never end with EOS, and sentences
     of exactly `args.source_tokens` pieces (so that every output has that length + 50)."""
-    import keras
     import sentencepiece as spm
 
-    from keras_transformer import TransformerConfig, build_transformer
-    from keras_transformer.constants import EOS_ID
+    from keras_transformer import TransformerConfig
     from keras_transformer.data import Tokenizer, train_tokenizer
 
     files = args.tokenizer_text.split(",") if args.tokenizer_text else SHAPE_TOKENIZER_TEXT
     texts = [line for path in files for line in read_lines(path)]
     tokenizer = Tokenizer.load(train_tokenizer(texts, work / "tokenizer", args.vocab_size, seed=args.seed))
     config = TransformerConfig.from_preset(args.shape, vocab_size=tokenizer.vocab_size)
-    keras.utils.set_random_seed(args.seed)
-    model = build_transformer(config)
-    table = model.embedding.embeddings
-    table.assign(keras.ops.where(keras.ops.arange(config.vocab_size)[:, None] == EOS_ID, 0.0, table))
+    model = harness.never_ending_model(config, args.seed)
     candidates = read_lines(args.sentences or SHAPE_SENTENCES)
     processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
     lengths = [min(len(processor.encode(s)), config.max_length - 1) for s in candidates]
