@@ -34,7 +34,8 @@ def parse_args(argv=None):
     parser.add_argument("--count", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="TensorFlow's intra- and inter-op threads (default 2; 0: as they are)")
     args = parser.parse_args(argv)
     if any("=" not in export for export in args.exports) or len(args.exports) < 2:
         parser.error("give two or more exports as NAME=PATH")

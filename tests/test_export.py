@@ -525,6 +525,34 @@ def test_decoding_benchmark_checks_the_uncached_reference(exported, tmp_path, ca
     assert name == "cached_beam_4_vs_cached_greedy" and value == rows["cached beam 4"][-1].split()[0]
 
 
+def test_export_speed_benchmark_times_exports_alike(exported, tmp_path, capsys):
+    """benchmarks/export_speed.py on one export under two names: both translate every
+    sentence of both passes exactly as the first does (2 one by one, 4 in batches of 2),
+    and the last line is the second's batch-1 seconds over the first's, as the table's
+    medians give it (one round)."""
+    from benchmarks import export_speed
+
+    sentences = tmp_path / "sentences.en"
+    sentences.write_text("\n".join(GOLDEN[:3] * 2) + "\n", encoding="utf-8")
+    path = str(exported["path"])
+    assert export_speed.main([f"before={path}", f"after={path}", "--sentences", str(sentences),
+                              "--batch-one-count", "2", "--count", "4", "--batch-size", "2", "--rounds", "1",
+                              "--threads", "0"]) == 0  # 0: TensorFlow's pools as they are (already started)
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| ")}
+    assert set(rows) == {"export", "before", "after"}, out
+    assert rows["export"] == ["b1 s", "b2 s", "translations equal to before's"]
+    assert rows["before"][-1] == rows["after"][-1] == "2/2, 4/4", out
+    seconds = {name: float(rows[name][0].split()[0]) for name in ("before", "after")}
+    name, value = out.strip().splitlines()[-1].split(": ")
+    assert name == "after_over_before_batch1"
+    half = 0.0005  # the table's seconds are rounded to 3 decimals
+    low = (seconds["after"] - half) / (seconds["before"] + half)
+    high = (seconds["after"] + half) / (seconds["before"] - half)
+    assert low - 0.0005 <= float(value) <= high + 0.0005, out
+
+
 def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch):
     output = tmp_path / "serving"
     model, config, tokenizer = exported["model"], exported["config"], exported["tokenizer"]
