@@ -152,8 +152,6 @@ def compiled_model(config, seed: int = 0, jit_compile: bool = False, loss=None, 
     return model
 
 
-
-
 def never_ending_model(config, seed: int = 0):
     """`build_transformer(config)` from `seed` whose outputs never end with EOS: the
     embedding row of EOS (tied to the output projection) is zero, so its logit is exactly
