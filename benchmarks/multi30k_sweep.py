@@ -59,6 +59,9 @@ CANDIDATES: dict[str, tuple[str, str]] = {
     "enc3-dec1": ("a deeper encoder and a shallower decoder (Kasai et al. 2021): 3 encoder layers, 1 decoder "
                   "layer, ~7% fewer weights than 2+2; decoding runs one decoder layer per token",
                   "--set num_layers=3 --set num_decoder_layers=1"),
+    "ls-0.2": ("the preset with label smoothing 0.2 instead of the paper's 0.1 (a softer target for a small "
+               "corpus; same model and step cost, so it can be compared step-matched)",
+               "--set label_smoothing=0.2"),
 }
 DECODE_GRID = {"average": (5, 10), "beam_size": (4, 5), "alpha": (0.6, 1.0)}
 
