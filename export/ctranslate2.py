@@ -346,7 +346,7 @@ def translation_options(config: TransformerConfig, source_length: int, beam_size
         config: the model's `TransformerConfig` (beam, alpha, max_length, +50).
         source_length: source pieces without EOS (the longest in the call:
             CTranslate2 has one length limit per call).
-        beam_size: None for the config's (4).
+        beam_size: None for the config's.
         patience: CTranslate2 stops at `beam * patience` finished
             hypotheses; 2 comes closer to our search than its default 1,
             which is faster.
