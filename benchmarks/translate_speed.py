@@ -277,10 +277,10 @@ class _Options:
     every source length, so that the CTranslate2 worker imports neither Keras
     nor TensorFlow."""
 
-    def __init__(self, config, beam_size, patience):
+    def __init__(self, config, patience):
         from export.ctranslate2 import translation_options
 
-        self.table = {length: translation_options(config, length, beam_size, patience=patience)
+        self.table = {length: translation_options(config, length, patience=patience)
                       for length in range(0, config.max_length + 1)}
 
     def __call__(self, source_length):
@@ -300,7 +300,7 @@ class Variants:
         from keras_transformer.constants import EOS_ID
 
         self.processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
-        options = _Options(config, args.beam_size, args.patience)
+        options = _Options(config, args.patience)
         # Only the signatures timed here (serving_default, translate_xla): the same
         # graphs as a full export's, without tracing the options and LiteRT ones.
         from export.saved_model import LITERT_SIGNATURE
@@ -356,11 +356,12 @@ class SearchProfile:
     `Translator` the export is made from (the same search as `serving_default`),
     through a `logits_filter` that counts the step function's calls and rows."""
 
-    def __init__(self, model, config, tokenizer, beam_size):
+    def __init__(self, model, config, tokenizer):
         import tensorflow as tf
 
         from keras_transformer.translator import Translator
 
+        beam_size = config.beam_size
         # steps by the number of sentences not done (the rows of `serving_default`'s step / beam)
         self.steps_by_alive = tf.Variable(tf.zeros([MAX_PROFILED_BATCH + 1], tf.int64))
 
@@ -479,13 +480,13 @@ def main(argv=None):
             model, config, tokenizer, sentences, described = trained_model(args)
         else:
             model, config, tokenizer, sentences, described = shaped_model(args, work)
-        # One beam for every side: the export's signatures search with the config's beam,
-        # CTranslate2 and the step counts with --beam-size (a run of the multi30k preset
-        # serves with beam 5; comparing its export with CTranslate2's beam 4 would time
-        # a quarter more rows on our side).
+        # The config is every side's one source of the beam (the export's signatures,
+        # CTranslate2's options, the step counts): --beam-size, not the run's own (the
+        # multi30k preset serves with beam 5; its export against CTranslate2's beam 4
+        # timed a quarter more rows on our side).
         config = dataclasses.replace(config, beam_size=args.beam_size)
         variants = Variants(model, config, tokenizer, work, args)
-        profile = SearchProfile(model, config, tokenizer, args.beam_size)
+        profile = SearchProfile(model, config, tokenizer)
         print(harness.header("translate speed", harness.versions(tf, keras, ctranslate2)))
         print(f"# model: {described}")
         print(f"# {len(sentences)} sentences, beam {args.beam_size}, alpha {config.length_penalty_alpha}, "
