@@ -252,3 +252,39 @@ def test_step_nodes_counts_each_loop_step_once(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"#### batch 1: {steps} loop steps, {per_step:.1f} nodes run per step" in out
     assert out.strip().splitlines()[-1] == f"nodes_per_step_batch1: {per_step:.1f}"
+
+
+def test_literature_bleu_is_multi_bleu_on_moses_lowercased_tokens(tmp_path, capsys):
+    """The Multi30k literature's metric (issue #17): Moses lowercase, normalize-punctuation and
+    tokenizer.perl (-l de, escaped) on both sides, then multi-bleu.perl's corpus BLEU. The
+    pipeline's known outputs, BLEU equal to sacreBLEU's on the hand-tokenized lines, and not
+    13a's lowercased figure (13a keeps "geht's" whole, tokenizer.perl splits it)."""
+    import sacrebleu
+
+    from benchmarks import literature_bleu
+
+    hypotheses = ["Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+                  "Er geht's an, das T-Shirt ist 3,5 m lang.",
+                  "Über „Hallo“ sagt er: \"Ja\" & lacht (laut)."]
+    references = ["Ein Mann mit einem orangen Hut, der etwas anstarrt.",
+                  "Er geht's an, das T-Shirt ist 3,5 Meter lang.",
+                  "Über „Hallo“ sagt er laut: \"Ja\" & lacht."]
+    tokenized = ["ein mann mit einem orangefarbenen hut , der etwas anstarrt .",
+                 "er geht &apos; s an , das t-shirt ist 3,5 m lang .",
+                 "über &quot; hallo &quot; sagt er : &quot; ja &quot; &amp; lacht ( laut ) ."]
+    assert literature_bleu.moses_lc_tok(hypotheses, "de") == tokenized
+    reference_tokens = literature_bleu.moses_lc_tok(references, "de")
+    want = sacrebleu.corpus_bleu(tokenized, [reference_tokens], tokenize="none", smooth_method="none").score
+    got = literature_bleu.lc_tok_bleu(hypotheses, references, "de").score
+    assert got == pytest.approx(want, abs=1e-9) and 20 < got < 90
+    lowercased_13a = sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
+    assert abs(got - lowercased_13a) > 0.5
+    with pytest.raises(ValueError, match="2 hypotheses but 3 references"):
+        literature_bleu.lc_tok_bleu(hypotheses[:2], references)
+    hyp_file, ref_file = tmp_path / "hyp.de", tmp_path / "ref.de"
+    hyp_file.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    ref_file.write_text("\n".join(references) + "\n", encoding="utf-8")
+    assert literature_bleu.main([str(hyp_file), str(ref_file)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1] == f"lc_tok_bleu: {want:.2f}"
+    assert f"# lowercased sacreBLEU {lowercased_13a:.2f} [nrefs:1|case:lc|" in out

@@ -423,9 +423,12 @@ def test_xla_warmup_requests_cover_every_bucket(exported, loaded, tmp_path):
 @pytest.mark.slow
 def test_multi30k_benchmark_scores_a_finished_runs_export(exported, export_processes):
     """benchmarks/multi30k.py on a finished run (it then skips training): the export's
-    translations of the test file, scored cased and lowercased, equal the in-process
-    model's; the plot is written; the last line is the cased BLEU."""
+    translations of the test file, scored cased, lowercased and as the Multi30k literature
+    does (lowercased Moses tokens), equal the in-process model's; the plot is written; the
+    last line is the cased BLEU."""
     import sacrebleu
+
+    from benchmarks import literature_bleu
 
     data = exported["data"]
     sources = (data / "valid.en").read_text(encoding="utf-8").splitlines()
@@ -442,6 +445,8 @@ def test_multi30k_benchmark_scores_a_finished_runs_export(exported, export_proce
     lower = sacrebleu.corpus_bleu(want, [references], lowercase=True).score
     assert f"# valid cased BLEU {cased:.2f} [nrefs:1|case:mixed|" in out, out
     assert f"# valid lowercased BLEU {lower:.2f} [nrefs:1|case:lc|" in out, out
+    literature = literature_bleu.lc_tok_bleu(want, references, "de").score
+    assert f"# valid lowercased Moses-tokenized BLEU (multi-bleu.perl, the literature's) {literature:.2f}\n" in out
     assert out.strip().splitlines()[-1] == f"valid_bleu: {cased:.2f}"
     assert (model_dir / "bleu_minutes.png").stat().st_size > 0
     # --patience 0.25: the exact search's row scores what serving_default translates.
