@@ -157,7 +157,11 @@ class Searcher:
                 generate; a request whose every attention product is small
                 (`broadcast_products_suffice`, e.g. one sentence on the
                 Multi30k model) runs a loop traced with the broadcast
-                products alone, with no per-attention choice in its steps.
+                products alone, with no per-attention choice in its steps,
+                and without dropping finished sentences (at that size the
+                drop's per-step gathers, scatters and the encoder keys'
+                cond cost more than the rows it saves: a batch-1 step runs
+                477 nodes instead of 522).
                 True: every buffer holds `max_decode_length`
                 positions and every sentence stays in the loop to the end
                 (static shapes, as LiteRT needs). Both give the same
@@ -189,7 +193,8 @@ class Searcher:
             return beam_search(self._step_fn(grow=True, small_kernels=small_kernels), cache, batch, max_lengths,
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
                                num_results=num_results, static_cache=static, patience=patience,
-                               drop_finished=True, while_loop=relaxed_while_loop, gather=tf_gather)
+                               drop_finished=small_kernels != "always", while_loop=relaxed_while_loop,
+                               gather=tf_gather)
 
         # Each attention of a step picks oneDNN's batched matmuls or broadcast products
         # by the size of its product (`MultiHeadAttention(small_kernels=True)`), a `cond`
@@ -198,7 +203,10 @@ class Searcher:
         # cached positions, or the source width): when even that is within
         # `SMALL_ATTENTION`, every call would pick the broadcast products, and a loop
         # traced with them alone (`"always"`) runs the same kernels with no cond (e.g.
-        # batch 1 on the Multi30k model). The graph holds both loops; one runs.
+        # batch 1 on the Multi30k model). The graph holds both loops; one runs. That
+        # loop keeps every sentence to the end (no `drop_finished`): its rows are few
+        # and a step's cost is its nodes, which the drop's bookkeeping adds to
+        # (`benchmarks/step_nodes.py`: 521.6 -> 477.4 nodes a batch-1 step).
         keys = tf.maximum(buffer_length, tf.shape(source_ids)[1])
         return tf.cond(broadcast_products_suffice(batch * beam_size, self.config.d_model, keys),
                        lambda: search("always"), lambda: search(True))
