@@ -276,6 +276,29 @@ def test_residual_connection_post_and_pre_norm(norm_first):
     np.testing.assert_allclose(np.asarray(layer(x, y)), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_residual_layer_norm_is_keras_layer_norm_bit_for_bit(dtype):
+    """`ResidualConnection.layer_norm` (no reshape of gamma/beta) returns exactly what its
+    `keras.layers.LayerNormalization` returns, on a decoding step's [rows, d_model] and on
+    [batch, T, d_model], eagerly and in a tf.function (Grappler's rewrites), with trained
+    (non-trivial) gamma and beta."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(21)
+    layer = ResidualConnection(dropout=0.0, dtype=dtype)
+    layer.build((None, None, 16))
+    layer.norm.gamma.assign(rng.normal(size=16).astype("float32"))
+    layer.norm.beta.assign(rng.normal(size=16).astype("float32"))
+    inputs = [rng.normal(loc=3.0, size=shape).astype("float32") for shape in [(6, 16), (2, 5, 16)]]
+    # Also in the compute dtype, as `call` hands it over (the sum of its cast inputs).
+    inputs += [keras.ops.cast(x, layer.compute_dtype) for x in inputs]
+    for x in inputs:
+        for run in (lambda f: f(x), lambda f: tf.function(f)(tf.identity(x))):
+            got, want = run(layer.layer_norm), run(layer.norm)
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(_float32(got), _float32(want))
+
+
 @pytest.mark.parametrize("layer", [
     MultiHeadAttention(num_heads=2, d_model=8, dropout=0.1),
     PositionalEmbedding(vocab_size=11, d_model=8),

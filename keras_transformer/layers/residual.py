@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keras
+from keras import ops
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -47,11 +48,24 @@ class ResidualConnection(keras.layers.Layer):
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def normalize_input(self, x):
-        return self.norm(x) if self.norm_first else x
+        return self.layer_norm(x) if self.norm_first else x
 
     def call(self, residual, sublayer_output, training=None):
         x = residual + self.dropout_layer(sublayer_output, training=training)
-        return x if self.norm_first else self.norm(x)
+        return x if self.norm_first else self.layer_norm(x)
+
+    def layer_norm(self, x):
+        """`self.norm(x)`: the same function on the same weights, without reshaping them.
+
+        `keras.layers.LayerNormalization` keeps its axis as `[-1]`, which
+        `ops.layer_normalization` compares with `ndims - 1`, so every call
+        reshapes gamma and beta to `[1, ..., d_model]` (two Reshape nodes per
+        LayerNorm in each decoding step of a TensorFlow graph). With the
+        positive last axis they broadcast as they are: the same numbers.
+        """
+        outputs = ops.layer_normalization(x, self.norm.gamma, self.norm.beta, axis=len(x.shape) - 1,
+                                          epsilon=self.norm.epsilon)
+        return ops.cast(outputs, self.norm.compute_dtype)
 
     def compute_output_shape(self, residual_shape, sublayer_output_shape=None):
         return residual_shape
