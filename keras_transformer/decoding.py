@@ -467,11 +467,11 @@ def _update_alive(candidates, spec):
     """
     k = spec.beam_size
     key = ops.where(candidates["continuing"], candidates["logp"], spec.neg_inf)  # [b, C]
-    _, idx = ops.top_k(key, k)  # [b, k]
+    # top_k's values are key's entries at idx, NEG_INF wherever the slot is not valid
+    # (the key masks them): no gather or where for them.
+    logp, idx = ops.top_k(key, k)  # [b, k] x2
     idx = ops.cast(idx, "int32")
     valid = spec.gather(candidates["continuing"], idx, 1)  # [b, k]
-    logp = spec.gather(key, idx, 1)  # [b, k]
-    logp = ops.where(valid, logp, spec.neg_inf)  # [b, k]
     return {
         "alive_seqs": spec.gather(candidates["seqs"], idx, 1),  # [b, k, L]
         "alive_last": spec.gather(candidates["tok"], idx, 1),  # [b, k]
@@ -511,9 +511,8 @@ def _update_finished(state, candidates, spec):
     )  # [b, k + C]
     all_valid = ops.concatenate([old_valid, candidates["finishing"]], axis=1)  # [b, k + C]
     all_seqs = ops.concatenate([old_seqs, candidates["seqs"]], axis=1)  # [b, k + C, L]
-    _, idx = ops.top_k(all_scores, spec.beam_size)  # [b, k]
+    scores, idx = ops.top_k(all_scores, spec.beam_size)  # [b, k] x2 (the values: all_scores at idx)
     idx = ops.cast(idx, "int32")
-    scores = spec.gather(all_scores, idx, 1)  # [b, k]
     valid = spec.gather(all_valid, idx, 1)  # [b, k]
     seqs = spec.gather(all_seqs, idx, 1)  # [b, k, L]
     finished = {"finished_seqs": seqs, "finished_scores": scores, "finished_valid": valid}
