@@ -158,10 +158,9 @@ class Searcher:
                 (`broadcast_products_suffice`, e.g. one sentence on the
                 Multi30k model) runs a loop traced with the broadcast
                 products alone, with no per-attention choice in its steps,
-                and without dropping finished sentences (at that size the
-                drop's per-step gathers, scatters and the encoder keys'
-                cond cost more than the rows it saves: a batch-1 step runs
-                477 nodes instead of 522).
+                and without dropping finished sentences (with so few rows
+                the drop's bookkeeping costs more than the rows it saves;
+                see the comment at the `cond` below).
                 True: every buffer holds `max_decode_length`
                 positions and every sentence stays in the loop to the end
                 (static shapes, as LiteRT needs). Both give the same
