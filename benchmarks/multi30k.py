@@ -25,7 +25,8 @@ What it does, as a user would:
 4. With `--patience 1,2`: translates valid and test2016 again with the
    export's `translate_options` (plain graph) for each patience and for 0
    (our exact search) and prints a table of cased BLEU, how many
-   translations equal the exact search's, and seconds.
+   translations equal the exact search's, and seconds; with the export's
+   own beam and alpha (its `assets.extra` config), or `--patience-beam`.
 
 The last line is `test2016_bleu: X` (cased). The data is read from
 `../shared/data/multi30k` at run time and never copied into the repository.
@@ -61,6 +62,9 @@ def parse_args(argv=None):
                         help="comma-separated patience values (e.g. 1,2): also translate valid and the test file "
                              "with translate_options at each and at 0 (the exact search) and print their BLEU "
                              "(CTranslate2's stopping rule against ours)")
+    parser.add_argument("--patience-beam", type=int, default=0,
+                        help="beam of the --patience table (default 0: the export's own, e.g. the preset's 5; "
+                             "4 is the beam benchmarks.translate_speed compares engines on)")
     parser.add_argument("--train-args", default="",
                         help="extra train.py flags, e.g. '--steps 20 --checkpoint-every 10' (smoke tests)")
     args = parser.parse_args(argv)
@@ -68,6 +72,8 @@ def parse_args(argv=None):
         args.patience = [float(p) for p in args.patience.split(",") if p.strip()]
     except ValueError:
         parser.error(f"--patience takes comma-separated numbers, got {args.patience!r}")
+    if args.patience_beam < 0:
+        parser.error("--patience-beam must be >= 0 (0: the export's own beam)")
     if any(p <= 0 for p in args.patience):
         parser.error("--patience values must be > 0 (0, the exact search, is always included)")
     if args.minutes <= 0:
@@ -123,8 +129,19 @@ def translate(export, sources, batch_size=64):
     return hypotheses
 
 
-def patience_table(export, data, splits, values, batch_size=64):
-    """Cased BLEU of the export's `translate_options` (beam 4, alpha 0.6, +50) on each
+def decoding_options(export, beam_size=0):
+    """`(beam, alpha, extra_length)` the export was built with (`beam_size` > 0 replaces
+    its beam); the paper's 4, 0.6 and +50 for an export older than its config file."""
+    from export.saved_model import read_export_config
+
+    record = read_export_config(export)
+    beam, alpha, extra = (4, 0.6, 50) if record is None else (
+        record[0].beam_size, record[0].length_penalty_alpha, record[0].decode_extra_length)
+    return beam_size or beam, alpha, extra
+
+
+def patience_table(export, data, splits, values, batch_size=64, beam_size=0):
+    """Cased BLEU of the export's `translate_options` (`decoding_options`) on each
     split for patience 0 (exact) and each of `values`: the table's lines."""
     import sacrebleu
 
@@ -133,12 +150,14 @@ def patience_table(export, data, splits, values, batch_size=64):
     import tensorflow_text  # noqa: F401  (the tokenizer ops)
 
     options = tf.saved_model.load(str(export)).signatures["translate_options"]
+    beam, alpha, extra = decoding_options(export, beam_size)
 
     def translate(sources, patience):
         out = []
         for i in range(0, len(sources), batch_size):
-            result = options(text=tf.constant(sources[i:i + batch_size]), beam_size=tf.constant(4),
-                             alpha=tf.constant(0.6), extra_length=tf.constant(50), num_results=tf.constant(1),
+            result = options(text=tf.constant(sources[i:i + batch_size]), beam_size=tf.constant(beam),
+                             alpha=tf.constant(alpha, tf.float32), extra_length=tf.constant(extra),
+                             num_results=tf.constant(1),
                              patience=tf.constant(patience, tf.float32))
             out.extend(t.decode("utf-8") for t in result["translations"].numpy()[:, 0])
         return out
@@ -217,9 +236,12 @@ def main(argv=None):
     print(f"# {args.test} lowercased Moses-tokenized BLEU (multi-bleu.perl, the literature's) {literature.score:.2f}")
     print(f"# curve: {png}")
     if args.patience:
-        print("# translate_options (beam 4, alpha 0.6, +50, no XLA) with CTranslate2's patience stop; cased BLEU:")
+        beam, alpha, extra = decoding_options(results["export"], args.patience_beam)
+        print(f"# translate_options (beam {beam}, alpha {alpha:g}, +{extra}, no XLA) with CTranslate2's patience "
+              "stop; cased BLEU:")
         splits = ["valid", args.test] if args.test != "valid" else ["valid"]
-        print("\n".join(patience_table(results["export"], data, splits, args.patience)))
+        print("\n".join(patience_table(results["export"], data, splits, args.patience,
+                                        beam_size=args.patience_beam)))
     print(harness.finish(f"{args.test}_bleu", f"{score.score:.2f}"))
     return 0
 

@@ -105,6 +105,8 @@ BASELINE = "ctranslate2 float32"
 OURS = "serving_default"
 XLA = "translate_xla"
 LITERT = "litert float32"
+ONEDNN = " onednn"  # suffix of a variant run with TensorFlow's oneDNN kernels (`--onednn`)
+ONEDNN_FLAG = "TF_ENABLE_ONEDNN_OPTS"
 
 
 def parse_args(argv=None):
@@ -127,9 +129,17 @@ def parse_args(argv=None):
     parser.add_argument("--patience", type=float, default=2.0,
                         help="CTranslate2's beam patience (default 2: closest to our stopping rule; "
                              "its own default 1 stops earlier, see export/ctranslate2.py)")
+    parser.add_argument("--export-patience", type=float, default=0.0,
+                        help="our signatures' stopping rule: 0 (default) the exact search, > 0 CTranslate2's "
+                             "patience stop (`export.saved_model --patience`; e.g. 2 with --patience 2: the "
+                             "same rule on both sides)")
     parser.add_argument("--quantizations", default="float32,int8",
                         help="CTranslate2 compute types to compare (default float32,int8)")
     parser.add_argument("--no-xla", action="store_true", help="skip the translate_xla variant")
+    parser.add_argument("--onednn", action="store_true",
+                        help="also time our signatures with TensorFlow's oneDNN kernels switched on "
+                             f"(`{ONEDNN_FLAG}=1` in their workers; the plain variants get `=0`): TensorFlow "
+                             "turns them on by itself only on CPUs with AVX-512 VNNI/BF16 or AMX")
     parser.add_argument("--no-litert", action="store_true",
                         help="skip the LiteRT variant (the export's translate_litert signature converted by "
                              "export.tflite, float32, run by ai_edge_litert with --threads threads)")
@@ -149,6 +159,8 @@ def parse_args(argv=None):
     args.quantizations = [q.strip() for q in args.quantizations.split(",") if q.strip()]
     if "float32" not in args.quantizations:
         parser.error("--quantizations must include float32 (the baseline of every ratio)")
+    if args.export_patience < 0:
+        parser.error("--export-patience must be >= 0 (0: the exact search)")
     for name in ("count", "rounds", "threads", "beam_size", "source_tokens", "batch_one_count"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -200,13 +212,16 @@ def shaped_model(args, work):
         f"sources of exactly {wanted} pieces, EOS embedding row zeroed"
 
 
-def _serve_worker(connection, kind, path, threads, options, eos_id):
+def _serve_worker(connection, kind, path, threads, options, eos_id, environment=None):
     """One variant in its own process: receives lists of batches, times them, sends back
     `(seconds, translations, generated)`, `generated` the ids generated per sentence (EOS
     included when produced; CTranslate2 only, None for the SavedModel). A separate process per variant keeps the runtimes apart:
     in one process, CTranslate2 ran 3-9x slower after TensorFlow had run (both bring
-    their own thread pools; measured with this script before it used workers)."""
+    their own thread pools; measured with this script before it used workers).
+    `environment`: variables set before TensorFlow is imported (`--onednn`)."""
     import sentencepiece as spm
+
+    os.environ.update(environment or {})
 
     if kind == "litert":
         import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
@@ -307,10 +322,17 @@ class Variants:
         from export.tflite import convert as convert_litert
 
         signatures = (() if args.no_xla else (XLA,)) + (() if args.no_litert else (LITERT_SIGNATURE,))
-        export = str(export_model(model, config, tokenizer, work / "export", only_signatures=signatures))
+        export = str(export_model(model, config, tokenizer, work / "export", only_signatures=signatures,
+                                  patience=args.export_patience))
         paths = {OURS: (f"saved_model:{OURS}", export)}
         if not args.no_xla:
             paths[XLA] = (f"saved_model:{XLA}", export)
+        environments = {}
+        if args.onednn:
+            for name in list(paths):
+                paths[name + ONEDNN] = paths[name]
+                environments[name] = {ONEDNN_FLAG: "0"}
+                environments[name + ONEDNN] = {ONEDNN_FLAG: "1"}
         if not args.no_litert:
             paths[LITERT] = ("litert", str(convert_litert(export, work / "model.tflite")))
         for quantization in args.quantizations:
@@ -321,8 +343,8 @@ class Variants:
         self.workers = {}
         for name, (kind, path) in paths.items():
             parent, child = context.Pipe()
-            process = context.Process(target=_serve_worker, args=(child, kind, path, args.threads, options, EOS_ID),
-                                      daemon=True)
+            process = context.Process(target=_serve_worker, args=(child, kind, path, args.threads, options, EOS_ID,
+                                                                  environments.get(name)), daemon=True)
             process.start()
             self.workers[name] = (parent, process)
         for name, (connection, _) in self.workers.items():
@@ -356,7 +378,7 @@ class SearchProfile:
     `Translator` the export is made from (the same search as `serving_default`),
     through a `logits_filter` that counts the step function's calls and rows."""
 
-    def __init__(self, model, config, tokenizer):
+    def __init__(self, model, config, tokenizer, patience=0.0):
         import tensorflow as tf
 
         from keras_transformer.translator import Translator
@@ -376,7 +398,8 @@ class SearchProfile:
 
         def search(text):
             return translator.translate_graph(text, beam_size, config.length_penalty_alpha,
-                                              config.decode_extra_length, 1)[0]
+                                              config.decode_extra_length, 1,
+                                              patience=tf.constant(patience) if patience > 0 else None)[0]
 
         self.search = tf.function(search, input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
 
@@ -421,7 +444,7 @@ def run_batch_size(variants, sentences, batch_size, rounds, pause, profile=None)
         same = sum(a == b for a, b in zip(outputs[OURS], outputs[name]))
         lines.append(f"# {OURS} vs {name}: {same} of {len(sentences)} translations identical; "
                      f"target tokens {tokens[OURS]} vs {tokens[name]}")
-    for name in (XLA, LITERT):
+    for name in (XLA, LITERT, OURS + ONEDNN, XLA + ONEDNN):
         if name in outputs:
             same = sum(a == b for a, b in zip(outputs[OURS], outputs[name]))
             lines.append(f"# {OURS} vs {name}: {same} of {len(sentences)} translations identical")
@@ -456,9 +479,10 @@ def search_lines(profile, batches, seconds, batch_size):
     computed = {OURS: rows / steps,
                 XLA: xla_rows / steps,
                 LITERT: sum(len(b) * beam for b in batches) / len(batches)}
+    computed.update({name + ONEDNN: computed[name] for name in (OURS, XLA)})
     rows = [[f"{name} (search)", f"{steps / len(batches):.1f}", f"{computed[name]:.1f}",
              f"{statistics.median(seconds[name]) / steps * 1000:.2f}"]
-            for name in (OURS, XLA, LITERT) if name in seconds]
+            for name in computed if name in seconds]
     return ["\n" + harness.table([f"batch {batch_size}: search", "loop steps per batch",
                                   "rows per step, mean (sentences x beam)", "ms per step"], rows)]
 
@@ -486,11 +510,13 @@ def main(argv=None):
         # timed a quarter more rows on our side).
         config = dataclasses.replace(config, beam_size=args.beam_size)
         variants = Variants(model, config, tokenizer, work, args)
-        profile = SearchProfile(model, config, tokenizer)
+        profile = SearchProfile(model, config, tokenizer, args.export_patience)
         print(harness.header("translate speed", harness.versions(tf, keras, ctranslate2)))
         print(f"# model: {described}")
+        ours = f"patience {args.export_patience:g}" if args.export_patience > 0 else "exact search"
         print(f"# {len(sentences)} sentences, beam {args.beam_size}, alpha {config.length_penalty_alpha}, "
-              f"+{config.decode_extra_length}, {args.threads} threads per side, {args.rounds} timed rounds\n")
+              f"+{config.decode_extra_length}, {args.threads} threads per side, {args.rounds} timed rounds; "
+              f"stopping: ours {ours}, CTranslate2 patience {args.patience:g}\n")
         headline = None
         try:
             for batch_size in args.batch_sizes:

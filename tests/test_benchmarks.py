@@ -29,7 +29,7 @@ def translate_speed_run(tmp_path_factory, request):
         [sys.executable, "-m", "benchmarks.translate_speed", "--shape", "tiny", "--vocab-size", "60",
          "--tokenizer-text", f"{data}/train.en,{data}/train.de", "--sentences", str(data / "train.en"),
          "--count", "4", "--batch-sizes", "4", "--rounds", "1", "--quantizations", "float32", "--no-xla",
-         "--threads", "1", "--beam-size", "3"],
+         "--threads", "1", "--beam-size", "3", "--export-patience", "2", "--patience", "2", "--onednn"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     yield run
     concurrent.futures.wait([run])
@@ -114,7 +114,7 @@ def test_input_pipeline_benchmark_reports_its_ratio_from_its_own_figures(capsys)
 def test_translate_speed_runs_both_sides_on_the_same_weights(translate_speed_run):
     # benchmarks/translate_speed.py --shape tiny --vocab-size 60 --tokenizer-text DATA/train.en,DATA/train.de
     #     --sentences DATA/train.en --count 4 --batch-sizes 4 --rounds 1 --quantizations float32 --no-xla
-    #     --threads 1 --beam-size 3
+    #     --threads 1 --beam-size 3 --export-patience 2 --patience 2 --onednn
     result = translate_speed_run.result()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = result.stdout
@@ -128,13 +128,19 @@ def test_translate_speed_runs_both_sides_on_the_same_weights(translate_speed_run
     assert "| 1.00 (1.00-1.00) |" in rows["ctranslate2 float32"]  # the baseline of every ratio
     assert "litert float32" in rows  # the LiteRT model, in its own worker
     assert "serving_default vs litert float32: 4 of 4 translations identical" in out
+    # --onednn: the same signature in a worker with TensorFlow's oneDNN kernels on, the
+    # plain one with them off; --export-patience: our side searches with CTranslate2's rule.
+    assert "serving_default vs serving_default onednn: 4 of 4 translations identical" in out
+    assert "serving_default onednn" in rows
+    assert "stopping: ours patience 2, CTranslate2 patience 2" in out
     # The random shaped model never ends a hypothesis (its EOS embedding is zero), so
     # every sentence runs to its limit, source pieces + 50: that many loop steps, and
     # every sentence's beams in every step (4 sentences x beam 3).
     pieces = int(re.search(r"sources of exactly (\d+) pieces", out).group(1))
     search = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:5]]
               for line in out.splitlines() if line.startswith("| ") and "(search)" in line}
-    assert set(search) == {"serving_default (search)", "litert float32 (search)"}, out
+    assert set(search) == {"serving_default (search)", "serving_default onednn (search)",
+                           "litert float32 (search)"}, out
     for steps, rows, milliseconds in search.values():
         assert steps == pieces + 50 and rows == 12.0 and milliseconds > 0
     name, value = out.strip().splitlines()[-1].split(": ")
