@@ -29,6 +29,14 @@ What it measures, in one process, on the same weights and the same sentences:
   `max_decoding_length` = that source + 50: CTranslate2 has one limit per
   call where ours is per sentence).
 
+Two options change our side: `--export-patience P` exports the signatures
+with CTranslate2's patience stop (`P` 2 with `--patience 2`: the same
+stopping rule on both sides; our default, the exact search, runs more steps
+with a large alpha), and `--onednn` adds `serving_default onednn` (and
+`translate_xla onednn`): the same signatures in workers started with
+`TF_ENABLE_ONEDNN_OPTS=1`, the plain ones then with `=0` (TensorFlow turns
+its oneDNN kernels on by itself only on CPUs with AVX-512 VNNI/BF16 or AMX).
+
 Each variant runs in its own worker process (the main process only
 exports, converts and coordinates): in one process CTranslate2 ran 3-9x
 slower once TensorFlow had run, and a CTranslate2 measured that way would
