@@ -15,7 +15,10 @@ loads a model (Grappler, control flow lowered to Switch/Merge), runs each
 batch once untraced and once with `RunOptions.FULL_TRACE`, and divides the
 nodes run inside the loop by its steps (the executions of its `LoopCond`,
 less the last one). Per batch size it prints the steps and the nodes per
-step, with the op types that run most. (Threads do not change the count.)
+step, with the op types that run most and the microseconds their kernels took
+per step in the traced run (`op_end_rel_micros`: tracing adds to each node,
+so these are shares of a step, not its untraced time). (Threads do not change
+the count.)
 
 With `--shape` the weights are random and the EOS embedding row is zero (as
 `translate_speed --shape`): no hypothesis ends, so every sentence runs to its
@@ -125,6 +128,13 @@ def in_loop(name: str) -> bool:
 
 def count_nodes(path, ids, lengths):
     """`(steps, Counter of op type -> nodes run inside the loop)` of one traced run."""
+    steps, ops, _ = trace_loop(path, ids, lengths)
+    return steps, ops
+
+
+def trace_loop(path, ids, lengths):
+    """`(steps, nodes, micros)` of one traced run: Counters of op type -> nodes run inside
+    the loop, and -> microseconds their kernels took (summed over the run)."""
     import tensorflow as tf
 
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)  # the TF1 loader's deprecation notice
@@ -137,7 +147,7 @@ def count_nodes(path, ids, lengths):
         metadata = tf.compat.v1.RunMetadata()
         session.run(fetch, feed, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
                     run_metadata=metadata)
-    ops = collections.Counter()
+    ops, micros = collections.Counter(), collections.Counter()
     conditions = 0
     for device in metadata.step_stats.dev_stats:
         for node in device.node_stats:
@@ -145,7 +155,8 @@ def count_nodes(path, ids, lengths):
             conditions += kind == "LoopCond"
             if in_loop(node.node_name):
                 ops[kind] += 1
-    return max(conditions - 1, 1), ops
+                micros[kind] += node.op_end_rel_micros
+    return max(conditions - 1, 1), ops, micros
 
 
 def main(argv=None):
@@ -163,12 +174,16 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as work:
         save_search(model, config, args.beam_size, work)
         for batch_size in args.batch_sizes:
-            steps, ops = count_nodes(work, ids[:batch_size], lengths[:batch_size])
+            steps, ops, micros = trace_loop(work, ids[:batch_size], lengths[:batch_size])
             per_step = sum(ops.values()) / steps
             headline = headline or (batch_size, per_step)
-            print(f"#### batch {batch_size}: {steps} loop steps, {per_step:.1f} nodes run per step")
-            print(harness.table(["op", "nodes per step"],
-                                [(kind, f"{n / steps:.1f}") for kind, n in ops.most_common(args.top)]) + "\n")
+            total = sum(micros.values())
+            print(f"#### batch {batch_size}: {steps} loop steps, {per_step:.1f} nodes run per step; "
+                  f"kernels {total / steps:.0f} us per traced step")
+            print(harness.table(["op", "nodes per step", "kernel us per traced step (share)"],
+                                [(kind, f"{n / steps:.1f}",
+                                  f"{micros[kind] / steps:.0f} ({micros[kind] / max(total, 1):.0%})")
+                                 for kind, n in ops.most_common(args.top)]) + "\n")
     print(harness.finish(f"nodes_per_step_batch{headline[0]}", f"{headline[1]:.1f}"))
     return 0
 

@@ -253,6 +253,11 @@ def test_step_nodes_counts_each_loop_step_once(tmp_path, capsys):
     assert ops["LoopCond"] == steps + 1
     per_step = sum(ops.values()) / steps
     assert 200 < per_step < 2000, per_step
+    # The kernel times come from the same trace: the same op types, and a step's matmuls
+    # (its projections) took time.
+    _, nodes, micros = step_nodes.trace_loop(str(tmp_path / "search"), ids[:1], lengths[:1])
+    assert set(micros) == set(nodes) == set(ops)
+    assert micros["_FusedMatMul"] > 0 and micros["MatMul"] > 0
 
     assert step_nodes.main(["--shape", "tiny", "--source-tokens", "5", "--batch-sizes", "1"]) == 0
     out = capsys.readouterr().out
