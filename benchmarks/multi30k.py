@@ -131,13 +131,14 @@ def translate(export, sources, batch_size=64):
 
 def decoding_options(export, beam_size=0):
     """`(beam, alpha, extra_length)` the export was built with (`beam_size` > 0 replaces
-    its beam); the paper's 4, 0.6 and +50 for an export older than its config file."""
+    its beam); the paper's (`TransformerConfig`'s defaults) for an export older than its
+    config file."""
     from export.saved_model import read_export_config
+    from keras_transformer import TransformerConfig
 
     record = read_export_config(export)
-    beam, alpha, extra = (4, 0.6, 50) if record is None else (
-        record[0].beam_size, record[0].length_penalty_alpha, record[0].decode_extra_length)
-    return beam_size or beam, alpha, extra
+    config = TransformerConfig() if record is None else record[0]
+    return beam_size or config.beam_size, config.length_penalty_alpha, config.decode_extra_length
 
 
 def patience_table(export, data, splits, values, batch_size=64, beam_size=0):

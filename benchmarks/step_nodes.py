@@ -16,9 +16,9 @@ batch once untraced and once with `RunOptions.FULL_TRACE`, and divides the
 nodes run inside the loop by its steps (the executions of its `LoopCond`,
 less the last one). Per batch size it prints the steps and the nodes per
 step, with the op types that run most (and again those that took longest)
-and the microseconds their kernels took per step in the traced run (`op_end_rel_micros`: tracing adds to each node,
-so these are shares of a step, not its untraced time). (Threads do not change
-the count.)
+and the microseconds their kernels took per step in the traced run
+(`op_end_rel_micros`: tracing adds to each node, so these are shares of a
+step, not its untraced time). (Threads do not change the count.)
 
 With `--shape` the weights are random and the EOS embedding row is zero (as
 `translate_speed --shape`): no hypothesis ends, so every sentence runs to its

@@ -299,3 +299,22 @@ def test_literature_bleu_is_multi_bleu_on_moses_lowercased_tokens(tmp_path, caps
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1] == f"lc_tok_bleu: {want:.2f}"
     assert f"# lowercased sacreBLEU {lowercased_13a:.2f} [nrefs:1|case:lc|" in out
+
+
+def test_multi30k_patience_table_decodes_as_the_export_was_built(tmp_path):
+    """benchmarks/multi30k.py --patience translates with the export's own beam, alpha and
+    extra length (the multi30k preset's 5 and 1.0, not the paper's 4 and 0.6 it once
+    hard-coded), `--patience-beam` replacing the beam; an export without its config file
+    gets the paper's (TransformerConfig's defaults)."""
+    from benchmarks.multi30k import decoding_options
+    from export.saved_model import write_export_config
+    from keras_transformer import TransformerConfig
+
+    config = TransformerConfig.from_preset("multi30k", vocab_size=100)
+    write_export_config(tmp_path / "new", config, patience=0.0)
+    assert (config.beam_size, config.length_penalty_alpha) == (5, 1.0)
+    assert decoding_options(tmp_path / "new") == (5, 1.0, config.decode_extra_length)
+    assert decoding_options(tmp_path / "new", beam_size=4) == (4, 1.0, config.decode_extra_length)
+    (tmp_path / "old").mkdir()
+    paper = TransformerConfig()
+    assert decoding_options(tmp_path / "old") == (paper.beam_size, paper.length_penalty_alpha, 50) == (4, 0.6, 50)
