@@ -141,9 +141,9 @@ def decoding_options(export, beam_size=0):
     return beam_size or config.beam_size, config.length_penalty_alpha, config.decode_extra_length
 
 
-def patience_table(export, data, splits, values, batch_size=64, beam_size=0):
-    """Cased BLEU of the export's `translate_options` (`decoding_options`) on each
-    split for patience 0 (exact) and each of `values`: the table's lines."""
+def patience_table(export, data, splits, values, decoding, batch_size=64):
+    """Cased BLEU of the export's `translate_options` with `decoding` (`decoding_options`)
+    on each split for patience 0 (exact) and each of `values`: the table's lines."""
     import sacrebleu
 
     import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
@@ -151,7 +151,7 @@ def patience_table(export, data, splits, values, batch_size=64, beam_size=0):
     import tensorflow_text  # noqa: F401  (the tokenizer ops)
 
     options = tf.saved_model.load(str(export)).signatures["translate_options"]
-    beam, alpha, extra = decoding_options(export, beam_size)
+    beam, alpha, extra = decoding
 
     def translate(sources, patience):
         out = []
@@ -237,12 +237,12 @@ def main(argv=None):
     print(f"# {args.test} lowercased Moses-tokenized BLEU (multi-bleu.perl, the literature's) {literature.score:.2f}")
     print(f"# curve: {png}")
     if args.patience:
-        beam, alpha, extra = decoding_options(results["export"], args.patience_beam)
+        decoding = decoding_options(results["export"], args.patience_beam)
+        beam, alpha, extra = decoding
         print(f"# translate_options (beam {beam}, alpha {alpha:g}, +{extra}, no XLA) with CTranslate2's patience "
               "stop; cased BLEU:")
         splits = ["valid", args.test] if args.test != "valid" else ["valid"]
-        print("\n".join(patience_table(results["export"], data, splits, args.patience,
-                                        beam_size=args.patience_beam)))
+        print("\n".join(patience_table(results["export"], data, splits, args.patience, decoding)))
     print(harness.finish(f"{args.test}_bleu", f"{score.score:.2f}"))
     return 0
 
