@@ -710,7 +710,7 @@ def beam_search(
         batch_halvings: python int >= 0, for static shapes (XLA) where
             `drop_finished` cannot shrink the loop's tensors: the loop keeps
             the sentences not done first (a permutation of every per-sentence
-            and cache row, on the steps where a sentence ended), and a step
+            row on every step, folded into the caches' beam reorder), and a step
             runs on the first ``ceil(batch / 2**h)`` sentences for the
             largest ``h <= batch_halvings`` that still holds all those not
             done (one branch per size, a ``switch``; the others keep their
@@ -768,17 +768,24 @@ def beam_search(
                 state["step"] < max_decode_length, ops.any(ops.logical_not(state["done"]))
             )
 
-        def search_body(state, static):
+        def search_body(state, static, not_done_first=False):
             logits, cache = call_step(state, static)
             state, source_beam = _search_step(state, logits, cache, spec)
-            rows = _beam_rows(source_beam, beam_size)  # [b * k]
+            order = None
+            if not_done_first:  # (batch_halvings) the sentences not done move first
+                order = ops.argsort(ops.cast(state["done"], "int32"))  # [b]
+                source_beam = spec.gather(source_beam, order, 0)
+                state = {name: x if name in ("step", "cache") else spec.gather(x, order, 0)
+                         for name, x in state.items()}
+            # One gather per cache leaf: the beam reorder (and the sentences' move).
+            rows = _beam_rows(source_beam, beam_size, order)  # [b * k]
             state["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
             return state
 
         if batch_halvings:
             state["sentence"] = ops.arange(batch_size, dtype="int32")  # [batch]: each row's sentence
-            state["static"] = static_cache if static_cache is not None else {}
-            body = _halving_body(search_body, batch_size, beam_size, int(batch_halvings), spec.gather)
+            body = _halving_body(search_body, batch_size, beam_size, int(batch_halvings), static_cache,
+                                 spec.gather)
         else:
             def body(state):
                 return search_body(state, static_cache)
@@ -861,69 +868,50 @@ def halving_sizes(batch_size, halvings):
     return sizes
 
 
-def _halving_body(search_body, batch_size, beam_size, halvings, gather):
-    """The loop body of `beam_search(batch_halvings=...)`: `search_body(state, static)`
-    on the smallest prefix of sentences that holds every one not done, then the
-    sentences not done moved first when one ended on this step.
+def _halving_body(search_body, batch_size, beam_size, halvings, static_cache, gather):
+    """The loop body of `beam_search(batch_halvings=...)`: `search_body` on the
+    smallest prefix of sentences that holds every one not done, which also moves
+    the sentences not done first (`search_body(..., not_done_first=True)`: the
+    permutation folded into the cache's beam reorder, on every step).
 
-    The state carries ``sentence`` (each row's sentence) and ``static`` (the
-    static cache, permuted with the rows). With a python `batch_size` the sizes
-    are python ints; with a scalar tensor (TensorFlow) XLA still sees each as a
-    constant, since it compiles one program per batch size. `gather`: the
-    search's (`keras_gather` or one with its meaning), for the reordering.
+    The state carries ``sentence`` (each row's sentence). The static cache stays
+    out of the state, in the sentences' order: each step gathers the rows of its
+    prefix. (It was a loop variable permuted with the rows, and XLA copied it, and
+    every cache, out of the branches of the `switch` and of a `cond` that moved
+    the sentences only on the steps where one ended: 17% of a batch-32 step.)
+    With a python `batch_size` the sizes are python ints; with a scalar tensor
+    (TensorFlow) XLA still sees each as a constant, since it compiles one program
+    per batch size. `gather`: the search's (`keras_gather` or one with its meaning).
     """
     sizes = halving_sizes(batch_size, halvings)
+    static_cache = static_cache if static_cache is not None else {}
 
     def on_prefix(state, size):
-        if size is batch_size:  # the whole batch: no slicing
-            static = state["static"]
-            return search_body({name: x for name, x in state.items() if name != "static"}, static) | {
-                "static": static}
+        whole = size is batch_size  # the whole batch: no slicing
         head = {}
         for name, x in state.items():
-            if name == "step":
+            if whole or name == "step":
                 head[name] = x
             elif name == "cache":
                 head[name] = keras.tree.map_structure(lambda leaf: leaf[: size * beam_size], x)
-            elif name != "sentence":  # the static cache and the per-sentence entries
+            else:  # the per-sentence entries
                 head[name] = keras.tree.map_structure(lambda leaf: leaf[:size], x)
-        static = head.pop("static")
-        head = search_body(head, static)
-        new = dict(state)
-        for name, x in head.items():
-            if name == "step":
-                new[name] = x
-            else:
-                new[name] = keras.tree.map_structure(
+        static = keras.tree.map_structure(lambda x: gather(x, head["sentence"], 0), static_cache)
+        head = search_body(head, static, not_done_first=True)
+        if whole:
+            return head
+        return {name: x if name == "step" else keras.tree.map_structure(
                     lambda full, part: ops.slice_update(full, [0] * len(full.shape), part), state[name], x)
-        return new
+                for name, x in head.items()}
 
     def body(state):
-        done = state["done"]  # [batch]
-        alive = ops.sum(ops.cast(ops.logical_not(done), "int32"))
+        alive = ops.sum(ops.cast(ops.logical_not(state["done"]), "int32"))
         # the smallest size that holds them (a size equal to the batch, as every size of a batch of
         # one is, takes the whole-batch branch, which slices nothing)
         index = sum(ops.cast(ops.logical_and(alive <= size, size < batch_size), "int32") for size in sizes[1:])
-        state = ops.switch(index, [lambda s, size=size: on_prefix(s, size) for size in sizes], state)
-        ended = ops.any(ops.logical_and(state["done"], ops.logical_not(done)))
-        return ops.cond(ended, lambda: _not_done_first(state, beam_size, gather), lambda: state)
+        return ops.switch(index, [lambda s, size=size: on_prefix(s, size) for size in sizes], state)
 
     return body
-
-
-def _not_done_first(state, beam_size, gather):
-    """The state with the sentences not done first (one `gather` per entry)."""
-    order = ops.argsort(ops.cast(state["done"], "int32"))  # [batch]
-    every_beam = ops.broadcast_to(ops.arange(beam_size, dtype="int32")[None, :], (ops.shape(order)[0], beam_size))
-    rows = _beam_rows(every_beam, beam_size, order)  # [batch * k]: each sentence's beams, in `order`
-    new = {}
-    for name, x in state.items():
-        if name == "step":
-            new[name] = x
-        else:
-            index = rows if name == "cache" else order
-            new[name] = keras.tree.map_structure(lambda leaf, index=index: gather(leaf, index, 0), x)
-    return new
 
 
 def _stage_ends(cache_stages, max_decode_length):
