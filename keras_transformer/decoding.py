@@ -710,7 +710,8 @@ def beam_search(
         batch_halvings: python int >= 0, for static shapes (XLA) where
             `drop_finished` cannot shrink the loop's tensors: the loop keeps
             the sentences not done first (a permutation of every per-sentence
-            row on every step, folded into the caches' beam reorder), and a step
+            row on every step, folded into the caches' beam reorder, which is
+            done at the start of the next step), and a step
             runs on the first ``ceil(batch / 2**h)`` sentences for the
             largest ``h <= batch_halvings`` that still holds all those not
             done (one branch per size, a ``switch``; the others keep their
@@ -769,21 +770,33 @@ def beam_search(
             )
 
         def search_body(state, static, not_done_first=False):
+            # (batch_halvings) The beam reorder of the step before is done here, where
+            # XLA fuses it with the step's write of its keys and values: one pass over
+            # each cache leaf instead of two (BENCHMARKS.md, serving speed part 15).
+            deferred = "cache_rows" in state
+            if deferred:  # the cache's rows in the order of the state's hypotheses
+                state = {**state, "cache": keras.tree.map_structure(
+                    lambda x: spec.gather(x, state["cache_rows"], 0), state["cache"])}
             logits, cache = call_step(state, static)
             state, source_beam = _search_step(state, logits, cache, spec)
             order = None
             if not_done_first:  # (batch_halvings) the sentences not done move first
                 order = ops.argsort(ops.cast(state["done"], "int32"))  # [b]
                 source_beam = spec.gather(source_beam, order, 0)
-                state = {name: x if name in ("step", "cache") else spec.gather(x, order, 0)
+                state = {name: x if name in ("step", "cache", "cache_rows") else spec.gather(x, order, 0)
                          for name, x in state.items()}
             # One gather per cache leaf: the beam reorder (and the sentences' move).
             rows = _beam_rows(source_beam, beam_size, order)  # [b * k]
-            state["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
+            if deferred:
+                state["cache_rows"] = rows
+            else:
+                state["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
             return state
 
         if batch_halvings:
             state["sentence"] = ops.arange(batch_size, dtype="int32")  # [batch]: each row's sentence
+            # [batch * k]: the cache's row of each hypothesis (its beam reorder waits for the next step)
+            state["cache_rows"] = ops.arange(batch_size * beam_size, dtype="int32")
             body = _halving_body(search_body, batch_size, beam_size, int(batch_halvings), static_cache,
                                  spec.gather)
         else:
@@ -874,9 +887,12 @@ def _halving_body(search_body, batch_size, beam_size, halvings, static_cache, ga
     the sentences not done first (`search_body(..., not_done_first=True)`: the
     permutation folded into the cache's beam reorder, on every step).
 
-    The state carries ``sentence`` (each row's sentence). The static cache stays
-    out of the state, in the sentences' order: each step gathers the rows of its
-    prefix. (It was a loop variable permuted with the rows, and XLA copied it, and
+    The state carries ``sentence`` (each row's sentence) and ``cache_rows`` (the
+    cache's row of each hypothesis: `search_body` reorders the cache at the start
+    of the next step, so a step gathers its prefix's rows from the whole cache,
+    where the step before may have left them beyond the prefix; part 15). The
+    static cache stays out of the state, in the sentences' order: each step
+    gathers the rows of its prefix. (It was a loop variable permuted with the rows, and XLA copied it, and
     every cache, out of the branches of the `switch` and of a `cond` that moved
     the sentences only on the steps where one ended: 17% of a batch-32 step; without
     them the step took 7.5 ms instead of 11.3, BENCHMARKS.md serving speed part 14.
@@ -893,10 +909,10 @@ def _halving_body(search_body, batch_size, beam_size, halvings, static_cache, ga
         whole = size is batch_size  # the whole batch: no slicing
         head = {}
         for name, x in state.items():
-            if whole or name == "step":
+            if whole or name in ("step", "cache"):  # (the cache: `search_body` gathers its rows)
                 head[name] = x
-            elif name == "cache":
-                head[name] = keras.tree.map_structure(lambda leaf: leaf[: size * beam_size], x)
+            elif name == "cache_rows":
+                head[name] = x[: size * beam_size]
             else:  # the per-sentence entries
                 head[name] = keras.tree.map_structure(lambda leaf: leaf[:size], x)
         static = keras.tree.map_structure(lambda x: gather(x, head["sentence"], 0), static_cache)
