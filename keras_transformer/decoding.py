@@ -771,8 +771,9 @@ def beam_search(
 
         def search_body(state, static, not_done_first=False):
             # (batch_halvings) The beam reorder of the step before is done here, where
-            # XLA fuses it with the step's write of its keys and values: one pass over
-            # each cache leaf instead of two (BENCHMARKS.md, serving speed part 15).
+            # XLA fuses it with the step's write of its keys and values: two passes over
+            # each cache leaf a step instead of three (write, reorder, and the copy of the
+            # reordered buffer into the loop's; BENCHMARKS.md, serving speed part 15).
             deferred = "cache_rows" in state
             if deferred:  # the cache's rows in the order of the state's hypotheses
                 state = {**state, "cache": keras.tree.map_structure(
@@ -785,7 +786,8 @@ def beam_search(
                 source_beam = spec.gather(source_beam, order, 0)
                 state = {name: x if name in ("step", "cache", "cache_rows") else spec.gather(x, order, 0)
                          for name, x in state.items()}
-            # One gather per cache leaf: the beam reorder (and the sentences' move).
+            # One gather per cache leaf: the beam reorder (and the sentences' move), or
+            # with `deferred` the rows it will gather at the start of the next step.
             rows = _beam_rows(source_beam, beam_size, order)  # [b * k]
             if deferred:
                 state["cache_rows"] = rows
@@ -892,12 +894,13 @@ def _halving_body(search_body, batch_size, beam_size, halvings, static_cache, ga
     of the next step, so a step gathers its prefix's rows from the whole cache,
     where the step before may have left them beyond the prefix; part 15). The
     static cache stays out of the state, in the sentences' order: each step
-    gathers the rows of its prefix. (It was a loop variable permuted with the rows, and XLA copied it, and
-    every cache, out of the branches of the `switch` and of a `cond` that moved
-    the sentences only on the steps where one ended: 17% of a batch-32 step; without
-    them the step took 7.5 ms instead of 11.3, BENCHMARKS.md serving speed part 14.
-    The prefix branches still copy the state they `slice_update`; one loop per size,
-    with no `switch`, copied less but was no faster and compiled slower, part 14.)
+    gathers the rows of its prefix. (It was a loop variable permuted with the
+    rows, and XLA copied it, and every cache, out of the branches of the
+    `switch` and of a `cond` that moved the sentences only on the steps where
+    one ended: 17% of a batch-32 step; without them the step took 7.5 ms
+    instead of 11.3, BENCHMARKS.md serving speed part 14. The prefix branches
+    still copy the state they `slice_update`; one loop per size, with no
+    `switch`, copied less but was no faster and compiled slower, part 14.)
     With a python `batch_size` the sizes are python ints; with a scalar tensor
     (TensorFlow) XLA still sees each as a constant, since it compiles one program
     per batch size. `gather`: the search's (`keras_gather` or one with its meaning).
