@@ -715,7 +715,8 @@ def beam_search(
             runs on the first ``ceil(batch / 2**h)`` sentences for the
             largest ``h <= batch_halvings`` that still holds all those not
             done (one branch per size, a ``switch``; the others keep their
-            rows). 0: every step runs on the whole batch. Same results;
+            rows). 0: every step runs on the whole batch. With
+            `cache_stages` the first stage runs on the whole batch. Same results;
             needs ``slice_update`` (on TensorFlow an XLA op: for
             ``jit_compile`` functions only).
         gather: None (`keras_gather`) or a function with its meaning, for
@@ -795,12 +796,18 @@ def beam_search(
                 state["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
             return state
 
+        first_stage_body = None
         if batch_halvings:
             state["sentence"] = ops.arange(batch_size, dtype="int32")  # [batch]: each row's sentence
             # [batch * k]: the cache's row of each hypothesis (its beam reorder waits for the next step)
             state["cache_rows"] = ops.arange(batch_size * beam_size, dtype="int32")
             body = _halving_body(search_body, batch_size, beam_size, int(batch_halvings), static_cache,
                                  spec.gather)
+            # The first cache stage runs on the whole batch: few sentences of a batch end
+            # in its steps, and each halving is one more compiled copy of the step in each
+            # stage (a batch-32 program compiled in 39.5 instead of 44.1 s, same run time
+            # and results; BENCHMARKS.md, serving speed part 16).
+            first_stage_body = _halving_body(search_body, batch_size, beam_size, 0, static_cache, spec.gather)
         else:
             def body(state):
                 return search_body(state, static_cache)
@@ -808,13 +815,14 @@ def beam_search(
         if cache_stages is None:
             state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
         else:
-            for stage_end in _stage_ends(cache_stages, max_decode_length):
+            for index, stage_end in enumerate(_stage_ends(cache_stages, max_decode_length)):
                 state["cache"] = resize_cache(state["cache"], stage_end)
 
                 def stage_cond(state, stage_end=stage_end):
                     return ops.logical_and(cond(state), state["step"] < stage_end)
 
-                state = while_loop(stage_cond, body, state, maximum_iterations=stage_end)
+                stage_body = first_stage_body if index == 0 and first_stage_body is not None else body
+                state = while_loop(stage_cond, stage_body, state, maximum_iterations=stage_end)
         seqs, scores = _best_results(state, num_results, spec)
         if batch_halvings:  # rows back in the sentences' order
             order = ops.argsort(state["sentence"])  # [batch]

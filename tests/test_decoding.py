@@ -629,6 +629,38 @@ def test_batch_halvings_equal_the_full_batch_loop(beam_size, num_results):
     np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5)
 
 
+def test_batch_halvings_start_after_the_first_cache_stage():
+    """The first cache stage runs on the whole batch even when most sentences
+    are done (each halving is one more compiled copy of the step per stage);
+    from the second stage a step runs on the smallest prefix that holds the
+    sentences not done, with the whole-batch loop's results."""
+    beam_size = 2
+    model = ToyModel(seed=5, vocab=9, batch=8, eos_bias=0.5)
+    max_lengths = np.array([1, 1, 1, 1, 1, 1, 9, 9], "int32")  # six sentences end at step 0
+    rows = []
+
+    def step_fn(ids, cache, step):
+        rows.append(int(ids.shape[0]))
+        return history_step_fn(model)(ids, cache, step)
+
+    def search(halvings):
+        rows.clear()
+        cache = {"sid": tf.range(8), "h": model.h0, "acc": model.acc0, "hist": tf.zeros([8, 0])}
+        out = beam_search(step_fn, cache, 8, max_lengths,
+                          beam_size=beam_size, max_decode_length=9, cache_stages=(4,),
+                          resize_cache=resize_history, batch_halvings=halvings)
+        return [np.asarray(t) for t in out], list(rows)
+
+    (want, want_scores), full_rows = search(0)
+    (seqs, scores), halved_rows = search(2)
+    np.testing.assert_array_equal(seqs, want)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-6)
+    steps = len(full_rows)
+    assert steps > 4 and full_rows == [8 * beam_size] * steps  # the search outlives the first stage
+    # steps 0-3 (the first stage) on all 8 sentences, then on the first 2 (8 / 4)
+    assert halved_rows == [8 * beam_size] * 4 + [2 * beam_size] * (steps - 4)
+
+
 def test_patience_stops_after_round_beam_times_patience_hypotheses():
     """CTranslate2's patience rule: a sentence stops once round(k * patience)
     hypotheses have finished. Off (None, 0) it is the exact search; a large
