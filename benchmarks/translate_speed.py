@@ -68,8 +68,9 @@ by the steps). The steps and rows are counted in the main process on the
 same search (`SearchProfile`: a `Translator` whose `logits_filter`
 counts); every variant of ours runs the same steps (same search, same
 stopping rule). `serving_default` drops finished sentences, so its rows
-shrink as sentences end; `translate_xla` runs the smallest of its padded
-batch bucket, half, a quarter or an eighth of it that holds the sentences not done
+shrink as sentences end; `translate_xla` runs its whole padded batch
+bucket in the first cache stage (16 steps), then the smallest of the bucket,
+half, a quarter or an eighth of it that holds the sentences not done
 (`XLA_BATCH_HALVINGS`), and LiteRT every sentence of the batch until the
 loop ends.
 
@@ -391,13 +392,21 @@ class SearchProfile:
 
         from keras_transformer.translator import Translator
 
+        from keras_transformer.searcher import XLA_CACHE_STAGES
+
         beam_size = config.beam_size
-        # steps by the number of sentences not done (the rows of `serving_default`'s step / beam)
-        self.steps_by_alive = tf.Variable(tf.zeros([MAX_PROFILED_BATCH + 1], tf.int64))
+        # steps by stage (row 0: `translate_xla`'s first cache stage, which runs on the whole
+        # batch; row 1: the later ones) and by the number of sentences not done (the rows of
+        # `serving_default`'s step / beam)
+        self.steps_by_alive = tf.Variable(tf.zeros([2, MAX_PROFILED_BATCH + 1], tf.int64))
+        self.step = tf.Variable(0, dtype=tf.int32)  # the step of the batch being searched
 
         def count(logits):
             alive = tf.minimum(tf.shape(logits)[0] // beam_size, MAX_PROFILED_BATCH)
-            self.steps_by_alive.assign_add(tf.one_hot(alive, MAX_PROFILED_BATCH + 1, dtype=tf.int64))
+            later = tf.cast(self.step >= XLA_CACHE_STAGES[0], tf.int32)
+            self.steps_by_alive.assign_add(tf.scatter_nd([[later, alive]], tf.ones([1], tf.int64),
+                                                         [2, MAX_PROFILED_BATCH + 1]))
+            self.step.assign_add(1)
             return logits
 
         translator = Translator(model, config, tokenizer.model_bytes, logits_filter=count)
@@ -415,13 +424,15 @@ class SearchProfile:
         """The batch bucket `translate_xla` pads `sentences` sentences to."""
         return int(self.translator.searcher.bucketed_shape(sentences, 1)[0])
 
-    def xla_rows(self, alive, padded):
+    def xla_rows(self, alive, padded, first_stage=False):
         """The rows `translate_xla` runs a step on with `alive` sentences not done in a
-        batch padded to `padded`: the smallest of its halving sizes that holds them."""
+        batch padded to `padded`: in its first cache stage the whole batch, later the
+        smallest of its halving sizes that holds them."""
         from keras_transformer.decoding import halving_sizes
         from keras_transformer.searcher import XLA_BATCH_HALVINGS
 
-        return min(size for size in halving_sizes(padded, XLA_BATCH_HALVINGS) if size >= alive) * self.beam_size
+        sizes = [padded] if first_stage else halving_sizes(padded, XLA_BATCH_HALVINGS)
+        return min(size for size in sizes if size >= alive) * self.beam_size
 
     def __call__(self, batches):
         """`(steps, rows, xla_rows)`: loop steps, rows `serving_default` runs (it drops
@@ -432,12 +443,14 @@ class SearchProfile:
         total = [0, 0, 0]
         for batch in batches:
             self.steps_by_alive.assign(tf.zeros_like(self.steps_by_alive))
+            self.step.assign(0)
             self.search(tf.constant(batch))
-            counts = self.steps_by_alive.numpy()
+            counts = self.steps_by_alive.numpy()  # [2, alive]
             padded = self.xla_batch(len(batch))
             total[0] += int(counts.sum())
-            total[1] += int((counts * np.arange(len(counts))).sum()) * self.beam_size
-            total[2] += sum(int(n) * self.xla_rows(alive, padded) for alive, n in enumerate(counts) if n)
+            total[1] += int((counts.sum(axis=0) * np.arange(counts.shape[1])).sum()) * self.beam_size
+            total[2] += sum(int(n) * self.xla_rows(alive, padded, first_stage=stage == 0)
+                            for stage in range(2) for alive, n in enumerate(counts[stage]) if n)
         return total
 
 
@@ -479,8 +492,8 @@ def run_batch_size(variants, sentences, batch_size, rounds, pause, profile=None)
 def search_lines(profile, batches, seconds, batch_size):
     """The search's loop steps per batch, rows per step and time per step of our variants.
     Every variant of ours runs the same steps (the same search and stopping rule);
-    `serving_default` runs only the sentences not yet done, `translate_xla` the smallest
-    of its halving sizes that holds them, LiteRT every sentence of the batch, to the end
+    `serving_default` runs only the sentences not yet done, `translate_xla` (after its
+    first cache stage) the smallest of its halving sizes that holds them, LiteRT every sentence of the batch, to the end
     of the loop."""
     steps, rows, xla_rows = profile(batches)
     beam = profile.beam_size

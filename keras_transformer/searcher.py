@@ -38,8 +38,8 @@ XLA_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # many positions (then the whole buffer): a step reads and reorders a buffer of
 # its stage's size, not `source + 50` (`beam_search(cache_stages=...)`).
 XLA_CACHE_STAGES = (16, 32, 64)
-# ... and each step runs on the smallest of batch, batch / 2, batch / 4, batch / 8
-# (rounded up) that holds the sentences not yet done (`beam_search(batch_halvings=...)`):
+# ... and each step after the first stage runs on the smallest of batch, batch / 2, batch / 4,
+# batch / 8 (rounded up) that holds the sentences not yet done (`beam_search(batch_halvings=...)`):
 # XLA's static shapes cannot drop finished sentences one by one as the plain
 # graph does, so a few fixed sizes, one compiled branch each. Three halvings
 # rather than two: batch 32 ran 70 rows a step instead of 75 and 8-10% faster,
