@@ -390,9 +390,8 @@ class SearchProfile:
     def __init__(self, model, config, tokenizer, patience=0.0):
         import tensorflow as tf
 
-        from keras_transformer.translator import Translator
-
         from keras_transformer.searcher import XLA_CACHE_STAGES
+        from keras_transformer.translator import Translator
 
         beam_size = config.beam_size
         # steps by stage (row 0: `translate_xla`'s first cache stage, which runs on the whole
@@ -493,8 +492,8 @@ def search_lines(profile, batches, seconds, batch_size):
     """The search's loop steps per batch, rows per step and time per step of our variants.
     Every variant of ours runs the same steps (the same search and stopping rule);
     `serving_default` runs only the sentences not yet done, `translate_xla` (after its
-    first cache stage) the smallest of its halving sizes that holds them, LiteRT every sentence of the batch, to the end
-    of the loop."""
+    first cache stage) the smallest of its halving sizes that holds them, LiteRT every
+    sentence of the batch, to the end of the loop."""
     steps, rows, xla_rows = profile(batches)
     beam = profile.beam_size
     computed = {OURS: rows / steps,

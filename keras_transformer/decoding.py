@@ -805,8 +805,9 @@ def beam_search(
                                  spec.gather)
             # The first cache stage runs on the whole batch: few sentences of a batch end
             # in its steps, and each halving is one more compiled copy of the step in each
-            # stage (a batch-32 program compiled in 39.5 instead of 44.1 s, same run time
-            # and results; BENCHMARKS.md, serving speed part 16).
+            # stage (a batch-32 program traced in 11.9 instead of 13.7 s and compiled in
+            # 13.1 instead of 16.8, same run time and results; BENCHMARKS.md, serving
+            # speed part 16).
             first_stage_body = _halving_body(search_body, batch_size, beam_size, 0, static_cache, spec.gather)
         else:
             def body(state):
