@@ -282,6 +282,16 @@ class Searcher:
         max_lengths = tf.concat([source_lengths + extra_length,
                                  tf.ones([padded_batch - batch], tf.int32)], axis=0)  # [padded_batch]
         patience = tf.constant(0.0) if patience is None else tf.cast(patience, tf.float32)
-        ids, scores = self.compiled_search(beam_size, num_results, batch_halvings)(
-            source, max_lengths, tf.cast(alpha, tf.float32), patience)
+        alpha = tf.cast(alpha, tf.float32)
+
+        def run(halvings):
+            return self.compiled_search(beam_size, num_results, halvings)(source, max_lengths, alpha, patience)
+
+        if batch_halvings:
+            # A batch bucket of one sentence cannot shrink: its program is compiled without
+            # the halvings, which there are identical copies of the step (a batch-1 program
+            # compiled in 5.3 instead of 9.6 s; BENCHMARKS.md, serving speed part 16).
+            ids, scores = tf.cond(padded_batch > 1, lambda: run(batch_halvings), lambda: run(0))
+        else:
+            ids, scores = run(0)
         return ids[:batch], scores[:batch]

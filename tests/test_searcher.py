@@ -1,4 +1,5 @@
-"""The plain graph's search: its kernel choice per request."""
+"""The searches of `Searcher`: the plain graph's kernel choice per request, the XLA
+search's programs per batch bucket."""
 
 import numpy as np
 import tensorflow as tf
@@ -47,3 +48,27 @@ def test_one_loop_of_broadcast_products_equals_the_choice_per_call(monkeypatch):
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_array_equal(scores, want_scores)
     assert (results[False][1][0][:, 0, 0] > PAD_ID).all()  # real outputs
+
+
+def test_a_batch_of_one_runs_the_xla_search_without_halvings():
+    """A batch bucket of one sentence cannot shrink, so `search_xla` runs (and
+    compiles) the program without batch halvings there, and the halving one for
+    larger buckets: each gives the plain search's ids and scores."""
+    config = TransformerConfig(vocab_size=40, num_layers=1, d_model=16, d_ff=32, num_heads=2, dropout=0.0,
+                               max_length=12, decode_extra_length=6)
+    model = build_transformer(config)
+    rng = np.random.default_rng(5)
+    source = rng.integers(3, 40, size=(3, 6)).astype("int32")
+    source[:, -1] = EOS_ID
+    lengths = np.array([6, 6, 6], "int32")
+    searcher = Searcher(model, config)
+    plain = tf.function(lambda i, n: searcher.search(i, n, 3, 0.6, 6, 1))
+    for batch, halvings in ((1, 0), (3, searcher_module.XLA_BATCH_HALVINGS)):
+        ids, scores = searcher.search_xla(source[:batch], lengths[:batch], 3, 0.6, 6, 1)  # eager: one branch runs
+        traced = {key[2] for key, f in searcher._compiled.items() if f.experimental_get_tracing_count()}
+        assert halvings in traced and (batch > 1 or traced == {0}), (batch, traced)
+        want_ids, want_scores = plain(source[:batch], lengths[:batch])
+        width = min(ids.shape[2], want_ids.shape[2])
+        np.testing.assert_array_equal(ids.numpy()[:, :, :width], want_ids.numpy()[:, :, :width])
+        assert (ids.numpy()[:, :, width:] == PAD_ID).all() and (want_ids.numpy()[:, :, width:] == PAD_ID).all()
+        np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-5)
