@@ -11,6 +11,16 @@ from keras_transformer.layers.attention import SMALL_ATTENTION
 from keras_transformer.searcher import Searcher, broadcast_products_suffice
 
 
+def tiny_model_and_sources(num_layers, seed, width):
+    """A small random model (12 tokens, +6) and three random sources of `width`
+    tokens ending with EOS."""
+    config = TransformerConfig(vocab_size=40, num_layers=num_layers, d_model=16, d_ff=32, num_heads=2,
+                               dropout=0.0, max_length=12, decode_extra_length=6)
+    source = np.random.default_rng(seed).integers(3, 40, size=(3, width)).astype("int32")
+    source[:, -1] = EOS_ID
+    return config, build_transformer(config), source
+
+
 def test_broadcast_products_suffice_at_the_largest_product():
     """rows x d_model x keys entries against SMALL_ATTENTION, as each attention call
     compares its own product (rows x heads x keys x head_size); no int32 overflow."""
@@ -23,12 +33,7 @@ def test_one_loop_of_broadcast_products_equals_the_choice_per_call(monkeypatch):
     """When every product is small the request runs a loop traced with the broadcast
     products alone (no cond per attention): the same kernels as choosing per call,
     so bit-identical ids and scores, at batch 1 and batch 3, also with n-best."""
-    config = TransformerConfig(vocab_size=40, num_layers=2, d_model=16, d_ff=32, num_heads=2, dropout=0.0,
-                               max_length=12, decode_extra_length=6)
-    model = build_transformer(config)
-    rng = np.random.default_rng(3)
-    source = rng.integers(3, 40, size=(3, 7)).astype("int32")
-    source[:, -1] = EOS_ID
+    config, model, source = tiny_model_and_sources(num_layers=2, seed=3, width=7)
     source[1, 4:] = PAD_ID
     source[1, 3] = EOS_ID
     lengths = np.array([7, 4, 7], "int32")
@@ -54,12 +59,7 @@ def test_a_batch_of_one_runs_the_xla_search_without_halvings():
     """A batch bucket of one sentence cannot shrink, so `search_xla` runs (and
     compiles) the program without batch halvings there, and the halving one for
     larger buckets: each gives the plain search's ids and scores."""
-    config = TransformerConfig(vocab_size=40, num_layers=1, d_model=16, d_ff=32, num_heads=2, dropout=0.0,
-                               max_length=12, decode_extra_length=6)
-    model = build_transformer(config)
-    rng = np.random.default_rng(5)
-    source = rng.integers(3, 40, size=(3, 6)).astype("int32")
-    source[:, -1] = EOS_ID
+    config, model, source = tiny_model_and_sources(num_layers=1, seed=5, width=6)
     lengths = np.array([6, 6, 6], "int32")
     searcher = Searcher(model, config)
     plain = tf.function(lambda i, n: searcher.search(i, n, 3, 0.6, 6, 1))
