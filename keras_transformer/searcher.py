@@ -45,6 +45,13 @@ XLA_CACHE_STAGES = (16, 32, 64)
 # rather than two: batch 32 ran 70 rows a step instead of 75 and 8-10% faster,
 # for ~2.3 s more compiling per batch bucket (7.3 -> 9.6 s; BENCHMARKS.md, part 8).
 XLA_BATCH_HALVINGS = 3
+# The batch-1 program of the XLA search (beam rows a step) multiplies by the embeddings
+# `[vocab, d_model]` as stored, the transpose folded into the dot, when their matrix holds at
+# least this many bytes (`base`: 63 MB), instead of by the transposed copy made before the loop:
+# read from memory for 4 rows, the stored layout ran 1.4-1.8x faster; while the matrix fits in
+# the cache the copy runs 2x faster (the Multi30k model's 4 MB; 8 MB too on a 32 MB L3), and at 128 rows the two run
+# alike (BENCHMARKS.md, serving speed part 17).
+XLA_FOLDED_PROJECTION_BYTES = 16 * 2**20
 # Smallest source-width bucket (tokens, EOS included); the others double up to max_length.
 XLA_MIN_LENGTH_BUCKET = 16
 
@@ -210,13 +217,15 @@ class Searcher:
         return tf.cond(broadcast_products_suffice(batch * beam_size, self.config.d_model, keys),
                        lambda: search("always"), lambda: search(True))
 
-    def _step_fn(self, grow, small_kernels=None):
+    def _step_fn(self, grow, small_kernels=None, fold_projection=False):
         """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`
         (`small_kernels`: None, `grow`'s choice, or the attentions', see `DecoderBlock`).
 
         The output projection's matrix is transposed here, once, before the loop
-        (the step function closes over it; a loop-invariant input of the loop)."""
-        output_kernel = self.decoder.output_kernel()  # [d_model, vocab]
+        (the step function closes over it; a loop-invariant input of the loop).
+        With `fold_projection` (XLA only) the step multiplies by the embeddings as
+        stored instead: XLA folds the transpose into the dot (`XLA_FOLDED_PROJECTION_BYTES`)."""
+        output_kernel = None if fold_projection else self.decoder.output_kernel()  # [d_model, vocab]
 
         def step_fn(ids, cache, step, static_cache):
             logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow,
@@ -229,16 +238,17 @@ class Searcher:
         """int32 scalar in `[0, decode_extra_length]`, the most the buffers were made for."""
         return tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
 
-    def compiled_search(self, beam_size, num_results, batch_halvings=XLA_BATCH_HALVINGS):
+    def compiled_search(self, beam_size, num_results, batch_halvings=XLA_BATCH_HALVINGS, fold_projection=False):
         """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha, patience) -> (ids, scores)`.
 
-        One `tf.function(jit_compile=True)` per `(beam_size, num_results, batch_halvings)`;
+        One `tf.function(jit_compile=True)` per `(beam_size, num_results, batch_halvings,
+        fold_projection)` (`fold_projection`: see `_step_fn`);
         XLA compiles one program per `(b, S)`. The buffer holds
         `S - 1 + decode_extra_length` positions (a constant for XLA, which
         sees the shape of `source_ids`): the longest source `S` can hold
         (`S - 1` tokens, then EOS) plus the most extra length a request may ask.
         """
-        key = (beam_size, num_results, batch_halvings)
+        key = (beam_size, num_results, batch_halvings, fold_projection)
         if key not in self._compiled:
             extra = self.config.decode_extra_length
 
@@ -247,7 +257,8 @@ class Searcher:
                 buffer_length = tf.shape(source_ids)[1] - 1 + extra
                 static = self.decoder.static_cache(source_ids)
                 cache = self.decoder.initial_self_attention_cache(batch, 0)
-                return beam_search(self._step_fn(grow=False), cache, batch, max_lengths, beam_size=beam_size,
+                return beam_search(self._step_fn(grow=False, fold_projection=fold_projection), cache, batch,
+                                   max_lengths, beam_size=beam_size,
                                    alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
                                    static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,
                                    resize_cache=self.decoder.resize_self_attention_cache,
@@ -257,6 +268,12 @@ class Searcher:
                 tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
                 tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32)])
         return self._compiled[key]
+
+    def folds_projection_at_batch_one(self):
+        """Whether the XLA search's batch-1 program multiplies by the embeddings as stored
+        (their matrix holds at least `XLA_FOLDED_PROJECTION_BYTES`; see `_step_fn`)."""
+        itemsize = tf.as_dtype(self.decoder.model.compute_dtype).size
+        return self.config.vocab_size * self.config.d_model * itemsize >= XLA_FOLDED_PROJECTION_BYTES
 
     def bucketed_shape(self, batch, width):
         """`bucketed_shape(batch, width, self.length_buckets)`."""
@@ -284,14 +301,17 @@ class Searcher:
         patience = tf.constant(0.0) if patience is None else tf.cast(patience, tf.float32)
         alpha = tf.cast(alpha, tf.float32)
 
-        def run(halvings):
-            return self.compiled_search(beam_size, num_results, halvings)(source, max_lengths, alpha, patience)
+        def run(halvings, fold_projection=False):
+            search = self.compiled_search(beam_size, num_results, halvings, fold_projection)
+            return search(source, max_lengths, alpha, patience)
 
-        if batch_halvings:
+        fold = self.folds_projection_at_batch_one()
+        if batch_halvings or fold:
             # A batch bucket of one sentence cannot shrink: its program is compiled without
             # the halvings, which there are identical copies of the step (a batch-1 program
-            # compiled in 5.3 instead of 9.6 s; BENCHMARKS.md, serving speed part 16).
-            ids, scores = tf.cond(padded_batch > 1, lambda: run(batch_halvings), lambda: run(0))
+            # compiled in 5.3 instead of 9.6 s; BENCHMARKS.md, serving speed part 16); and
+            # a large output matrix is read as stored there (`XLA_FOLDED_PROJECTION_BYTES`).
+            ids, scores = tf.cond(padded_batch > 1, lambda: run(batch_halvings), lambda: run(0, fold))
         else:
             ids, scores = run(0)
         return ids[:batch], scores[:batch]
