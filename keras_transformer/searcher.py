@@ -47,10 +47,10 @@ XLA_CACHE_STAGES = (16, 32, 64)
 XLA_BATCH_HALVINGS = 3
 # The batch-1 program of the XLA search (beam rows a step) multiplies by the embeddings
 # `[vocab, d_model]` as stored, the transpose folded into the dot, when their matrix holds at
-# least this many bytes (`base`: 63 MB), instead of by the transposed copy made before the loop:
-# read from memory for 4 rows, the stored layout ran 1.4-1.8x faster; while the matrix fits in
-# the cache the copy runs 2x faster (the Multi30k model's 4 MB; 8 MB too on a 32 MB L3), and at 128 rows the two run
-# alike (BENCHMARKS.md, serving speed part 17).
+# least this many bytes (`base`: 63 MB), instead of by the transposed copy made before the
+# loop: read from memory for 4 rows, the stored layout ran 1.4-1.8x faster; while the matrix
+# fits in the cache the copy runs 2x faster (the Multi30k model's 4 MB, and 8 MB, on a CPU
+# with 32 MB of L3), and at 128 rows the two run alike (BENCHMARKS.md, serving speed part 17).
 XLA_FOLDED_PROJECTION_BYTES = 16 * 2**20
 # Smallest source-width bucket (tokens, EOS included); the others double up to max_length.
 XLA_MIN_LENGTH_BUCKET = 16
