@@ -77,8 +77,8 @@ def test_a_batch_of_one_runs_the_xla_search_without_halvings():
 def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(monkeypatch):
     """From `XLA_FOLDED_PROJECTION_BYTES` on, the batch-1 XLA program multiplies by the
     embeddings as stored: it makes no transposed copy of them before its loop (each step's
-    transpose is XLA's to fold into the dot), while the larger buckets' program still
-    does; both give the plain search's ids and scores."""
+    transpose is XLA's to fold into the dot), where the same program without the fold
+    makes one; and it gives the plain search's ids and scores."""
     config, model, source = tiny_model_and_sources(num_layers=1, seed=7, width=6)
     matrix_bytes = config.vocab_size * config.d_model * 4  # float32
     monkeypatch.setattr(searcher_module, "XLA_FOLDED_PROJECTION_BYTES", matrix_bytes + 1)
@@ -86,22 +86,20 @@ def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(mo
     monkeypatch.setattr(searcher_module, "XLA_FOLDED_PROJECTION_BYTES", matrix_bytes)
     searcher = Searcher(model, config)
     assert searcher.folds_projection_at_batch_one()
-    lengths = np.array([6, 6, 6], "int32")
-    plain = tf.function(lambda i, n: searcher.search(i, n, 3, 0.6, 6, 1))
+    lengths = np.array([6], "int32")
+
+    ids, scores = searcher.search_xla(source[:1], lengths, 3, 0.6, 6, 1)  # eager: one branch runs
+    want_ids, want_scores = tf.function(lambda i, n: searcher.search(i, n, 3, 0.6, 6, 1))(source[:1], lengths)
+    width = min(ids.shape[2], want_ids.shape[2])
+    np.testing.assert_array_equal(ids.numpy()[:, :, :width], want_ids.numpy()[:, :, :width])
+    np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-5)
+    ran = {key for key, f in searcher._compiled.items() if f.experimental_get_tracing_count()}
+    assert ran == {(3, 1, 0, True)}, ran  # (beam, results, halvings, folded)
 
     def transposes_before_the_loop(function):  # of the embeddings, [d_model, vocab]
         graph = function.get_concrete_function().graph
         return sum(op.type == "Transpose" and op.outputs[0].shape.as_list() == [config.d_model, config.vocab_size]
                    for op in graph.get_operations())
 
-    for batch in (1, 3):
-        ids, scores = searcher.search_xla(source[:batch], lengths[:batch], 3, 0.6, 6, 1)  # eager: one branch runs
-        want_ids, want_scores = plain(source[:batch], lengths[:batch])
-        width = min(ids.shape[2], want_ids.shape[2])
-        np.testing.assert_array_equal(ids.numpy()[:, :, :width], want_ids.numpy()[:, :, :width])
-        np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-5)
-    ran = {key for key, f in searcher._compiled.items() if f.experimental_get_tracing_count()}
-    # (beam, results, halvings, folded): batch 1's program folds, batch 3's (bucket 4) does not
-    assert ran == {(3, 1, 0, True), (3, 1, searcher_module.XLA_BATCH_HALVINGS, False)}, ran
-    for key in ran:
-        assert transposes_before_the_loop(searcher._compiled[key]) == (0 if key[3] else 1), key
+    assert transposes_before_the_loop(searcher.compiled_search(3, 1, 0, fold_projection=True)) == 0
+    assert transposes_before_the_loop(searcher.compiled_search(3, 1, 0, fold_projection=False)) == 1
