@@ -21,6 +21,16 @@ def tiny_model_and_sources(num_layers, seed, width):
     return config, build_transformer(config), source
 
 
+def assert_same_search(ids, scores, want_ids, want_scores):
+    """XLA search results against the plain search's: the same ids over the shorter
+    buffer, PAD beyond it, scores equal to float32 rounding."""
+    ids, want_ids = ids.numpy(), want_ids.numpy()
+    width = min(ids.shape[2], want_ids.shape[2])
+    np.testing.assert_array_equal(ids[:, :, :width], want_ids[:, :, :width])
+    assert (ids[:, :, width:] == PAD_ID).all() and (want_ids[:, :, width:] == PAD_ID).all()
+    np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-5)
+
+
 def test_broadcast_products_suffice_at_the_largest_product():
     """rows x d_model x keys entries against SMALL_ATTENTION, as each attention call
     compares its own product (rows x heads x keys x head_size); no int32 overflow."""
@@ -67,11 +77,7 @@ def test_a_batch_of_one_runs_the_xla_search_without_halvings():
         ids, scores = searcher.search_xla(source[:batch], lengths[:batch], 3, 0.6, 6, 1)  # eager: one branch runs
         traced = {key[2] for key, f in searcher._compiled.items() if f.experimental_get_tracing_count()}
         assert halvings in traced and (batch > 1 or traced == {0}), (batch, traced)
-        want_ids, want_scores = plain(source[:batch], lengths[:batch])
-        width = min(ids.shape[2], want_ids.shape[2])
-        np.testing.assert_array_equal(ids.numpy()[:, :, :width], want_ids.numpy()[:, :, :width])
-        assert (ids.numpy()[:, :, width:] == PAD_ID).all() and (want_ids.numpy()[:, :, width:] == PAD_ID).all()
-        np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-5)
+        assert_same_search(ids, scores, *plain(source[:batch], lengths[:batch]))
 
 
 def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(monkeypatch):
@@ -89,10 +95,8 @@ def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(mo
     lengths = np.array([6], "int32")
 
     ids, scores = searcher.search_xla(source[:1], lengths, 3, 0.6, 6, 1)  # eager: one branch runs
-    want_ids, want_scores = tf.function(lambda i, n: searcher.search(i, n, 3, 0.6, 6, 1))(source[:1], lengths)
-    width = min(ids.shape[2], want_ids.shape[2])
-    np.testing.assert_array_equal(ids.numpy()[:, :, :width], want_ids.numpy()[:, :, :width])
-    np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-5)
+    plain = tf.function(lambda i, n: searcher.search(i, n, 3, 0.6, 6, 1))
+    assert_same_search(ids, scores, *plain(source[:1], lengths))
     ran = {key for key, f in searcher._compiled.items() if f.experimental_get_tracing_count()}
     assert ran == {(3, 1, 0, True)}, ran  # (beam, results, halvings, folded)
 
