@@ -23,14 +23,13 @@ its defaults are `keras_transformer.config`, the export is `export.saved_model`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
 
 from keras_transformer import console
 from keras_transformer.config import (
-    MODEL_OVERRIDE_FIELDS, SYNTAX_FIELDS, ConfigError, TrainingConfig, TransformerConfig, command_line_options)
+    MODEL_OVERRIDE_FIELDS, SYNTAX_FIELDS, ConfigError, TrainingConfig, command_line_options, model_settings)
 from keras_transformer.console import OneLineArgumentParser
 
 log = logging.getLogger("train")
@@ -64,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         syntax = _syntax_options(args, [item for item in options if item.group == "syntax"])
-        model = _model_options(args.set)
+        model = model_settings(args.set)
     except ValueError as error:
         parser.error(str(error))
     values = {item.field: getattr(args, item.dest) for item in options if item.group == "run"}
@@ -87,30 +86,6 @@ def _flag_message(error: ConfigError, options, model) -> str:
     if message.startswith(error.field):  # "batch_tokens=32 cannot ..." -> "--batch-tokens=32 cannot ..."
         return flag + message[len(error.field):]
     return f"{flag}: {message}"
-
-
-def _model_options(settings: list[str]) -> dict:
-    """`--set FIELD=VALUE` flags as `TrainingConfig.model`, each value read as its
-    field's type (`TransformerConfig`'s default tells it)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
-    model = {}
-    for setting in settings:
-        name, equals, text = setting.partition("=")
-        name = name.strip().replace("-", "_")
-        if not equals or name not in MODEL_OVERRIDE_FIELDS:
-            raise ValueError(f"--set {setting!r}: expected FIELD=VALUE with FIELD one of "
-                             f"{', '.join(MODEL_OVERRIDE_FIELDS)}")
-        kind = int if defaults[name] is None else type(defaults[name])  # None: num_decoder_layers
-        try:
-            if kind is bool:
-                if text.strip().lower() not in ("true", "false", "1", "0"):
-                    raise ValueError
-                model[name] = text.strip().lower() in ("true", "1")
-            else:
-                model[name] = kind(text)
-        except ValueError:
-            raise ValueError(f"--set {setting!r}: {name} takes a {kind.__name__}") from None
-    return model
 
 
 def _syntax_options(args, options) -> dict:

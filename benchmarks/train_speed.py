@@ -28,7 +28,12 @@ and batches:
   profile (`log p_y` by `take_along_axis`, `benchmarks/loss.py`);
 * `ours-xla`: compiled with `jit_compile=True` (`train.py --jit-compile`);
 * `ours-bf16`, `keras-hub-bf16`: built under the `mixed_bfloat16` policy
-  (`train.py --mixed-precision` on a CPU); `ours-xla-bf16`: both.
+  (`train.py --mixed-precision` on a CPU); `ours-xla-bf16`: both;
+* `ours-set`: our model with `--set FIELD=VALUE` (repeatable, the fields and
+  syntax of `train.py --set`) on top of the preset, e.g. another depth: what
+  one step of a recipe candidate costs against the preset's, on the same
+  batches in the same process (the ratio a step-matched recipe search needs,
+  `BENCHMARKS.md`, Multi30k recipe search).
 
 `ours` is always measured; `keras-hub` needs the `bench` extra. Without it
 (`--variants ours,ours-xla,ours-bf16,ours-xla-bf16`) the script is what
@@ -63,9 +68,10 @@ import time
 from benchmarks import harness
 from benchmarks.gpu_step import matmul_flops, matmul_peak
 from benchmarks.loss import gather_loss
+from keras_transformer.config import TransformerConfig, model_settings
 
 VARIANTS = ("ours", "keras-hub", "ours-fused", "ours-gather-loss", "ours-xla", "ours-bf16", "ours-xla-bf16",
-            "keras-hub-bf16")
+            "keras-hub-bf16", "ours-set")
 SHARED = harness.SHARED_DATA / "multi30k"
 
 
@@ -87,12 +93,21 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variants", default="ours,keras-hub",
                         help=f"comma-separated, from {', '.join(VARIANTS)} (default: ours,keras-hub)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="the ours-set variant's model fields on top of the preset (as train.py --set)")
     args = parser.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown or "ours" not in args.variants:
         parser.error(f"--variants: must include ours, from {', '.join(VARIANTS)}"
                      + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+    if ("ours-set" in args.variants) != bool(args.set):
+        parser.error("--set and the ours-set variant go together")
+    try:  # checked against the preset now, not after the corpus is read
+        args.overrides = model_settings(args.set)
+        TransformerConfig.from_preset(args.preset, **args.overrides)
+    except ValueError as error:  # (ConfigError is one)
+        parser.error(f"--set: {error}" if not str(error).startswith("--set") else str(error))
     args.baseline = "keras-hub" if "keras-hub" in args.variants else "ours"
     return args
 
@@ -114,14 +129,19 @@ def training_batches(args):
     return corpus, config, batches, tokens, flops
 
 
-def build_variant(name, config, seed):
-    """The compiled model of variant `name` (see the module docstring)."""
+def build_variant(name, config, seed, overrides=None):
+    """The compiled model of variant `name` (see the module docstring); `ours-set`
+    has `overrides` (`TransformerConfig` fields) on top of `config`."""
+    import dataclasses
+
     import keras
 
     from keras_transformer import LabelSmoothedCrossEntropy, build_transformer
 
     base = "keras-hub" if name.startswith("keras-hub") else "ours"
     options = name[len(base):].split("-")[1:]  # e.g. ["xla", "bf16"], ["gather", "loss"]
+    if "set" in options:
+        config = dataclasses.replace(config, **(overrides or {}))
 
     def build(config):
         model = (build_transformer if base == "ours" else keras_hub_transformer)(config)
@@ -185,11 +205,20 @@ def main(argv=None):
 
         modules.append(keras_hub)
     corpus, config, batches, tokens, flops = training_batches(args)
-    models = {name: build_variant(name, config, args.seed) for name in args.variants}
+    variant_flops = {name: flops for name in args.variants}  # ours-set: its own model's matmuls
+    if "ours-set" in args.variants:
+        import dataclasses
+
+        changed = dataclasses.replace(config, **args.overrides)
+        variant_flops["ours-set"] = sum(matmul_flops(changed, s.shape[0], s.shape[1], ti.shape[1])
+                                        for (s, ti), _ in batches)
+    models = {name: build_variant(name, config, args.seed, args.overrides) for name in args.variants}
     print(harness.header("train speed", harness.versions(*modules), f"{args.threads} threads"))
     print(f"# preset {args.preset}: {config.depth_text} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
           f"vocab {config.vocab_size}; data {corpus.name}; {len(batches)} batches of <= {args.batch_tokens} "
           f"padded tokens per side ({tokens} real target tokens, {flops / 1e12:.3f} TFLOP of matmuls per pass)")
+    if args.overrides:
+        print("# ours-set: " + ", ".join(f"{k}={v}" for k, v in args.overrides.items()))
     print("# parameters: " + ", ".join(f"{n} {m.count_params():,}" for n, m in models.items()))
 
     def run_pass(model):
@@ -219,7 +248,7 @@ def main(argv=None):
     for name in names:
         rates = [tokens / s for s in seconds[name]]
         ratios = harness.round_ratios(seconds[baseline], seconds[name])
-        achieved = flops / statistics.median(seconds[name])
+        achieved = variant_flops[name] / statistics.median(seconds[name])
         mfu = {dtype: f"{achieved / max(values):.0%}" for dtype, values in peaks.items()}
         rows.append([name, harness.spread(rates, "{:,.0f}"), harness.spread(ratios) if name != baseline else "",
                      f"{achieved / 1e12:.3f}", mfu["float32"], mfu["bfloat16"] if name.endswith("-bf16") else ""])

@@ -337,6 +337,31 @@ MODEL_OVERRIDE_FIELDS = ("num_layers", "num_decoder_layers", "d_model", "d_ff", 
                          "beam_size", "length_penalty_alpha", "warmup_steps", "learning_rate_scale")
 
 
+def model_settings(settings: list[str]) -> dict:
+    """`--set FIELD=VALUE` flags (`train.py`, `benchmarks/train_speed.py`) as
+    `TrainingConfig.model`, each value read as its field's type (`TransformerConfig`'s
+    default tells it); a ValueError names the setting that is not one."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    model = {}
+    for setting in settings:
+        name, equals, text = setting.partition("=")
+        name = name.strip().replace("-", "_")
+        if not equals or name not in MODEL_OVERRIDE_FIELDS:
+            raise ValueError(f"--set {setting!r}: expected FIELD=VALUE with FIELD one of "
+                             f"{', '.join(MODEL_OVERRIDE_FIELDS)}")
+        kind = int if defaults[name] is None else type(defaults[name])  # None: num_decoder_layers
+        try:
+            if kind is bool:
+                if text.strip().lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                model[name] = text.strip().lower() in ("true", "1")
+            else:
+                model[name] = kind(text)
+        except ValueError:
+            raise ValueError(f"--set {setting!r}: {name} takes a {kind.__name__}") from None
+    return model
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
     """One training run: what `train.py`'s flags set. Make it with `create`,

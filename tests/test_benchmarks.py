@@ -320,3 +320,37 @@ def test_multi30k_patience_table_decodes_as_the_export_was_built(tmp_path):
     (tmp_path / "old").mkdir()
     paper = TransformerConfig()
     assert decoding_options(tmp_path / "old") == (paper.beam_size, paper.length_penalty_alpha, 50) == (4, 0.6, 50)
+
+
+def test_train_speed_times_a_recipe_candidate_against_the_preset(capsys):
+    """benchmarks/train_speed.py --variants ours,ours-set --set ...: the second model is the
+    preset with the fields set (its parameter count is that model's), timed on the same
+    batches; the last line is its step ratio. Bad settings are refused before any work."""
+    from benchmarks import train_speed
+    from keras_transformer import TransformerConfig, build_transformer
+
+    assert train_speed.main(["--preset", "tiny", "--data", "embedded", "--vocab-size", "200",
+                             "--batch-tokens", "256", "--batches", "1", "--rounds", "1", "--peak-size", "64",
+                             "--threads", "0", "--variants", "ours,ours-set",
+                             "--set", "num_decoder_layers=1", "--set", "d_ff=64"]) == 0
+    out = capsys.readouterr().out
+    vocab = int(re.search(r"# preset tiny: .*vocab (\d+);", out).group(1))
+    counts = re.search(r"# parameters: ours ([\d,]+), ours-set ([\d,]+)", out)
+    expected = {name: build_transformer(TransformerConfig.from_preset("tiny", vocab_size=vocab, **fields))
+                .count_params() for name, fields in
+                (("ours", {}), ("ours-set", {"num_decoder_layers": 1, "d_ff": 64}))}
+    assert [int(counts.group(i).replace(",", "")) for i in (1, 2)] == [expected["ours"], expected["ours-set"]]
+    assert expected["ours-set"] < expected["ours"]
+    assert "# ours-set: num_decoder_layers=1, d_ff=64" in out
+    name, value = out.strip().splitlines()[-1].split(": ")
+    assert name == "ours_set_vs_ours" and float(value) > 0
+
+    for argv, message in [(["--variants", "ours,ours-set"], "--set and the ours-set variant go together"),
+                          (["--set", "d_ff=64"], "--set and the ours-set variant go together"),
+                          (["--variants", "ours,ours-set", "--set", "num_heads=3"],
+                           "--set: num_heads=3 does not divide d_model=128"),
+                          (["--variants", "ours,ours-set", "--set", "vocab_size=9"],
+                           "--set 'vocab_size=9': expected FIELD=VALUE")]:
+        with pytest.raises(SystemExit):
+            train_speed.parse_args(["--preset", "tiny"] + argv)
+        assert message in capsys.readouterr().err
