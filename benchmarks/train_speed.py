@@ -61,6 +61,7 @@ without keras-hub `LAST_vs_ours: X` for the last variant of `--variants`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -129,19 +130,14 @@ def training_batches(args):
     return corpus, config, batches, tokens, flops
 
 
-def build_variant(name, config, seed, overrides=None):
-    """The compiled model of variant `name` (see the module docstring); `ours-set`
-    has `overrides` (`TransformerConfig` fields) on top of `config`."""
-    import dataclasses
-
+def build_variant(name, config, seed):
+    """The compiled model of variant `name` (see the module docstring)."""
     import keras
 
     from keras_transformer import LabelSmoothedCrossEntropy, build_transformer
 
     base = "keras-hub" if name.startswith("keras-hub") else "ours"
     options = name[len(base):].split("-")[1:]  # e.g. ["xla", "bf16"], ["gather", "loss"]
-    if "set" in options:
-        config = dataclasses.replace(config, **(overrides or {}))
 
     def build(config):
         model = (build_transformer if base == "ours" else keras_hub_transformer)(config)
@@ -205,14 +201,11 @@ def main(argv=None):
 
         modules.append(keras_hub)
     corpus, config, batches, tokens, flops = training_batches(args)
-    variant_flops = {name: flops for name in args.variants}  # ours-set: its own model's matmuls
-    if "ours-set" in args.variants:
-        import dataclasses
-
-        changed = dataclasses.replace(config, **args.overrides)
-        variant_flops["ours-set"] = sum(matmul_flops(changed, s.shape[0], s.shape[1], ti.shape[1])
-                                        for (s, ti), _ in batches)
-    models = {name: build_variant(name, config, args.seed, args.overrides) for name in args.variants}
+    configs = {name: dataclasses.replace(config, **args.overrides) if name == "ours-set" else config
+               for name in args.variants}
+    variant_flops = {name: sum(matmul_flops(configs[name], s.shape[0], s.shape[1], ti.shape[1])
+                               for (s, ti), _ in batches) for name in args.variants}
+    models = {name: build_variant(name, configs[name], args.seed) for name in args.variants}
     print(harness.header("train speed", harness.versions(*modules), f"{args.threads} threads"))
     print(f"# preset {args.preset}: {config.depth_text} layers, d_model {config.d_model}, d_ff {config.d_ff}, "
           f"vocab {config.vocab_size}; data {corpus.name}; {len(batches)} batches of <= {args.batch_tokens} "
