@@ -83,6 +83,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if min(args.batches, args.passes, args.threads) < 1:
         parser.error("--batches, --passes and --threads must be >= 1")
+    variants = [v for v in VARIANTS if v.startswith("ours") and v != "ours-set"]  # (ours-set needs --set)
+    if args.variant not in variants:
+        parser.error(f"--variant: expected one of {', '.join(variants)}, got {args.variant!r}")
     return args
 
 
@@ -139,10 +142,6 @@ def main(argv=None):
     import tensorflow as tf
 
     harness.set_threads(args.threads)
-    if args.variant not in VARIANTS or not args.variant.startswith("ours"):
-        print(f"profile_train_step.py: error: --variant must be one of "
-              f"{', '.join(v for v in VARIANTS if v.startswith('ours'))}", file=sys.stderr)
-        return 2
     corpus, config, batches, tokens, flops = training_batches(args)
     model = build_variant(args.variant, config, args.seed)
     print(harness.header("profile of the train step", harness.versions(tf), f"{args.threads} threads",

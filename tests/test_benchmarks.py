@@ -354,3 +354,15 @@ def test_train_speed_times_a_recipe_candidate_against_the_preset(capsys):
         with pytest.raises(SystemExit):
             train_speed.parse_args(["--preset", "tiny"] + argv)
         assert message in capsys.readouterr().err
+
+
+def test_profile_train_step_refuses_a_variant_it_cannot_build(capsys):
+    """profile_train_step.py --variant: one of train_speed's variants of ours that need no
+    other flag; ours-set (which needs --set) and unknown names are refused in one line."""
+    from benchmarks import profile_train_step
+
+    assert profile_train_step.parse_args(["--variant", "ours-xla"]).variant == "ours-xla"
+    for variant in ("ours-set", "ours-typo", "keras-hub"):
+        with pytest.raises(SystemExit):
+            profile_train_step.parse_args(["--variant", variant])
+        assert "--variant: expected one of ours, ours-fused" in capsys.readouterr().err
