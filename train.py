@@ -1,6 +1,6 @@
 """Train a Transformer, average its last checkpoints, report BLEU, export it.
 
-    python train.py                                   # tiny model, embedded corpus, ~4 min on 2 cores
+    python train.py                                   # tiny model, embedded corpus, ~3 min on 2 cores (README)
     python train.py --data ../shared/data/multi30k --config small --steps 20000 --model-dir runs/m30k
 
 Flow: flags -> corpus -> shared SentencePiece tokenizer (trained once, kept in

@@ -382,7 +382,7 @@ def main(argv=None) -> int:
     try:
         model, config, tokenizer = load_trained(args.model_dir)
         path = convert(model, config, tokenizer, args.output, args.quantization, args.force)
-    except (RunError, TokenizerError, FileExistsError, ConversionError) as error:
+    except (RunError, TokenizerError, OSError, ConversionError) as error:  # OSError: FileExistsError, permissions
         print(f"export.ctranslate2: error: {error}", file=sys.stderr)
         return 2
     print(path)

@@ -122,9 +122,23 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
+    if not args.saved_model and not args.tflite:
+        parser.error("give an export version directory (EXPORT/1), --tflite FILE, or both")
+    if args.saved_model and not (pathlib.Path(args.saved_model) / "saved_model.pb").is_file():
+        parser.error(f"{args.saved_model}: no saved_model.pb there; give an export version directory "
+                     f"such as MODEL_DIR/export/1")
+    if args.tflite and not pathlib.Path(args.tflite).is_file():
+        parser.error(f"--tflite {args.tflite}: no such file")
+    if args.tflite and pathlib.Path(args.tflite).read_bytes()[4:8] != b"TFL3":
+        parser.error(f"--tflite {args.tflite} is not a TFLite model (no TFL3 file identifier)")
     failed = False
     if args.saved_model:
-        rows = audit_saved_model(args.saved_model)
+        from google.protobuf.message import DecodeError
+
+        try:
+            rows = audit_saved_model(args.saved_model)
+        except DecodeError as error:  # a truncated or foreign saved_model.pb
+            parser.error(f"{args.saved_model}/saved_model.pb cannot be read as a SavedModel ({error})")
         print(f"{args.saved_model}: {len(rows)} distinct ops")
         for row in rows:
             print(f"  {row['kind']:15s} {row['op']:45s} x{row['count']}"

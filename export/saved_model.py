@@ -333,7 +333,7 @@ def main(argv=None) -> int:
         model, config, tokenizer = load_trained(args.model_dir)
         path = export_model(model, config, tokenizer, args.output, args.version, xla_warmup=args.xla_warmup,
                             patience=args.patience)
-    except (RunError, TokenizerError, FileExistsError, ValueError) as error:
+    except (RunError, TokenizerError, OSError, ValueError) as error:  # OSError: FileExistsError, permissions
         print(f"export.saved_model: error: {error}", file=sys.stderr)
         return 2
     print(path)

@@ -118,9 +118,13 @@ def main(argv=None) -> int:
     if not os.path.isfile(os.path.join(args.saved_model, "saved_model.pb")):
         print(f"export.tflite: error: {args.saved_model} holds no saved_model.pb", file=sys.stderr)
         return 2
+    if os.path.isdir(args.output):  # checked before the conversion's minutes, not after
+        print(f"export.tflite: error: --output {args.output} is a directory; give the .tflite file to write",
+              file=sys.stderr)
+        return 2
     try:
         path = convert(args.saved_model, args.output, args.quantize)
-    except ConversionError as error:
+    except (ConversionError, OSError) as error:  # OSError: the output cannot be written
         print(f"export.tflite: error: {error}", file=sys.stderr)
         return 2
     print(path, file=sys.stderr)

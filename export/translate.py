@@ -57,6 +57,11 @@ def main(argv=None) -> int:
               f"(pass a version directory such as EXPORT/1)", file=sys.stderr)
         return 2
     loaded = tf.saved_model.load(args.saved_model)
+    if not {"serving_default", "translate_options"} <= set(loaded.signatures):
+        print(f"export.translate: error: {args.saved_model} is not an export of this project (its signatures "
+              f"are {sorted(loaded.signatures)}; export.saved_model writes serving_default and "
+              f"translate_options)", file=sys.stderr)
+        return 2
     xla = not args.no_xla and "translate_xla" in loaded.signatures
     default = loaded.signatures["translate_xla" if xla else "serving_default"]
     options = loaded.signatures["translate_options"]

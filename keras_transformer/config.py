@@ -250,7 +250,7 @@ class TransformerConfig:
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "TransformerConfig":
-        """A preset by name (`base`, `big`, `small`, `tiny`) with fields overridden."""
+        """A preset by name (`base`, `big`, `small`, `tiny`, `multi30k`) with fields overridden."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
@@ -585,7 +585,7 @@ def command_line_options() -> list[Option]:
 
 
 def options_table() -> str:
-    """The README's table of `train.py`'s options (tests/test_training.py checks that the
+    """The README's table of `train.py`'s options (tests/test_config.py checks that the
     README holds it; print it with `python -c "from keras_transformer.config import
     options_table; print(options_table())"`)."""
     rows = ["| flag | default | what it sets |", "|---|---|---|"]

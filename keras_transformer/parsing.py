@@ -47,7 +47,7 @@ import shutil
 import sys
 import time
 
-from keras_transformer.data.syntax import AnnotatedSentence, read_conllu, to_conllu
+from keras_transformer.data.syntax import AnnotatedSentence, AnnotationError, read_conllu, to_conllu
 
 # spaCy's recipe for a UD treebank: its components and the config preset.
 PIPELINE = ("morphologizer", "parser")
@@ -347,6 +347,8 @@ def main(argv=None) -> int:
     sentences = commands.add_parser("sentences", help="parse stdin (one sentence per line) to CoNLL-U on stdout")
     sentences.add_argument("--parser", required=True)
     args = parser.parse_args(argv)
+    from conllu import exceptions as conllu_exceptions
+
     try:
         if args.command == "train":
             train_parser(args.treebank, args.output, args.max_minutes, args.seed)
@@ -364,7 +366,7 @@ def main(argv=None) -> int:
             lines = sys.stdin.read().splitlines()
             for sentence in parse_text(load_parser(args.parser), lines):
                 sys.stdout.write(to_conllu(sentence) + "\n\n")
-    except ParserError as error:
+    except (ParserError, AnnotationError, conllu_exceptions.ParseException, OSError) as error:  # bad trees, unreadable files
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -45,6 +45,35 @@ def hypothesis_path(model_dir, split: str) -> pathlib.Path:
     return pathlib.Path(model_dir) / HYPOTHESIS_FILE.format(split=split)
 
 
+def make_model_dir(model_dir) -> pathlib.Path:
+    """Creates `model_dir` (and its parents) if needed; `RunError` in one line when it
+    cannot be a directory (a file of that name, no permission)."""
+    model_dir = pathlib.Path(model_dir)
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        what = "exists and is not a directory" if model_dir.exists() else "cannot be created"
+        raise RunError(f"--model-dir {model_dir} {what} ({error.strerror or error}); "
+                       f"give a directory train.py can write") from None
+    return model_dir
+
+
+def read_run_file(model_dir) -> dict:
+    """`model_dir/run.json` as a dict; `RunError` in one line when it is missing, is not
+    JSON (a truncated copy) or records no model config."""
+    path = pathlib.Path(model_dir) / RUN_FILE
+    if not path.exists():
+        raise RunError(f"{path} not found: {model_dir} is not a model directory written by train.py")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunError(f"{path} is not valid JSON ({error}); train.py writes it atomically, so the file was "
+                       f"changed or copied incompletely: restore it from the run, or use a new --model-dir") from None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        raise RunError(f"{path} records no model config: it is not a run.json written by train.py")
+    return record
+
+
 def _write_text_atomically(path: pathlib.Path, text: str) -> None:
     """Writes `text` to a temporary file beside `path` and renames it over `path`: readers
     see the old file or the new one, never a part. A failed write (a full disk) removes the
@@ -97,7 +126,7 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
     if not path.exists():
         _write_json_atomically(path, record)
         return
-    old = json.loads(path.read_text())
+    old = read_run_file(model_dir)
     check_run_tokenizer(model_dir, tokenizer)
     old_config = _compared(old.get("config", {}))
     new_config = _compared(record["config"])
@@ -130,16 +159,13 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
 
 def load_config(model_dir):
     """The `TransformerConfig` recorded in `model_dir/run.json`."""
-    path = pathlib.Path(model_dir) / RUN_FILE
-    if not path.exists():
-        raise RunError(f"{path} not found: {model_dir} is not a model directory written by train.py")
-    return TransformerConfig.from_dict(json.loads(path.read_text())["config"])
+    return TransformerConfig.from_dict(read_run_file(model_dir)["config"])
 
 
 def check_run_tokenizer(model_dir, tokenizer) -> None:
     """Raises `RunError` unless `tokenizer` is the one `run.json` records (resume and export)."""
     path = pathlib.Path(model_dir) / RUN_FILE
-    recorded = json.loads(path.read_text()).get("tokenizer_sha256") if path.exists() else None
+    recorded = read_run_file(model_dir).get("tokenizer_sha256") if path.exists() else None
     if recorded != tokenizer.sha256:
         source = tokenizer.path or "the tokenizer given"
         raise RunError(f"{source} has sha256 {tokenizer.sha256[:12]}..., but the run in {model_dir} "
@@ -165,7 +191,11 @@ def load_trained(model_dir):
     if not weights.exists():
         raise RunError(f"{weights} not found: train.py writes it (the averaged checkpoints) when training ends")
     model = build_transformer(config)
-    model.load_weights(weights)
+    try:
+        model.load_weights(weights)
+    except (OSError, ValueError) as error:  # h5py: not an HDF5 file; Keras: other shapes or layers
+        raise RunError(f"{weights} cannot be loaded into the model run.json describes ({error}); "
+                       f"rerun train.py to average the checkpoints again") from None
     return model, config, tokenizer
 
 

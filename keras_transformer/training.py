@@ -130,8 +130,7 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     # Several workers (TF_CONFIG): the collective strategy must exist before any other op.
     strategy = make_strategy() if cluster_tasks() > 1 else None
     chief = strategy is None or is_chief(strategy)
-    model_dir = pathlib.Path(run.model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = run_dir.make_model_dir(run.model_dir)
     keras.utils.set_random_seed(run.seed)
     if run.mixed_precision:
         keras.mixed_precision.set_global_policy(mixed_precision_policy())

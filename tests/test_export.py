@@ -581,6 +581,42 @@ def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch)
         export_model(model, config, tokenizer, output, version=1)
 
 
+def test_export_commands_refuse_bad_paths_in_one_line(tmp_path, capsys):
+    """A missing or non-SavedModel path for op_audit, a SavedModel that is not ours for
+    export.translate, and a directory as export.tflite's --output were tracebacks
+    (FileNotFoundError, KeyError, IsADirectoryError after the conversion's minutes)."""
+    from export import op_audit, tflite, translate
+
+    class Foreign(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def upper(self, text):
+            return {"output": tf.strings.upper(text)}
+
+    foreign = tmp_path / "foreign"
+    tf.saved_model.save(Foreign(), str(foreign), signatures={"serving_default": Foreign().upper})
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "saved_model.pb").write_bytes(b"\x0a\xff\xff\xff junk")
+    (tmp_path / "model.tflite").write_bytes(b"not a flatbuffer")
+    calls = [
+        (op_audit.main, [], "give an export version directory"),
+        (op_audit.main, [str(tmp_path / "missing")], "no saved_model.pb there"),
+        (op_audit.main, [str(tmp_path / "junk")], "cannot be read as a SavedModel"),
+        (op_audit.main, ["--tflite", str(tmp_path / "missing.tflite")], "no such file"),
+        (op_audit.main, ["--tflite", str(tmp_path / "model.tflite")], "is not a TFLite model"),
+        (translate.main, ["--saved-model", str(foreign)], "is not an export of this project (its signatures "
+                                                          "are ['serving_default']"),
+        (tflite.main, ["--saved-model", str(foreign), "--output", str(tmp_path)], "is a directory"),
+    ]
+    for main, argv, message in calls:
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse's parser.error
+            code = exit_.code
+        assert code == 2, (argv, code)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ": error: " in err[0] and message in err[0], (argv, err)
+
+
 def test_op_audit_accepts_the_export_and_flags_foreign_ops(exported, tmp_path):
     from export.op_audit import audit_saved_model
 

@@ -144,6 +144,21 @@ def test_the_sentences_command_writes_conllu_the_loader_reads(embedded_parser, m
     assert syntax.read_conllu(out) == parsing.parse_text(nlp, lines)
 
 
+def test_evaluate_on_a_bad_conllu_file_is_a_one_line_error(embedded_parser, tmp_path, capsys):
+    # A missing file, a tree whose head points at no word, and a line conllu cannot parse
+    # were tracebacks from `read_conllu`: only ParserError was caught.
+    _, _, root = embedded_parser
+    (tmp_path / "dangling.conllu").write_text("1\tHello\t_\tINTJ\t_\t_\t5\troot\t_\t_\n\n")
+    (tmp_path / "garbled.conllu").write_text("1\tHello\t_\tINTJ\t_\t_\tnot-a-head\troot\t_\t_\n\n")
+    expected = {"missing.conllu": "No such file or directory", "dangling.conllu": "has head 5, not a word",
+                "garbled.conllu": "not-a-head"}
+    for name, message in expected.items():
+        argv = ["evaluate", "--parser", str(root / "parser"), "--conllu", str(tmp_path / name)]
+        assert parsing.main(argv) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (name, err)
+
+
 def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
     treebank = write_treebank(tmp_path / "treebank", train=5, dev=2, test=2)
     (treebank / "emb-ud-dev.conllu").unlink()

@@ -34,3 +34,53 @@ def test_history_append_is_atomic_and_a_failed_write_keeps_the_old_file(tmp_path
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [run_dir.HISTORY_FILE]
+
+
+def test_a_damaged_model_directory_is_a_one_line_error(tmp_path, capsys):
+    """A --model-dir that is a file, a truncated run.json and a corrupt final.weights.h5 were
+    tracebacks (FileExistsError, JSONDecodeError, h5py's OSError) from train.py, export.saved_model
+    and export.ctranslate2: each is now a RunError naming the file, and the commands print one line."""
+    from export import ctranslate2, saved_model
+    from keras_transformer import TransformerConfig, run_dir
+    from keras_transformer.data import Tokenizer, tokenizer_path, train_tokenizer
+
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(run_dir.RunError, match=r"^--model-dir .*a-file exists and is not a directory"):
+        run_dir.make_model_dir(tmp_path / "a-file")
+    with pytest.raises(run_dir.RunError, match=r"^--model-dir .*a-file/run cannot be created"):
+        run_dir.make_model_dir(tmp_path / "a-file" / "run")
+    assert run_dir.make_model_dir(tmp_path / "new" / "run").is_dir()
+
+    model_dir = tmp_path / "run"
+    texts = ["the man sees the dog", "der Mann sieht den Hund", "a red house", "ein rotes Haus"] * 30
+    tokenizer = Tokenizer.load(train_tokenizer(texts, tokenizer_path(model_dir).with_suffix(""), 40))
+    config = TransformerConfig.from_preset("tiny", vocab_size=tokenizer.vocab_size)
+    run_dir.check_run_file(model_dir, config, tokenizer, {"data": "toy"})
+    assert run_dir.load_config(model_dir) == config
+
+    # Weights that are not HDF5 (a copy cut short): load_trained names the file.
+    (model_dir / run_dir.FINAL_WEIGHTS).write_bytes(b"not an HDF5 file")
+    with pytest.raises(run_dir.RunError, match=r"final\.weights\.h5 cannot be loaded into the model run\.json "
+                                               r"describes \(.*\); rerun train\.py"):
+        run_dir.load_trained(model_dir)
+    for name, main in (("export.saved_model", saved_model.main), ("export.ctranslate2", ctranslate2.main)):
+        assert main(["--model-dir", str(model_dir), "--output", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"{name}: error: ") and "final.weights.h5" in err[0], err
+        assert not (tmp_path / name).exists() or not any((tmp_path / name).iterdir())
+
+    # run.json cut short: every reader says which file and what to do.
+    record = (model_dir / run_dir.RUN_FILE).read_text()
+    (model_dir / run_dir.RUN_FILE).write_text(record[:len(record) // 2])
+    damaged = r"run\.json is not valid JSON \(.*\); train\.py writes it atomically"
+    for read in (lambda: run_dir.load_config(model_dir),
+                 lambda: run_dir.check_run_file(model_dir, config, tokenizer, {"data": "toy"}),
+                 lambda: run_dir.check_run_tokenizer(model_dir, tokenizer)):
+        with pytest.raises(run_dir.RunError, match=damaged):
+            read()
+    assert ctranslate2.main(["--model-dir", str(model_dir), "--output", str(tmp_path / "ct2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run.json is not valid JSON" in err[0], err
+    (model_dir / run_dir.RUN_FILE).write_text('{"data": "toy"}')
+    with pytest.raises(run_dir.RunError, match=r"run\.json records no model config"):
+        run_dir.load_config(model_dir)
