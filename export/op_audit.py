@@ -87,16 +87,24 @@ def audit_saved_model(path) -> list[dict]:
     return rows
 
 
+class NotTFLiteError(ValueError):
+    """`audit_tflite` was given bytes that are not a TFLite flatbuffer."""
+
+
 def audit_tflite(model) -> dict:
     """Ops of a .tflite flatbuffer (bytes or path): builtins, TF Text custom ops, and the rest.
 
     Returns `{"builtin": {name: count}, "tensorflow_text": {...}, "unsupported": {...}}`;
-    `unsupported` holds Flex ops and custom ops without a LiteRT kernel.
+    `unsupported` holds Flex ops and custom ops without a LiteRT kernel. Raises
+    `NotTFLiteError` on bytes without the TFL3 file identifier.
     """
     from tensorflow.lite.python import schema_py_generated as schema
 
+    name = "the model given"
     if not isinstance(model, (bytes, bytearray)):
-        model = pathlib.Path(model).read_bytes()
+        name, model = str(model), pathlib.Path(model).read_bytes()
+    if model[4:8] != b"TFL3":  # the flatbuffer's file identifier; the schema reader fails anywhere on others
+        raise NotTFLiteError(f"{name} is not a TFLite model (no TFL3 file identifier)")
     text_kernels = set(_load("tensorflow_text_2.20_ops.json")["tflite_custom_ops"])
     parsed = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(model, 0))
     builtin_names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
@@ -129,8 +137,6 @@ def main(argv=None) -> int:
                      f"such as MODEL_DIR/export/1")
     if args.tflite and not pathlib.Path(args.tflite).is_file():
         parser.error(f"--tflite {args.tflite}: no such file")
-    if args.tflite and pathlib.Path(args.tflite).read_bytes()[4:8] != b"TFL3":
-        parser.error(f"--tflite {args.tflite} is not a TFLite model (no TFL3 file identifier)")
     failed = False
     if args.saved_model:
         from google.protobuf.message import DecodeError
@@ -145,7 +151,10 @@ def main(argv=None) -> int:
                   + (f"   PROBLEM: {row['problem']}" if "problem" in row else ""))
         failed |= any("problem" in row for row in rows)
     if args.tflite:
-        report = audit_tflite(args.tflite)
+        try:
+            report = audit_tflite(args.tflite)
+        except NotTFLiteError as error:
+            parser.error(f"--tflite {error}")
         for kind, counts in report.items():
             print(f"{args.tflite} {kind}: {counts}")
         failed |= bool(report["unsupported"])

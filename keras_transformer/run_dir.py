@@ -128,7 +128,7 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
         return
     old = read_run_file(model_dir)
     check_run_tokenizer(model_dir, tokenizer)
-    old_config = _compared(old.get("config", {}))
+    old_config = _compared(old["config"])  # read_run_file refuses a run.json without one
     new_config = _compared(record["config"])
     if old_config != new_config:
         changed = sorted(k for k in set(old_config) | set(new_config)
