@@ -83,7 +83,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if min(args.batches, args.passes, args.threads) < 1:
         parser.error("--batches, --passes and --threads must be >= 1")
-    variants = [v for v in VARIANTS if v.startswith("ours") and v != "ours-set"]  # (ours-set needs --set)
+    variants = [v for v in VARIANTS if v.startswith("ours") and not v.startswith("ours-set")]  # (they need --set)
     if args.variant not in variants:
         parser.error(f"--variant: expected one of {', '.join(variants)}, got {args.variant!r}")
     return args

@@ -33,7 +33,8 @@ and batches:
   syntax of `train.py --set`) on top of the preset, e.g. another depth: what
   one step of a recipe candidate costs against the preset's, on the same
   batches in the same process (the ratio a step-matched recipe search needs,
-  `BENCHMARKS.md`, Multi30k recipe search).
+  `BENCHMARKS.md`, Multi30k recipe search); `ours-set-xla`: the same,
+  compiled with XLA (a candidate trained with `--jit-compile`);
 
 `ours` is always measured; `keras-hub` needs the `bench` extra. Without it
 (`--variants ours,ours-xla,ours-bf16,ours-xla-bf16`) the script is what
@@ -72,7 +73,7 @@ from benchmarks.loss import gather_loss
 from keras_transformer.config import TransformerConfig, model_settings
 
 VARIANTS = ("ours", "keras-hub", "ours-fused", "ours-gather-loss", "ours-xla", "ours-bf16", "ours-xla-bf16",
-            "keras-hub-bf16", "ours-set")
+            "keras-hub-bf16", "ours-set", "ours-set-xla")
 SHARED = harness.SHARED_DATA / "multi30k"
 
 
@@ -102,7 +103,7 @@ def parse_args(argv=None):
     if unknown or "ours" not in args.variants:
         parser.error(f"--variants: must include ours, from {', '.join(VARIANTS)}"
                      + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
-    if ("ours-set" in args.variants) != bool(args.set):
+    if any(v.startswith("ours-set") for v in args.variants) != bool(args.set):
         parser.error("--set and the ours-set variant go together")
     try:  # checked against the preset now, not after the corpus is read
         args.overrides = model_settings(args.set)
@@ -201,7 +202,7 @@ def main(argv=None):
 
         modules.append(keras_hub)
     corpus, config, batches, tokens, flops = training_batches(args)
-    configs = {name: dataclasses.replace(config, **args.overrides) if name == "ours-set" else config
+    configs = {name: dataclasses.replace(config, **args.overrides) if name.startswith("ours-set") else config
                for name in args.variants}
     variant_flops = {name: sum(matmul_flops(configs[name], s.shape[0], s.shape[1], ti.shape[1])
                                for (s, ti), _ in batches) for name in args.variants}

@@ -344,8 +344,13 @@ def test_train_speed_times_a_recipe_candidate_against_the_preset(capsys):
     assert "# ours-set: num_decoder_layers=1, d_ff=64" in out
     name, value = out.strip().splitlines()[-1].split(": ")
     assert name == "ours_set_vs_ours" and float(value) > 0
+    # ours-set-xla: the same candidate with its step compiled by XLA (train.py --jit-compile)
+    small = TransformerConfig.from_preset("tiny", vocab_size=200, d_ff=64)
+    assert [train_speed.build_variant(name, small, 0).jit_compile for name in ("ours-set", "ours-set-xla")] \
+        == [False, True]
 
     for argv, message in [(["--variants", "ours,ours-set"], "--set and the ours-set variant go together"),
+                          (["--variants", "ours,ours-set-xla"], "--set and the ours-set variant go together"),
                           (["--set", "d_ff=64"], "--set and the ours-set variant go together"),
                           (["--variants", "ours,ours-set", "--set", "num_heads=3"],
                            "--set: num_heads=3 does not divide d_model=128"),
@@ -362,7 +367,7 @@ def test_profile_train_step_refuses_a_variant_it_cannot_build(capsys):
     from benchmarks import profile_train_step
 
     assert profile_train_step.parse_args(["--variant", "ours-xla"]).variant == "ours-xla"
-    for variant in ("ours-set", "ours-typo", "keras-hub"):
+    for variant in ("ours-set", "ours-set-xla", "ours-typo", "keras-hub"):
         with pytest.raises(SystemExit):
             profile_train_step.parse_args(["--variant", variant])
         assert "--variant: expected one of ours, ours-fused" in capsys.readouterr().err
