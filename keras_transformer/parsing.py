@@ -138,10 +138,12 @@ def convert_treebank(conllu_path: str | os.PathLike, output_path: str | os.PathL
     return len(docs)
 
 
-def parser_config(max_minutes: float = DEFAULT_MAX_MINUTES, seed: int = 0, eval_frequency: int = EVAL_FREQUENCY):
+def parser_config(max_minutes: float = DEFAULT_MAX_MINUTES, seed: int = 0, eval_frequency: int = EVAL_FREQUENCY,
+                  max_steps: int = 0):
     """spaCy's config for `PIPELINE` (`init config -o efficiency`, English, CPU),
-    trained until `max_minutes` pass (or no dev improvement in `PATIENCE` updates),
-    evaluated on the dev file every `eval_frequency` updates."""
+    trained until `max_minutes` pass (or no dev improvement in `PATIENCE` updates,
+    or `max_steps` updates when > 0: a budget that does not depend on the
+    machine's load), evaluated on the dev file every `eval_frequency` updates."""
     _spacy()  # a one-line error without the extra
     from spacy.cli.init_config import init_config  # noqa: PLC0415
 
@@ -150,7 +152,7 @@ def parser_config(max_minutes: float = DEFAULT_MAX_MINUTES, seed: int = 0, eval_
     batcher["@batchers"] = _register_batcher()
     batcher["max_minutes"] = float(max_minutes)
     config["training"]["batcher"] = batcher
-    config["training"]["max_steps"] = 0  # the deadline ends training
+    config["training"]["max_steps"] = int(max_steps)  # 0: the deadline ends training
     config["training"]["max_epochs"] = 10_000  # an epoch after the deadline is empty, and ends at once
     config["training"]["patience"] = PATIENCE
     config["training"]["eval_frequency"] = eval_frequency
@@ -160,13 +162,15 @@ def parser_config(max_minutes: float = DEFAULT_MAX_MINUTES, seed: int = 0, eval_
 
 
 def train_parser(treebank: str | os.PathLike, output: str | os.PathLike, max_minutes: float = DEFAULT_MAX_MINUTES,
-                 seed: int = 0, eval_frequency: int = EVAL_FREQUENCY, log=print, verbose: bool = True) -> pathlib.Path:
+                 seed: int = 0, eval_frequency: int = EVAL_FREQUENCY, log=print, verbose: bool = True,
+                 max_steps: int = 0) -> pathlib.Path:
     """Trains the parser on a UD treebank directory; returns the pipeline's directory.
 
     `output` gets `corpus/` (the converted treebank), `training/` (spaCy's
     `model-best` and `model-last`), `model/` (the best dev checkpoint, what
     `load_parser(output)` loads) and `training.json` (sizes, minutes, seed).
-    `verbose=False` hides spaCy's training table.
+    `verbose=False` hides spaCy's training table. `max_steps` > 0 also ends
+    training after that many updates, whichever of it and `max_minutes` comes first.
     """
     spacy = _spacy()
     from spacy.training.initialize import init_nlp  # noqa: PLC0415
@@ -181,7 +185,7 @@ def train_parser(treebank: str | os.PathLike, output: str | os.PathLike, max_min
         sizes[split] = convert_treebank(files[split], corpus / f"{split}.spacy")
     log(f"converted {files['train'].name} ({sizes['train']} sentences) and {files['dev'].name} "
         f"({sizes['dev']}) to {corpus}")
-    config = parser_config(max_minutes, seed, eval_frequency)
+    config = parser_config(max_minutes, seed, eval_frequency, max_steps)
     config["paths"]["train"] = str(corpus / "train.spacy")
     config["paths"]["dev"] = str(corpus / "dev.spacy")
     start = time.monotonic()
@@ -204,7 +208,7 @@ def train_parser(treebank: str | os.PathLike, output: str | os.PathLike, max_min
     meta = json.loads((best / "meta.json").read_text(encoding="utf-8"))
     (output / "training.json").write_text(json.dumps({
         "treebank": str(pathlib.Path(treebank)), "sentences": sizes, "max_minutes": max_minutes,
-        "minutes": round(minutes, 2), "seed": seed, "spacy": spacy.__version__,
+        "max_steps": max_steps, "minutes": round(minutes, 2), "seed": seed, "spacy": spacy.__version__,
         "dev_scores": {name: value for name, value in meta.get("performance", {}).items()
                        if isinstance(value, float) and not name.endswith("_loss")}}, indent=2) + "\n",
         encoding="utf-8")
