@@ -40,7 +40,7 @@ import time
 
 from benchmarks import harness
 from benchmarks.gpu_step import matmul_peak
-from benchmarks.train_speed import VARIANTS, add_step_arguments, build_variant, training_batches
+from benchmarks.train_speed import SET_VARIANTS, VARIANTS, add_step_arguments, build_variant, training_batches
 
 
 @contextlib.contextmanager
@@ -83,7 +83,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if min(args.batches, args.passes, args.threads) < 1:
         parser.error("--batches, --passes and --threads must be >= 1")
-    variants = [v for v in VARIANTS if v.startswith("ours") and not v.startswith("ours-set")]  # (they need --set)
+    variants = [v for v in VARIANTS if v.startswith("ours") and v not in SET_VARIANTS]  # (they need --set)
     if args.variant not in variants:
         parser.error(f"--variant: expected one of {', '.join(variants)}, got {args.variant!r}")
     return args

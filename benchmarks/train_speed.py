@@ -74,6 +74,7 @@ from keras_transformer.config import TransformerConfig, model_settings
 
 VARIANTS = ("ours", "keras-hub", "ours-fused", "ours-gather-loss", "ours-xla", "ours-bf16", "ours-xla-bf16",
             "keras-hub-bf16", "ours-set", "ours-set-xla")
+SET_VARIANTS = ("ours-set", "ours-set-xla")  # the variants that take --set's fields
 SHARED = harness.SHARED_DATA / "multi30k"
 
 
@@ -103,7 +104,7 @@ def parse_args(argv=None):
     if unknown or "ours" not in args.variants:
         parser.error(f"--variants: must include ours, from {', '.join(VARIANTS)}"
                      + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
-    if any(v.startswith("ours-set") for v in args.variants) != bool(args.set):
+    if any(v in SET_VARIANTS for v in args.variants) != bool(args.set):
         parser.error("--set and the ours-set variant go together")
     try:  # checked against the preset now, not after the corpus is read
         args.overrides = model_settings(args.set)
@@ -202,7 +203,7 @@ def main(argv=None):
 
         modules.append(keras_hub)
     corpus, config, batches, tokens, flops = training_batches(args)
-    configs = {name: dataclasses.replace(config, **args.overrides) if name.startswith("ours-set") else config
+    configs = {name: dataclasses.replace(config, **args.overrides) if name in SET_VARIANTS else config
                for name in args.variants}
     variant_flops = {name: sum(matmul_flops(configs[name], s.shape[0], s.shape[1], ti.shape[1])
                                for (s, ti), _ in batches) for name in args.variants}
