@@ -214,7 +214,7 @@ class Transformer(keras.Model):
 
     def decode(self, target_ids, encoder_output, source_mask, *, start_position=0,
                self_attention_caches=None, cross_attention_caches=None, training=None, grow_caches=False,
-               output_kernel=None, small_kernels=None):
+               output_kernel=None, small_kernels=None, matmul=None):
         """The decoder stack and the tied output projection.
 
         Without caches this is the training pass: causal self-attention over
@@ -241,6 +241,9 @@ class Transformer(keras.Model):
                 transpose the embeddings every step).
             small_kernels: with caches, None or the attentions'
                 `small_kernels` (`DecoderBlock`).
+            matmul: with caches and one position, None or the product of
+                every projection of the step, the output projection's too
+                (`apply_per_token`).
 
         Returns:
             float32 logits `[batch, T, vocab]` and the updated self-attention
@@ -264,14 +267,16 @@ class Transformer(keras.Model):
                 y, self_cache = layer(y, encoder_output, encoder_padding_mask=source_mask,
                                       self_attention_cache=self_cache, cache_index=start_position,
                                       cross_attention_cache=cross_cache, training=training,
-                                      grow_cache=grow_caches, small_kernels=small_kernels)
+                                      grow_cache=grow_caches, small_kernels=small_kernels,
+                                      matmul=matmul if one_position else None)
                 new_caches.append(self_cache)
             else:
                 y = layer(y, encoder_output, encoder_padding_mask=source_mask,
                           cross_attention_cache=cross_cache, training=training)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        logits = self.logits_output(self.embedding(y, reverse=True, output_kernel=output_kernel))  # [batch, T, vocab]
+        logits = self.logits_output(self.embedding(y, reverse=True, output_kernel=output_kernel,
+                                                   matmul=matmul if one_position else None))  # [batch, T, vocab]
         if one_position:
             logits = ops.expand_dims(logits, 1)  # [batch, 1, vocab]
         return logits, (new_caches if cached else None)

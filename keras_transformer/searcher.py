@@ -95,6 +95,18 @@ def tf_gather(x, indices, batch_dims=0):
     return tf.gather(x, indices, axis=batch_dims, batch_dims=batch_dims)
 
 
+def eigen_matmul(x, kernel):
+    """`x [rows, d] @ kernel [d, units]` as one `BatchMatMulV3` node, for the projections of the
+    plain graph's small-request loop (`apply_per_token(matmul=...)`). On CPUs where TensorFlow
+    runs oneDNN (it turns it on by itself on AVX-512 VNNI/BF16 or AMX CPUs) its graph pass
+    rewrites `MatMul` and the `MatMul` + bias that Keras's `Dense` traces into oneDNN kernels,
+    which on a few rows cost twice Eigen's (9.9 against 4.6 us a call for `[4, 128] x [128, d]`);
+    it leaves `BatchMatMulV3` to Eigen. A batch-1 `serving_default` of the `multi30k` preset
+    ran 1.15x faster with oneDNN on, and as fast with it off (BENCHMARKS.md, serving speed
+    part 20). Same product, so the same numbers up to float rounding."""
+    return tf.raw_ops.BatchMatMulV3(x=x, y=kernel, Tout=x.dtype)
+
+
 def broadcast_products_suffice(rows, d_model, keys):
     """Whether every attention product of a search is small enough for the broadcast
     products (`MultiHeadAttention(small_kernels=...)`), bool scalar: with `rows`
@@ -196,7 +208,11 @@ class Searcher:
         cache = self.decoder.initial_self_attention_cache(batch, 0)
 
         def search(small_kernels):
-            return beam_search(self._step_fn(grow=True, small_kernels=small_kernels), cache, batch, max_lengths,
+            # The small-request loop also takes its projections as `BatchMatMulV3` (`eigen_matmul`);
+            # the other keeps `Dense`'s, whose oneDNN kernels are the faster on many rows.
+            matmul = eigen_matmul if small_kernels == "always" else None
+            return beam_search(self._step_fn(grow=True, small_kernels=small_kernels, matmul=matmul), cache,
+                               batch, max_lengths,
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
                                num_results=num_results, static_cache=static, patience=patience,
                                drop_finished=small_kernels != "always", while_loop=relaxed_while_loop,
@@ -217,9 +233,10 @@ class Searcher:
         return tf.cond(broadcast_products_suffice(batch * beam_size, self.config.d_model, keys),
                        lambda: search("always"), lambda: search(True))
 
-    def _step_fn(self, grow, small_kernels=None, fold_projection=False):
+    def _step_fn(self, grow, small_kernels=None, fold_projection=False, matmul=None):
         """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`
-        (`small_kernels`: None, `grow`'s choice, or the attentions', see `DecoderBlock`).
+        (`small_kernels`: None, `grow`'s choice, or the attentions', see `DecoderBlock`;
+        `matmul`: None or the product of the step's projections, see `Transformer.decode`).
 
         The output projection's matrix is transposed here, once, before the loop
         (the step function closes over it; a loop-invariant input of the loop).
@@ -229,7 +246,8 @@ class Searcher:
 
         def step_fn(ids, cache, step, static_cache):
             logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow,
-                                              output_kernel=output_kernel, small_kernels=small_kernels)
+                                              output_kernel=output_kernel, small_kernels=small_kernels,
+                                              matmul=matmul)
             return (logits if self.logits_filter is None else self.logits_filter(logits)), cache
 
         return step_fn

@@ -255,14 +255,17 @@ def test_step_nodes_counts_each_loop_step_once(tmp_path, capsys):
     assert ops["LoopCond"] == steps + 1
     per_step = sum(ops.values()) / steps
     assert 200 < per_step < 2000, per_step
-    # The kernel times come from the same trace: the same op types, and a step's matmuls
-    # (its projections) took time. Where TensorFlow runs oneDNN (CPUs with AVX-512) the
-    # kernels are named `_MklNativeFusedMatMul` and `_MklMatMul`.
+    # A batch-1 request runs the small-request loop, whose projections are `BatchMatMulV3`
+    # nodes (`searcher.eigen_matmul`: TensorFlow's oneDNN pass leaves them to Eigen): per
+    # layer Q, K, V and output of self-attention, Q and output of cross-attention, two of
+    # the feed-forward, then the output projection; no `MatMul` of any naming (with oneDNN
+    # `_MklNativeFusedMatMul`, `_MklMatMul`) is left in the loop.
+    assert ops["BatchMatMulV3"] == steps * (8 * config.num_layers + 1), ops["BatchMatMulV3"]
+    assert not [kind for kind in ops if "MatMul" in kind and kind != "BatchMatMulV3"], ops
+    # The kernel times come from the same trace: the same op types, and the projections took time.
     _, nodes, micros = step_nodes.trace_loop(str(tmp_path / "search"), ids[:1], lengths[:1])
     assert set(micros) == set(nodes) == set(ops)
-    fused = sum(us for kind, us in micros.items() if kind in ("_FusedMatMul", "_MklNativeFusedMatMul"))
-    plain = sum(us for kind, us in micros.items() if kind in ("MatMul", "_MklMatMul"))
-    assert fused > 0 and plain > 0, micros
+    assert micros["BatchMatMulV3"] > 0, micros
 
     assert step_nodes.main(["--shape", "tiny", "--source-tokens", "5", "--batch-sizes", "1"]) == 0
     out = capsys.readouterr().out

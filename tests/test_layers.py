@@ -208,6 +208,28 @@ def test_apply_per_token_equals_dense_on_rank_3_exactly():
     np.testing.assert_array_equal(np.asarray(apply_per_token(dense, x[:, :1])), want[:, :1])
 
 
+def test_apply_per_token_with_a_matmul_is_dense_with_that_product():
+    """With `matmul`, a 2-D input gets `activation(matmul(x, kernel) + bias)`: NumPy's formula
+    with a bias and ReLU, and the product really is the given function's (a product that
+    doubles gives twice the pre-activation), with and without a bias."""
+    import keras
+    rng = np.random.default_rng(4)
+    dense = keras.layers.Dense(5, activation="relu", bias_initializer="random_normal")
+    x = rng.normal(size=(4, 6)).astype("float32")
+    dense.build(x.shape)
+    kernel, bias = (np.asarray(w) for w in (dense.kernel, dense.bias))
+    want = np.maximum(x @ kernel + bias, 0.0)
+    got = np.asarray(apply_per_token(dense, x, matmul=keras.ops.matmul))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, np.asarray(dense(x)), rtol=1e-6, atol=1e-6)
+    doubled = np.asarray(apply_per_token(dense, x, matmul=lambda a, b: 2.0 * keras.ops.matmul(a, b)))
+    np.testing.assert_allclose(doubled, np.maximum(2.0 * (x @ kernel) + bias, 0.0), rtol=1e-6, atol=1e-6)
+    linear = keras.layers.Dense(3, use_bias=False)
+    linear.build(x.shape)
+    np.testing.assert_allclose(np.asarray(apply_per_token(linear, x, matmul=keras.ops.matmul)),
+                               x @ np.asarray(linear.kernel), rtol=1e-6, atol=1e-6)
+
+
 def test_write_cache_places_rows():
     cache = np.zeros((1, 1, 5, 2), "float32")  # [batch, heads, slots, d]
     update = np.arange(4, dtype="float32").reshape(1, 1, 2, 2) + 1

@@ -141,6 +141,9 @@ class MultiHeadAttention(keras.layers.Layer):
             rounding. `"always"`: the broadcast products with no choice (a
             caller that knows every product is at most `SMALL_ATTENTION`:
             the same kernels, without a `cond` in the step).
+        matmul: None, or the product of the projections of 2-D queries
+            and values (one position per row: a decoding step), as
+            `apply_per_token` takes it.
         training: enables dropout.
 
     Returns:
@@ -213,41 +216,42 @@ class MultiHeadAttention(keras.layers.Layer):
         x = ops.reshape(x, leading_shape(x) + (self.num_heads, self.head_size))  # [batch, T, heads, head_size]
         return ops.transpose(x, (0, 2, 1, 3))  # [batch, heads, T, head_size]
 
-    def project(self, x, layers, fused):
+    def project(self, x, layers, fused, matmul=None):
         """`[layer(x) for layer in layers]` (each `[batch, T, d_model]`); with `fused`,
-        one matmul of `x` against the layers' kernels side by side, split back."""
+        one matmul of `x` against the layers' kernels side by side, split back
+        (`matmul`: see `apply_per_token`)."""
         if not fused:
-            return [apply_per_token(layer, x) for layer in layers]
+            return [apply_per_token(layer, x, matmul) for layer in layers]
         kernel = ops.concatenate([layer.kernel for layer in layers], axis=-1)  # [d_model, n * d_model]
         y = ops.matmul(x, kernel)  # [batch, T, n * d_model]
         if self.use_bias:
             y = y + ops.concatenate([layer.bias for layer in layers], axis=-1)
         return ops.split(y, len(layers), axis=-1)
 
-    def compute_key_value(self, value, fused=False):
+    def compute_key_value(self, value, fused=False, matmul=None):
         """Projects `value` [batch, T, d_model] to the `(key, value)` cache, each [batch, heads, T, head_size]."""
-        k, v = self.project(value, (self.key_dense, self.value_dense), fused)
+        k, v = self.project(value, (self.key_dense, self.value_dense), fused, matmul)
         return self.split_heads(k), self.split_heads(v)
 
     def call(self, query, value=None, attention_mask=None, attention_bias=None,
              cache=None, cache_index=None, training=None, attention_scale=None, grow_cache=False,
-             small_kernels=False):
+             small_kernels=False, matmul=None):
         if cache is not None and cache_index is None:
             return self._attend_static_cache(query, cache, attention_mask, attention_bias,
-                                             attention_scale, training, small_kernels)
+                                             attention_scale, training, small_kernels, matmul)
         self_attention = value is None or value is query
         flat = len(query.shape) == 2  # [rows, d_model]: one position per row (a cached decoding step)
         if cache is None and self_attention and self.fuse_projections:  # whole sequences
             q, k, v = (self.split_heads(x) for x in self.project(
                 query, (self.query_dense, self.key_dense, self.value_dense), fused=True))
         else:
-            q = self.split_heads(apply_per_token(self.query_dense, query))  # [batch, heads, T_q, head_size]
+            q = self.split_heads(apply_per_token(self.query_dense, query, matmul))  # [batch, heads, T_q, head_size]
         if cache is None:
             if not (self_attention and self.fuse_projections):
                 k, v = self.compute_key_value(query if value is None else value,
                                               fused=self.fuse_projections)  # [batch, heads, T_k, head_size]
         else:
-            new_k, new_v = self.compute_key_value(query if value is None else value)
+            new_k, new_v = self.compute_key_value(query if value is None else value, matmul=matmul)
             if grow_cache:  # the cache holds positions 0 .. cache_index - 1 exactly
                 k = ops.concatenate([cache[0], new_k], axis=2)  # [batch, heads, cache_index + T, head_size]
                 v = ops.concatenate([cache[1], new_v], axis=2)
@@ -264,13 +268,14 @@ class MultiHeadAttention(keras.layers.Layer):
                 attention_mask = causal if attention_mask is None else ops.logical_and(attention_mask, causal)
 
         small = small_kernels if cache is not None and q.shape[2] == 1 else False  # one query per row: a step
-        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training, small, flat=flat)
+        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training, small, flat=flat,
+                              matmul=matmul)
         if cache is None:
             return output
         return output, (k, v)
 
     def _attend_static_cache(self, query, cache, attention_mask, attention_bias, attention_scale, training,
-                             small_kernels):
+                             small_kernels, matmul=None):
         """Attention over precomputed `(key, value)` `[rows, heads, S, head_size]`
         (cross-attention during decoding), where `query` `[rows * m, T, d_model]`
         may hold `m` query rows per cache row (the beams of one sentence: the
@@ -282,11 +287,11 @@ class MultiHeadAttention(keras.layers.Layer):
             if attention_bias is not None or attention_scale is not None:
                 raise ValueError("a static cache with one position per query row takes no attention_bias "
                                  "or attention_scale (they have a heads axis; the queries here are beams-first)")
-            q = apply_per_token(self.query_dense, query)  # [rows * m, d_model]
+            q = apply_per_token(self.query_dense, query, matmul)  # [rows * m, d_model]
             # [rows, m, heads, head_size]: the beams' queries of each row, query-major (no transpose)
             q = ops.reshape(q, (ops.shape(k)[0], -1, self.num_heads, self.head_size))
             output = self._attend(q, k, v, attention_mask, None, None, training, small_kernels, flat=True,
-                                  query_major=True)
+                                  query_major=True, matmul=matmul)
             return output, cache  # [rows * m, d_model]
         small = small_kernels if query.shape[1] == 1 else False  # a decoding step: m beams' queries per row
         shape = ops.shape(query)
@@ -296,7 +301,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return ops.reshape(output, shape), cache  # [rows * m, T, d_model]
 
     def _attend(self, q, k, v, attention_mask, attention_bias, attention_scale, training, small=False,
-                flat=False, query_major=False):
+                flat=False, query_major=False, matmul=None):
         """softmax(q k^T / sqrt(d_k) (* scale) + bias, masked) v, then the output projection.
 
         `q` is `[batch, heads, T_q, head_size]`, or with `query_major`
@@ -365,7 +370,7 @@ class MultiHeadAttention(keras.layers.Layer):
             attended = ops.cond(size <= SMALL_ATTENTION, lambda: context(True), lambda: context(False))
         else:
             attended = context(False)
-        return apply_per_token(self.output_dense, attended)
+        return apply_per_token(self.output_dense, attended, matmul)
 
     @staticmethod
     def _products(q, k, few):

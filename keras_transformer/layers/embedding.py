@@ -7,7 +7,7 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers.per_token import leading_shape
+from keras_transformer.layers.per_token import leading_shape, project_rows
 
 
 def sinusoidal_encoding(positions, d_model, max_wavelength=10000.0):
@@ -60,6 +60,8 @@ class PositionalEmbedding(keras.layers.Layer):
         output_kernel: with `reverse`, None or `output_kernel()` computed
             once outside a decoding loop (the transposed matrix, so the loop
             body multiplies by it instead of transposing every step).
+        matmul: with `reverse` and `[tokens, d_model]` states, None or the
+            product to take (`apply_per_token`).
         positions: False returns the scaled token embeddings without the
             positional encoding (a `TagFactorEmbedding` combines them with
             tag embeddings first, then adds the positions itself).
@@ -99,11 +101,11 @@ class PositionalEmbedding(keras.layers.Layer):
         in the compute dtype."""
         return ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
 
-    def call(self, inputs, start_position=0, reverse=False, positions=True, output_kernel=None):
+    def call(self, inputs, start_position=0, reverse=False, positions=True, output_kernel=None, matmul=None):
         if reverse:
             kernel = self.output_kernel() if output_kernel is None else output_kernel  # [d_model, vocab]
             if len(inputs.shape) == 2:  # [tokens, d_model] already
-                return ops.matmul(inputs, kernel)  # [tokens, vocab]
+                return project_rows(inputs, kernel, matmul)  # [tokens, vocab]
             flat = ops.reshape(inputs, (-1, self.d_model))  # [tokens, d_model]: a 2-D matmul (see apply_per_token)
             logits = ops.matmul(flat, kernel)  # [tokens, vocab]
             return ops.reshape(logits, leading_shape(inputs) + (self.vocab_size,))  # [batch, T, vocab]
@@ -121,7 +123,8 @@ class PositionalEmbedding(keras.layers.Layer):
             return tuple(inputs_shape[:-1]) + (self.vocab_size,)  # [batch, T, vocab]
         return tuple(inputs_shape) + (self.d_model,)  # [batch, T, d_model]
 
-    def compute_output_spec(self, inputs, start_position=0, reverse=False, positions=True, output_kernel=None):
+    def compute_output_spec(self, inputs, start_position=0, reverse=False, positions=True, output_kernel=None,
+                            matmul=None):
         # `reverse` is not a tensor, so Keras would not pass it to
         # `compute_output_shape` on its own.
         return keras.KerasTensor(self.compute_output_shape(inputs.shape, reverse=reverse),

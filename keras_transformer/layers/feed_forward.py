@@ -20,7 +20,8 @@ class FeedForward(keras.layers.Layer):
         bias_initializer: initializer of b1 and b2.
 
     Call arguments:
-        inputs: `[batch, T, d_model]`.
+        inputs: `[batch, T, d_model]` (or `[rows, d_model]`, one position per row).
+        matmul: None, or the product of 2-D inputs (`apply_per_token`).
 
     Returns:
         `[batch, T, d_model]`, in the compute dtype (bfloat16 under
@@ -52,8 +53,8 @@ class FeedForward(keras.layers.Layer):
         self.inner.build(input_shape)
         self.outer.build(tuple(input_shape[:-1]) + (self.d_ff,))
 
-    def call(self, inputs):
-        return apply_per_token(self.outer, apply_per_token(self.inner, inputs))
+    def call(self, inputs, matmul=None):
+        return apply_per_token(self.outer, apply_per_token(self.inner, inputs, matmul), matmul)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.d_model,)  # [batch, T, d_model]

@@ -18,7 +18,7 @@ def leading_shape(x):
     return tuple(dims)
 
 
-def apply_per_token(layer, x):
+def apply_per_token(layer, x, matmul=None):
     """`layer(x)` for a `Dense` `layer` and `x` `[..., d]`, as one 2-D matmul.
 
     Keras's `Dense` runs a rank-3 input through `tf.tensordot`, which wraps
@@ -28,8 +28,29 @@ def apply_per_token(layer, x):
     to `[tokens, d]` and back is two reshapes (constant shapes when at most
     one leading size is dynamic, as in a decoding step `[rows, 1, d]`). Same
     matmul on the same rows, so the same numbers.
+
+    `matmul`: None, or a function `(x [rows, d], kernel [d, units]) -> [rows,
+    units]` that computes the product of a 2-D `x` (one position per row: a
+    decoding step) in place of the layer's own, the layer's bias and
+    activation applied after it as `Dense` applies them (a backend's kernel
+    of choice for small products, e.g. `Searcher`'s for TensorFlow's
+    small-request loop).
     """
     if len(x.shape) == 2:
-        return layer(x)
+        return layer(x) if matmul is None else dense_with(layer, x, matmul)
     y = layer(ops.reshape(x, (-1, x.shape[-1])))  # [tokens, units]
     return ops.reshape(y, leading_shape(x) + (y.shape[-1],))  # [..., units]
+
+
+def dense_with(layer, x, matmul):
+    """What `Dense` `layer` computes on a 2-D `x` `[rows, d]`, its product taken
+    by `matmul(x, kernel)`: `activation(matmul(x, kernel) + bias)` in `x`'s dtype."""
+    y = matmul(x, ops.cast(layer.kernel, x.dtype))  # [rows, units]
+    if layer.use_bias:
+        y = ops.add(y, ops.cast(layer.bias, x.dtype))
+    return layer.activation(y)
+
+
+def project_rows(x, kernel, matmul=None):
+    """`x [rows, d] @ kernel [d, units]`, by `matmul` when one is given (see `apply_per_token`)."""
+    return ops.matmul(x, kernel) if matmul is None else matmul(x, kernel)
