@@ -259,6 +259,7 @@ class Transformer(keras.Model):
         one_position = cached and target_ids.shape[1] == 1
         if one_position:
             y = ops.reshape(y, (-1, self.transformer_config.d_model))  # [batch, d_model]
+        matmul = matmul if one_position else None  # the projections' product: 2-D inputs only
         self_caches = self_attention_caches if cached else [None] * len(self.decoder_layers)
         cross_caches = cross_attention_caches or [None] * len(self.decoder_layers)
         new_caches = []
@@ -267,8 +268,7 @@ class Transformer(keras.Model):
                 y, self_cache = layer(y, encoder_output, encoder_padding_mask=source_mask,
                                       self_attention_cache=self_cache, cache_index=start_position,
                                       cross_attention_cache=cross_cache, training=training,
-                                      grow_cache=grow_caches, small_kernels=small_kernels,
-                                      matmul=matmul if one_position else None)
+                                      grow_cache=grow_caches, small_kernels=small_kernels, matmul=matmul)
                 new_caches.append(self_cache)
             else:
                 y = layer(y, encoder_output, encoder_padding_mask=source_mask,
@@ -276,7 +276,7 @@ class Transformer(keras.Model):
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         logits = self.logits_output(self.embedding(y, reverse=True, output_kernel=output_kernel,
-                                                   matmul=matmul if one_position else None))  # [batch, T, vocab]
+                                                   matmul=matmul))  # [batch, T, vocab]
         if one_position:
             logits = ops.expand_dims(logits, 1)  # [batch, 1, vocab]
         return logits, (new_caches if cached else None)

@@ -7,7 +7,7 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers.per_token import leading_shape, project_rows
+from keras_transformer.layers.per_token import leading_shape
 
 
 def sinusoidal_encoding(positions, d_model, max_wavelength=10000.0):
@@ -105,7 +105,7 @@ class PositionalEmbedding(keras.layers.Layer):
         if reverse:
             kernel = self.output_kernel() if output_kernel is None else output_kernel  # [d_model, vocab]
             if len(inputs.shape) == 2:  # [tokens, d_model] already
-                return project_rows(inputs, kernel, matmul)  # [tokens, vocab]
+                return (matmul or ops.matmul)(inputs, kernel)  # [tokens, vocab]
             flat = ops.reshape(inputs, (-1, self.d_model))  # [tokens, d_model]: a 2-D matmul (see apply_per_token)
             logits = ops.matmul(flat, kernel)  # [tokens, vocab]
             return ops.reshape(logits, leading_shape(inputs) + (self.vocab_size,))  # [batch, T, vocab]

@@ -49,8 +49,3 @@ def dense_with(layer, x, matmul):
     if layer.use_bias:
         y = ops.add(y, ops.cast(layer.bias, x.dtype))
     return layer.activation(y)
-
-
-def project_rows(x, kernel, matmul=None):
-    """`x [rows, d] @ kernel [d, units]`, by `matmul` when one is given (see `apply_per_token`)."""
-    return ops.matmul(x, kernel) if matmul is None else matmul(x, kernel)
