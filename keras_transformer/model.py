@@ -214,7 +214,7 @@ class Transformer(keras.Model):
 
     def decode(self, target_ids, encoder_output, source_mask, *, start_position=0,
                self_attention_caches=None, cross_attention_caches=None, training=None, grow_caches=False,
-               output_kernel=None, small_kernels=None, matmul=None):
+               output_kernel=None, small_kernels=None, matmul=None, batch_matmul=None):
         """The decoder stack and the tied output projection.
 
         Without caches this is the training pass: causal self-attention over
@@ -244,6 +244,8 @@ class Transformer(keras.Model):
             matmul: with caches and one position, None or the product of
                 every projection of the step, the output projection's too
                 (`apply_per_token`).
+            batch_matmul: with caches and one position, None or the
+                attentions' products (`MultiHeadAttention`).
 
         Returns:
             float32 logits `[batch, T, vocab]` and the updated self-attention
@@ -259,7 +261,8 @@ class Transformer(keras.Model):
         one_position = cached and target_ids.shape[1] == 1
         if one_position:
             y = ops.reshape(y, (-1, self.transformer_config.d_model))  # [batch, d_model]
-        matmul = matmul if one_position else None  # the projections' product: 2-D inputs only
+        if not one_position:  # the projections' product takes 2-D inputs; the attentions' hook is a step's
+            matmul = batch_matmul = None
         self_caches = self_attention_caches if cached else [None] * len(self.decoder_layers)
         cross_caches = cross_attention_caches or [None] * len(self.decoder_layers)
         new_caches = []
@@ -268,7 +271,8 @@ class Transformer(keras.Model):
                 y, self_cache = layer(y, encoder_output, encoder_padding_mask=source_mask,
                                       self_attention_cache=self_cache, cache_index=start_position,
                                       cross_attention_cache=cross_cache, training=training,
-                                      grow_cache=grow_caches, small_kernels=small_kernels, matmul=matmul)
+                                      grow_cache=grow_caches, small_kernels=small_kernels, matmul=matmul,
+                                      batch_matmul=batch_matmul)
                 new_caches.append(self_cache)
             else:
                 y = layer(y, encoder_output, encoder_padding_mask=source_mask,

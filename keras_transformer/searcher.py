@@ -95,16 +95,21 @@ def tf_gather(x, indices, batch_dims=0):
     return tf.gather(x, indices, axis=batch_dims, batch_dims=batch_dims)
 
 
-def eigen_matmul(x, kernel):
-    """`x [rows, d] @ kernel [d, units]` as one `BatchMatMulV3` node, for the projections of the
-    plain graph's small-request loop (`apply_per_token(matmul=...)`). On CPUs where TensorFlow
+def eigen_matmul(x, y, transpose_y=False):
+    """`x @ y` (`x @ y^T` with `transpose_y`) as one `BatchMatMulV3` node: `x [rows, d] @ kernel
+    [d, units]` for the projections of the plain graph's small-request loop
+    (`apply_per_token(matmul=...)`), and rank-4 products over their two leading axes for the
+    attentions of its other loop (`MultiHeadAttention(batch_matmul=...)`). On CPUs where TensorFlow
     runs oneDNN (it turns it on by itself on AVX-512 VNNI/BF16 or AMX CPUs) its graph pass
     rewrites `MatMul` and the `MatMul` + bias that Keras's `Dense` traces into oneDNN kernels,
     which on a few rows cost twice Eigen's (9.9 against 4.6 us a call for `[4, 128] x [128, d]`);
     it leaves `BatchMatMulV3` to Eigen. A batch-1 `serving_default` of the `multi30k` preset
     ran 1.15x faster with oneDNN on, and as fast with it off (BENCHMARKS.md, serving speed
-    part 20). Same product, so the same numbers up to float rounding."""
-    return tf.raw_ops.BatchMatMulV3(x=x, y=kernel, Tout=x.dtype)
+    part 20). Its Einsum, BatchMatMul and Softmax kernels likewise cost 1.3-2.7x Eigen's on the
+    attention products of a batch-32 step, where its projections are the faster; that loop ran
+    1.06x faster with its attentions' products as `BatchMatMulV3` and their softmax written out
+    (part 21). Same products, so the same numbers up to float rounding."""
+    return tf.raw_ops.BatchMatMulV3(x=x, y=y, adj_y=transpose_y, Tout=x.dtype)
 
 
 def broadcast_products_suffice(rows, d_model, keys):
@@ -208,11 +213,13 @@ class Searcher:
         cache = self.decoder.initial_self_attention_cache(batch, 0)
 
         def search(small_kernels):
-            # The small-request loop also takes its projections as `BatchMatMulV3` (`eigen_matmul`);
-            # the other keeps `Dense`'s, whose oneDNN kernels are the faster on many rows.
-            matmul = eigen_matmul if small_kernels == "always" else None
-            return beam_search(self._step_fn(grow=True, small_kernels=small_kernels, matmul=matmul), cache,
-                               batch, max_lengths,
+            # The small-request loop takes its projections as `BatchMatMulV3` (`eigen_matmul`); the
+            # other keeps `Dense`'s, whose oneDNN kernels are the faster on many rows, and takes its
+            # attentions' large products so instead (its small ones are broadcast products).
+            few = small_kernels == "always"
+            step_fn = self._step_fn(grow=True, small_kernels=small_kernels, matmul=eigen_matmul if few else None,
+                                    batch_matmul=None if few else eigen_matmul)
+            return beam_search(step_fn, cache, batch, max_lengths,
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
                                num_results=num_results, static_cache=static, patience=patience,
                                drop_finished=small_kernels != "always", while_loop=relaxed_while_loop,
@@ -233,10 +240,11 @@ class Searcher:
         return tf.cond(broadcast_products_suffice(batch * beam_size, self.config.d_model, keys),
                        lambda: search("always"), lambda: search(True))
 
-    def _step_fn(self, grow, small_kernels=None, fold_projection=False, matmul=None):
+    def _step_fn(self, grow, small_kernels=None, fold_projection=False, matmul=None, batch_matmul=None):
         """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`
         (`small_kernels`: None, `grow`'s choice, or the attentions', see `DecoderBlock`;
-        `matmul`: None or the product of the step's projections, see `Transformer.decode`).
+        `matmul`, `batch_matmul`: None or the products of the step's projections and attentions,
+        see `Transformer.decode`).
 
         The output projection's matrix is transposed here, once, before the loop
         (the step function closes over it; a loop-invariant input of the loop).
@@ -247,7 +255,7 @@ class Searcher:
         def step_fn(ids, cache, step, static_cache):
             logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow,
                                               output_kernel=output_kernel, small_kernels=small_kernels,
-                                              matmul=matmul)
+                                              matmul=matmul, batch_matmul=batch_matmul)
             return (logits if self.logits_filter is None else self.logits_filter(logits)), cache
 
         return step_fn

@@ -197,6 +197,64 @@ def test_small_kernels_choose_by_the_size_of_the_product(monkeypatch):
         assert asked == want, threshold
 
 
+def test_batch_matmul_takes_the_large_products_of_a_step(monkeypatch):
+    """With `batch_matmul` a decoding step's large products (above `SMALL_ATTENTION`, or
+    without `small_kernels`) are that function's, two per call, with the softmax written out:
+    a growing-cache self-attention step of one position per row equals NumPy's causal full
+    pass, and cross-attention with 3 beams' queries per cached sentence (query-major, whose
+    output is transposed back) equals NumPy's attention over the sentence repeated per
+    beam; the small products (`"always"`) never call it, and calls that are not a
+    decoding step ignore it."""
+    from keras import ops
+
+    monkeypatch.setattr(attention_module, "SMALL_ATTENTION", 0)  # every product is large
+    calls = []
+
+    def batch_matmul(x, y, transpose_y=False):
+        calls.append((tuple(x.shape), transpose_y))
+        return ops.matmul(x, ops.swapaxes(y, -1, -2) if transpose_y else y)
+
+    rng = np.random.default_rng(8)
+    layer = MultiHeadAttention(num_heads=2, d_model=8)
+    x = rng.normal(size=(3, 6, 8)).astype("float32")
+    layer(x, x)  # build
+    for w in layer.weights:  # nonzero biases too
+        w.assign(np.asarray(w) + rng.normal(size=w.shape).astype("float32") * 0.1)
+    want = numpy_attention(layer, x, x, mask=np.broadcast_to(np.tril(np.ones((6, 6), bool)), (3, 6, 6)))
+    cache = (np.zeros((3, 2, 0, 4), "float32"), np.zeros((3, 2, 0, 4), "float32"))  # grows by one slot a step
+    for t in range(6):
+        for small in (True, False):
+            calls.clear()
+            got, grown = layer(x[:, t], cache=cache, cache_index=t, grow_cache=True, small_kernels=small,
+                               batch_matmul=batch_matmul)
+            np.testing.assert_allclose(np.asarray(got), want[:, t], atol=1e-5)
+            assert [transpose for _, transpose in calls] == [True, False], (t, small)
+        calls.clear()
+        always, _ = layer(x[:, t], cache=cache, cache_index=t, grow_cache=True, small_kernels="always",
+                          batch_matmul=batch_matmul)
+        np.testing.assert_allclose(np.asarray(always), want[:, t], atol=1e-5)
+        assert calls == []
+        cache = grown
+
+    memory = rng.normal(size=(2, 5, 8)).astype("float32")  # 2 sentences
+    padding = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    beams = rng.normal(size=(6, 8)).astype("float32")  # 3 beams per sentence, one step
+    repeated = np.repeat(memory, 3, axis=0)  # [6, 5, 8]
+    mask = np.broadcast_to(np.repeat(padding, 3, axis=0)[:, None, :], (6, 1, 5))
+    want = numpy_attention(layer, beams[:, None], repeated, mask=mask)[:, 0]  # [6, 8]
+    for small in (True, False):
+        calls.clear()
+        got, _ = layer(beams, cache=layer.compute_key_value(memory), attention_mask=padding[:, None, :],
+                       small_kernels=small, batch_matmul=batch_matmul)  # [6, 8]
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+        assert [(shape[2], transpose) for shape, transpose in calls] == [(3, True), (3, False)], small
+    calls.clear()
+    full = np.asarray(layer(x, x, attention_mask=np.tril(np.ones((6, 6), bool))[None], batch_matmul=batch_matmul))
+    assert calls == []
+    np.testing.assert_allclose(full, numpy_attention(layer, x, x, mask=np.broadcast_to(
+        np.tril(np.ones((6, 6), bool)), (3, 6, 6))), atol=1e-5)
+
+
 def test_apply_per_token_equals_dense_on_rank_3_exactly():
     """`apply_per_token` (one 2-D matmul) gives Dense's rank-3 result (a tensordot) bit for bit."""
     import keras

@@ -7,6 +7,7 @@ import tensorflow as tf
 from keras_transformer import TransformerConfig, build_transformer
 from keras_transformer import searcher as searcher_module
 from keras_transformer.constants import EOS_ID, PAD_ID
+from keras_transformer.layers import attention as attention_module
 from keras_transformer.layers.attention import SMALL_ATTENTION
 from keras_transformer.searcher import Searcher, broadcast_products_suffice
 
@@ -107,3 +108,28 @@ def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(mo
 
     assert transposes_before_the_loop(searcher.compiled_search(3, 1, 0, fold_projection=True)) == 0
     assert transposes_before_the_loop(searcher.compiled_search(3, 1, 0, fold_projection=False)) == 1
+
+
+def test_the_plain_loops_large_attention_products_run_as_batch_matmuls_and_equal_the_static_search(monkeypatch):
+    """The loop that chooses per attention (`small_kernels=True`) takes its large products as
+    `eigen_matmul`'s `BatchMatMulV3` (the attention's `batch_matmul`): with every product
+    large it gives the ids and scores of the static-buffer search (LiteRT's, whose attentions
+    keep their einsums and softmax), at batch 3 with a padded source, also with n-best; its
+    graph holds one `q k^T` (`adj_y`) node per attention of each layer, and no other."""
+    monkeypatch.setattr(searcher_module, "SMALL_ATTENTION", -1)  # no request runs the small-request loop
+    monkeypatch.setattr(attention_module, "SMALL_ATTENTION", 0)  # every attention call takes the large products
+    config, model, source = tiny_model_and_sources(num_layers=2, seed=9, width=7)
+    source[1, 4:] = PAD_ID
+    source[1, 3] = EOS_ID
+    lengths = np.array([7, 4, 7], "int32")
+    searcher = Searcher(model, config)
+    for num_results in (1, 2):
+        plain = tf.function(lambda i, n: searcher.search(i, n, 4, 0.6, 6, num_results))
+        static = tf.function(lambda i, n: searcher.search(i, n, 4, 0.6, 6, num_results, static_buffer=True))
+        ids, scores = plain(source, lengths)
+        assert (ids.numpy()[:, 0, 0] > PAD_ID).all()  # real outputs
+        assert_same_search(*static(source, lengths), ids, scores)
+    library = plain.get_concrete_function(source, lengths).graph.as_graph_def().library
+    transposed = [node for function in library.function for node in function.node_def
+                  if node.op == "BatchMatMulV3" and node.attr["adj_y"].b]
+    assert len(transposed) == 2 * config.num_layers, [node.name for node in transposed]

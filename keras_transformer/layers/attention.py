@@ -144,6 +144,13 @@ class MultiHeadAttention(keras.layers.Layer):
         matmul: None, or the product of the projections of 2-D queries
             and values (one position per row: a decoding step), as
             `apply_per_token` takes it.
+        batch_matmul: None, or a function `(x, y, transpose_y=False) ->
+            x @ y` (`x @ y^T` with `transpose_y`) over the two leading axes
+            of rank-4 tensors, which a decoding step's attention then takes
+            for its two products where it would use einsums (products
+            larger than `SMALL_ATTENTION` with `small_kernels`, or without
+            it), with the softmax written out (exp, max, sum) as the small
+            products have it: a backend's kernels of choice (see `_attend`).
         training: enables dropout.
 
     Returns:
@@ -235,10 +242,10 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def call(self, query, value=None, attention_mask=None, attention_bias=None,
              cache=None, cache_index=None, training=None, attention_scale=None, grow_cache=False,
-             small_kernels=False, matmul=None):
+             small_kernels=False, matmul=None, batch_matmul=None):
         if cache is not None and cache_index is None:
             return self._attend_static_cache(query, cache, attention_mask, attention_bias,
-                                             attention_scale, training, small_kernels, matmul)
+                                             attention_scale, training, small_kernels, matmul, batch_matmul)
         self_attention = value is None or value is query
         flat = len(query.shape) == 2  # [rows, d_model]: one position per row (a cached decoding step)
         if cache is None and self_attention and self.fuse_projections:  # whole sequences
@@ -267,21 +274,23 @@ class MultiHeadAttention(keras.layers.Layer):
                                          0)  # [1, T_q, slots]
                 attention_mask = causal if attention_mask is None else ops.logical_and(attention_mask, causal)
 
-        small = small_kernels if cache is not None and q.shape[2] == 1 else False  # one query per row: a step
-        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training, small, flat=flat,
-                              matmul=matmul)
+        step = cache is not None and q.shape[2] == 1  # one query per row: a decoding step
+        output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training,
+                              small_kernels if step else False, flat=flat, matmul=matmul,
+                              batch_matmul=batch_matmul if step else None)
         if cache is None:
             return output
         return output, (k, v)
 
     def _attend_static_cache(self, query, cache, attention_mask, attention_bias, attention_scale, training,
-                             small_kernels, matmul=None):
+                             small_kernels, matmul=None, batch_matmul=None):
         """Attention over precomputed `(key, value)` `[rows, heads, S, head_size]`
         (cross-attention during decoding), where `query` `[rows * m, T, d_model]`
         may hold `m` query rows per cache row (the beams of one sentence: the
         keys and values are kept once per sentence, and its beams' queries
         attend to them together, as `[rows, m * T]` queries); masks and biases
-        have one row per cache row. Returns `(output [rows * m, T, d_model], cache)`."""
+        have one row per cache row. Returns `(output [rows * m, T, d_model], cache)`.
+        `batch_matmul` (see `call`) applies to one position per row."""
         k, v = cache
         if len(query.shape) == 2:  # [rows * m, d_model]: one position per row (a decoding step)
             if attention_bias is not None or attention_scale is not None:
@@ -291,7 +300,7 @@ class MultiHeadAttention(keras.layers.Layer):
             # [rows, m, heads, head_size]: the beams' queries of each row, query-major (no transpose)
             q = ops.reshape(q, (ops.shape(k)[0], -1, self.num_heads, self.head_size))
             output = self._attend(q, k, v, attention_mask, None, None, training, small_kernels, flat=True,
-                                  query_major=True, matmul=matmul)
+                                  query_major=True, matmul=matmul, batch_matmul=batch_matmul)
             return output, cache  # [rows * m, d_model]
         small = small_kernels if query.shape[1] == 1 else False  # a decoding step: m beams' queries per row
         shape = ops.shape(query)
@@ -301,7 +310,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return ops.reshape(output, shape), cache  # [rows * m, T, d_model]
 
     def _attend(self, q, k, v, attention_mask, attention_bias, attention_scale, training, small=False,
-                flat=False, query_major=False, matmul=None):
+                flat=False, query_major=False, matmul=None, batch_matmul=None):
         """softmax(q k^T / sqrt(d_k) (* scale) + bias, masked) v, then the output projection.
 
         `q` is `[batch, heads, T_q, head_size]`, or with `query_major`
@@ -317,6 +326,13 @@ class MultiHeadAttention(keras.layers.Layer):
         Softmax kernels cost ~35-45 us a call each, over half of a batch-1
         decoding step; on larger ones they are the faster (BENCHMARKS.md).
         The same formulas, so the same numbers up to float rounding.
+
+        With `batch_matmul`, the einsums of the other products are that
+        function's products (plus a transpose of the output when `T_q > 1`)
+        and their softmax is written out too: in TensorFlow's plain-graph loop
+        at batch 32, oneDNN's Einsum, BatchMatMul and Softmax kernels cost
+        1.3-2.7x what `Searcher`'s Eigen `BatchMatMulV3` and plain exp/sum
+        cost on these shapes (BENCHMARKS.md, serving speed part 21).
         """
         def context(few):
             # Query-major products broadcast in q's layout (no transpose); oneDNN's
@@ -325,10 +341,12 @@ class MultiHeadAttention(keras.layers.Layer):
             heads_axis = 2 if major else 1  # of the scores
             if major:
                 scores = ops.sum(ops.expand_dims(q, 3) * ops.expand_dims(k, 1), axis=-1)  # [batch, T_q, heads, T_k]
-            elif query_major:
-                scores = self._products(ops.transpose(q, (0, 2, 1, 3)), k, few)  # [batch, heads, T_q, T_k]
             else:
-                scores = self._products(q, k, few)  # [batch, heads, T_q, T_k]
+                heads_first = ops.transpose(q, (0, 2, 1, 3)) if query_major else q  # [batch, heads, T_q, head_size]
+                if few or batch_matmul is None:
+                    scores = self._products(heads_first, k, few)  # [batch, heads, T_q, T_k]
+                else:
+                    scores = batch_matmul(heads_first, k, transpose_y=True)  # [batch, heads, T_q, T_k]
             # Scores in float32 so that NEG_INF and the softmax are exact under
             # mixed precision.
             scores = ops.cast(scores, "float32") / math.sqrt(self.head_size)
@@ -339,14 +357,18 @@ class MultiHeadAttention(keras.layers.Layer):
             if attention_mask is not None:
                 mask = ops.expand_dims(ops.cast(attention_mask, "bool"), heads_axis)  # heads axis of 1
                 scores = ops.where(mask, scores, NEG_INF)
-            if few:
+            if few or batch_matmul is not None:
                 exp = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))  # as scores
                 weights = exp / ops.sum(exp, axis=-1, keepdims=True)
             else:
                 weights = ops.softmax(scores, axis=-1)
             weights = self.dropout_layer(ops.cast(weights, self.compute_dtype), training=training)
-            if not few:
+            if not few and batch_matmul is None:
                 out = ops.einsum("bhqk,bhkd->bqhd", weights, v)  # [batch, T_q, heads, head_size]
+            elif not few:
+                out = batch_matmul(weights, v)  # [batch, heads, T_q, head_size]
+                if weights.shape[2] != 1:  # (one query: the same layout)
+                    out = ops.transpose(out, (0, 2, 1, 3))  # [batch, T_q, heads, head_size]
             elif major:
                 out = ops.sum(ops.expand_dims(weights, 4) * ops.expand_dims(v, 1),
                               axis=3)  # [batch, T_q, heads, head_size]

@@ -149,6 +149,8 @@ class DecoderBlock(_BlockBase):
             attentions' `small_kernels` for this cached call (`"always"`).
         matmul: None, or the product of every projection of a cached step
             of one position per row (2-D inputs; `apply_per_token`).
+        batch_matmul: None, or the attentions' `batch_matmul` for a cached
+            step (`MultiHeadAttention`).
 
     Returns:
         `[batch, T, d_model]`, and the updated self-attention cache when one
@@ -167,7 +169,8 @@ class DecoderBlock(_BlockBase):
 
     def call(self, inputs, encoder_output=None, encoder_padding_mask=None,
              self_attention_bias=None, self_attention_cache=None, cache_index=None,
-             cross_attention_cache=None, training=None, grow_cache=False, small_kernels=None, matmul=None):
+             cross_attention_cache=None, training=None, grow_cache=False, small_kernels=None, matmul=None,
+             batch_matmul=None):
         kernels = grow_cache if small_kernels is None else small_kernels
         if self_attention_cache is None:
             length = ops.shape(inputs)[1]
@@ -182,7 +185,7 @@ class DecoderBlock(_BlockBase):
                 return self.self_attention(h, attention_bias=self_attention_bias,
                                            cache=self_attention_cache, cache_index=cache_index,
                                            grow_cache=grow_cache, small_kernels=kernels, matmul=matmul,
-                                           training=training)
+                                           batch_matmul=batch_matmul, training=training)
         x, new_cache = self._apply(self.self_attention_residual, self_attend, inputs, training)
 
         cross_mask = None if encoder_padding_mask is None else ops.expand_dims(encoder_padding_mask, 1)
@@ -191,7 +194,7 @@ class DecoderBlock(_BlockBase):
             lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask,
                                            cache=cross_attention_cache, training=training,
                                            small_kernels=kernels if cross_attention_cache is not None else False,
-                                           matmul=matmul),
+                                           matmul=matmul, batch_matmul=batch_matmul),
             x, training)
         x, _ = self._apply(self.feed_forward_residual, lambda h: self.feed_forward(h, matmul=matmul), x, training)
         if self_attention_cache is None:
