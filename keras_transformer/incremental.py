@@ -72,20 +72,18 @@ class IncrementalDecoder:
         return self.model.embedding.output_kernel()
 
     def decode(self, target_ids, step, self_caches, cross_caches, source_mask, grow=False, output_kernel=None,
-               small_kernels=None, matmul=None, batch_matmul=None):
+               small_kernels=None, kernels=None):
         """Runs the decoder on `target_ids` `[batch, T]` at positions `step ..`.
 
         Returns logits `[batch, T, vocab]` and the updated self-attention caches
         (grown by `T` positions with `grow`). `output_kernel`: None or `output_kernel()`;
         `small_kernels`: None (`grow`'s choice) or the attentions' (`DecoderBlock`);
-        `matmul`, `batch_matmul`: None or the products of the step's projections and
-        attentions (`Transformer.decode`).
+        `kernels`: None or the step's `StepKernels` (`Transformer.decode`).
         """
         return self.model.decode(target_ids, None, source_mask, start_position=step,
                                  self_attention_caches=self_caches,
                                  cross_attention_caches=cross_caches, grow_caches=grow,
-                                 output_kernel=output_kernel, small_kernels=small_kernels, matmul=matmul,
-                                 batch_matmul=batch_matmul)
+                                 output_kernel=output_kernel, small_kernels=small_kernels, kernels=kernels)
 
     def static_cache(self, source_ids, source_features=None):
         """Encodes `source_ids` once: what every decoding step reads and never changes.
@@ -100,15 +98,14 @@ class IncrementalDecoder:
         return {"cross": self.cross_attention_caches(encoder_output), "mask": source_mask}
 
     def step(self, ids, cache, step, static_cache, grow=False, output_kernel=None, small_kernels=None,
-             matmul=None, batch_matmul=None):
+             kernels=None):
         """The beam-search step function with a static cache (`static_cache` above):
         `(ids [rows, 1], cache, step, static_cache) -> (logits [rows, vocab], cache)`,
         where the rows are `beam` consecutive rows per row of `static_cache`.
         `output_kernel`: None, or `output_kernel()` computed before the loop;
-        `small_kernels`, `matmul`, `batch_matmul`: as `decode`."""
+        `small_kernels`, `kernels`: as `decode`."""
         logits, cache = self.decode(ids, step, cache, static_cache["cross"], static_cache["mask"], grow=grow,
-                                    output_kernel=output_kernel, small_kernels=small_kernels, matmul=matmul,
-                                    batch_matmul=batch_matmul)
+                                    output_kernel=output_kernel, small_kernels=small_kernels, kernels=kernels)
         return ops.squeeze(logits, 1), cache  # [rows, vocab]
 
     def make_step_fn(self, source_ids, beam_size, source_features=None):

@@ -20,6 +20,7 @@ from keras_transformer.constants import PAD_ID
 from keras_transformer.constants import SOURCE_TAG_SETS, TAG_OFFSET
 from keras_transformer.layers import (DecoderBlock, EncoderBlock, PositionalEmbedding, SyntaxAttentionMatrix,
                                       TagFactorEmbedding)
+from keras_transformer.layers.step_kernels import LAYER_KERNELS
 
 # Layer names. They are the keys of the weights in `.weights.h5` files and
 # of the checkpoints, so they stay as they are; nothing looks layers up by them.
@@ -214,7 +215,7 @@ class Transformer(keras.Model):
 
     def decode(self, target_ids, encoder_output, source_mask, *, start_position=0,
                self_attention_caches=None, cross_attention_caches=None, training=None, grow_caches=False,
-               output_kernel=None, small_kernels=None, matmul=None, batch_matmul=None):
+               output_kernel=None, small_kernels=None, kernels=None):
         """The decoder stack and the tied output projection.
 
         Without caches this is the training pass: causal self-attention over
@@ -241,11 +242,9 @@ class Transformer(keras.Model):
                 transpose the embeddings every step).
             small_kernels: with caches, None or the attentions'
                 `small_kernels` (`DecoderBlock`).
-            matmul: with caches and one position, None or the product of
-                every projection of the step, the output projection's too
-                (`apply_per_token`).
-            batch_matmul: with caches and one position, None or the
-                attentions' products (`MultiHeadAttention`).
+            kernels: with caches and one position, None or the step's
+                `StepKernels` (the products of every projection, the output
+                projection's too, and of the attentions; their transposes).
 
         Returns:
             float32 logits `[batch, T, vocab]` and the updated self-attention
@@ -261,8 +260,7 @@ class Transformer(keras.Model):
         one_position = cached and target_ids.shape[1] == 1
         if one_position:
             y = ops.reshape(y, (-1, self.transformer_config.d_model))  # [batch, d_model]
-        if not one_position:  # the projections' product takes 2-D inputs; the attentions' hook is a step's
-            matmul = batch_matmul = None
+        kernels = (kernels if one_position else None) or LAYER_KERNELS  # a step's (2-D inputs) only
         self_caches = self_attention_caches if cached else [None] * len(self.decoder_layers)
         cross_caches = cross_attention_caches or [None] * len(self.decoder_layers)
         new_caches = []
@@ -271,8 +269,7 @@ class Transformer(keras.Model):
                 y, self_cache = layer(y, encoder_output, encoder_padding_mask=source_mask,
                                       self_attention_cache=self_cache, cache_index=start_position,
                                       cross_attention_cache=cross_cache, training=training,
-                                      grow_cache=grow_caches, small_kernels=small_kernels, matmul=matmul,
-                                      batch_matmul=batch_matmul)
+                                      grow_cache=grow_caches, small_kernels=small_kernels, kernels=kernels)
                 new_caches.append(self_cache)
             else:
                 y = layer(y, encoder_output, encoder_padding_mask=source_mask,
@@ -280,7 +277,7 @@ class Transformer(keras.Model):
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         logits = self.logits_output(self.embedding(y, reverse=True, output_kernel=output_kernel,
-                                                   matmul=matmul))  # [batch, T, vocab]
+                                                   matmul=kernels.matmul))  # [batch, T, vocab]
         if one_position:
             logits = ops.expand_dims(logits, 1)  # [batch, 1, vocab]
         return logits, (new_caches if cached else None)

@@ -30,6 +30,7 @@ from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.decoding import beam_search
 from keras_transformer.incremental import IncrementalDecoder
 from keras_transformer.layers.attention import SMALL_ATTENTION
+from keras_transformer.layers.step_kernels import StepKernels
 
 # Batch sizes the XLA-compiled search is compiled for: a request is padded
 # to the next one; larger requests to the next multiple of the last one.
@@ -99,7 +100,7 @@ def eigen_matmul(x, y, transpose_y=False):
     """`x @ y` (`x @ y^T` with `transpose_y`) as one `BatchMatMulV3` node: `x [rows, d] @ kernel
     [d, units]` for the projections of the plain graph's small-request loop
     (`apply_per_token(matmul=...)`), and rank-4 products over their two leading axes for the
-    attentions of its other loop (`MultiHeadAttention(batch_matmul=...)`). On CPUs where TensorFlow
+    attentions of its other loop (`StepKernels.batch_matmul`). On CPUs where TensorFlow
     runs oneDNN (it turns it on by itself on AVX-512 VNNI/BF16 or AMX CPUs) its graph pass
     rewrites `MatMul` and the `MatMul` + bias that Keras's `Dense` traces into oneDNN kernels,
     which on a few rows cost twice Eigen's (9.9 against 4.6 us a call for `[4, 128] x [128, d]`);
@@ -110,6 +111,29 @@ def eigen_matmul(x, y, transpose_y=False):
     1.06x faster with its attentions' products as `BatchMatMulV3` and their softmax written out
     (part 21). Same products, so the same numbers up to float rounding."""
     return tf.raw_ops.BatchMatMulV3(x=x, y=y, adj_y=transpose_y, Tout=x.dtype)
+
+
+# Integer types of the float types' sizes: `eigen_transpose` moves their bits.
+_SAME_SIZE_INTEGER = {2: tf.int16, 4: tf.int32, 8: tf.int64}
+
+
+def eigen_transpose(x, axes):
+    """`tf.transpose(x, axes)` of a float tensor as a transpose of its bits read as integers of
+    the same size (`tf.bitcast` there and back: no copy), for the attentions of the plain graph's
+    loop (`StepKernels.transpose`). TensorFlow's oneDNN pass rewrites a float `Transpose` into its
+    own kernel, ~30 us a call slower than Eigen's on a step's `[32, 4, 4, 32]` (34 against 4.5 us
+    in a `while_loop`; 3.4 with oneDNN off), and leaves integer ones to Eigen. The same values,
+    bit for bit."""
+    integer = _SAME_SIZE_INTEGER[x.dtype.size]
+    return tf.bitcast(tf.transpose(tf.bitcast(x, integer), axes), x.dtype)
+
+
+# The kernels of the plain graph's loops (`Searcher.search`): the small-request loop's
+# projections as `BatchMatMulV3`; the other loop keeps `Dense`'s projections, whose oneDNN
+# kernels are the faster on many rows, and takes its attentions' large products (its small
+# ones are broadcast products) and transposes out of oneDNN.
+SMALL_REQUEST_KERNELS = StepKernels(matmul=eigen_matmul)
+LARGE_REQUEST_KERNELS = StepKernels(batch_matmul=eigen_matmul, transpose=eigen_transpose)
 
 
 def broadcast_products_suffice(rows, d_model, keys):
@@ -213,12 +237,8 @@ class Searcher:
         cache = self.decoder.initial_self_attention_cache(batch, 0)
 
         def search(small_kernels):
-            # The small-request loop takes its projections as `BatchMatMulV3` (`eigen_matmul`); the
-            # other keeps `Dense`'s, whose oneDNN kernels are the faster on many rows, and takes its
-            # attentions' large products so instead (its small ones are broadcast products).
-            few = small_kernels == "always"
-            step_fn = self._step_fn(grow=True, small_kernels=small_kernels, matmul=eigen_matmul if few else None,
-                                    batch_matmul=None if few else eigen_matmul)
+            kernels = SMALL_REQUEST_KERNELS if small_kernels == "always" else LARGE_REQUEST_KERNELS
+            step_fn = self._step_fn(grow=True, small_kernels=small_kernels, kernels=kernels)
             return beam_search(step_fn, cache, batch, max_lengths,
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
                                num_results=num_results, static_cache=static, patience=patience,
@@ -240,11 +260,10 @@ class Searcher:
         return tf.cond(broadcast_products_suffice(batch * beam_size, self.config.d_model, keys),
                        lambda: search("always"), lambda: search(True))
 
-    def _step_fn(self, grow, small_kernels=None, fold_projection=False, matmul=None, batch_matmul=None):
+    def _step_fn(self, grow, small_kernels=None, fold_projection=False, kernels=None):
         """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`
         (`small_kernels`: None, `grow`'s choice, or the attentions', see `DecoderBlock`;
-        `matmul`, `batch_matmul`: None or the products of the step's projections and attentions,
-        see `Transformer.decode`).
+        `kernels`: None or the step's `StepKernels`, see `Transformer.decode`).
 
         The output projection's matrix is transposed here, once, before the loop
         (the step function closes over it; a loop-invariant input of the loop).
@@ -255,7 +274,7 @@ class Searcher:
         def step_fn(ids, cache, step, static_cache):
             logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow,
                                               output_kernel=output_kernel, small_kernels=small_kernels,
-                                              matmul=matmul, batch_matmul=batch_matmul)
+                                              kernels=kernels)
             return (logits if self.logits_filter is None else self.logits_filter(logits)), cache
 
         return step_fn

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.layers import (FeedForward, MultiHeadAttention, PositionalEmbedding,
-                                      ResidualConnection, sinusoidal_encoding)
+                                      ResidualConnection, StepKernels, sinusoidal_encoding)
 from keras_transformer.layers import attention as attention_module
 from keras_transformer.layers.attention import write_cache
 from keras_transformer.layers.per_token import apply_per_token
@@ -197,41 +197,48 @@ def test_small_kernels_choose_by_the_size_of_the_product(monkeypatch):
         assert asked == want, threshold
 
 
-def test_batch_matmul_takes_the_large_products_of_a_step(monkeypatch):
-    """With `batch_matmul` a decoding step's large products (above `SMALL_ATTENTION`, or
-    without `small_kernels`) are that function's, two per call, with the softmax written out:
-    a growing-cache self-attention step of one position per row equals NumPy's causal full
-    pass, and cross-attention with 3 beams' queries per cached sentence (query-major, whose
-    output is transposed back) equals NumPy's attention over the sentence repeated per
-    beam; the small products (`"always"`) never call it, and calls that are not a
-    decoding step ignore it."""
+def test_step_kernels_take_the_large_products_and_transposes_of_a_step(monkeypatch):
+    """With `StepKernels(batch_matmul=..., transpose=...)` a decoding step's large products
+    (above `SMALL_ATTENTION`, or without `small_kernels`) are that function's, two per call,
+    with the softmax written out, and its transposes the other's: a growing-cache
+    self-attention step of one position per row equals NumPy's causal full pass, and
+    cross-attention with 3 beams' queries per cached sentence (query-major: its queries are
+    transposed to heads first and its output back) equals NumPy's attention over the
+    sentence repeated per beam; the small products (`"always"`) call neither, and calls
+    that are not a decoding step ignore them."""
     from keras import ops
 
     monkeypatch.setattr(attention_module, "SMALL_ATTENTION", 0)  # every product is large
     calls = []
 
     def batch_matmul(x, y, transpose_y=False):
-        calls.append((tuple(x.shape), transpose_y))
+        calls.append(("matmul", tuple(x.shape), transpose_y))
         return ops.matmul(x, ops.swapaxes(y, -1, -2) if transpose_y else y)
 
+    def transpose(x, axes):
+        calls.append(("transpose", tuple(x.shape), tuple(axes)))
+        return ops.transpose(x, axes)
+
+    kernels = StepKernels(batch_matmul=batch_matmul, transpose=transpose)
     rng = np.random.default_rng(8)
     layer = MultiHeadAttention(num_heads=2, d_model=8)
     x = rng.normal(size=(3, 6, 8)).astype("float32")
     layer(x, x)  # build
     for w in layer.weights:  # nonzero biases too
         w.assign(np.asarray(w) + rng.normal(size=w.shape).astype("float32") * 0.1)
-    want = numpy_attention(layer, x, x, mask=np.broadcast_to(np.tril(np.ones((6, 6), bool)), (3, 6, 6)))
+    causal = np.broadcast_to(np.tril(np.ones((6, 6), bool)), (3, 6, 6))
+    want = numpy_attention(layer, x, x, mask=causal)
     cache = (np.zeros((3, 2, 0, 4), "float32"), np.zeros((3, 2, 0, 4), "float32"))  # grows by one slot a step
     for t in range(6):
         for small in (True, False):
             calls.clear()
             got, grown = layer(x[:, t], cache=cache, cache_index=t, grow_cache=True, small_kernels=small,
-                               batch_matmul=batch_matmul)
+                               kernels=kernels)
             np.testing.assert_allclose(np.asarray(got), want[:, t], atol=1e-5)
-            assert [transpose for _, transpose in calls] == [True, False], (t, small)
+            assert [call[::2] for call in calls] == [("matmul", True), ("matmul", False)], (t, small)
         calls.clear()
         always, _ = layer(x[:, t], cache=cache, cache_index=t, grow_cache=True, small_kernels="always",
-                          batch_matmul=batch_matmul)
+                          kernels=kernels)
         np.testing.assert_allclose(np.asarray(always), want[:, t], atol=1e-5)
         assert calls == []
         cache = grown
@@ -245,14 +252,14 @@ def test_batch_matmul_takes_the_large_products_of_a_step(monkeypatch):
     for small in (True, False):
         calls.clear()
         got, _ = layer(beams, cache=layer.compute_key_value(memory), attention_mask=padding[:, None, :],
-                       small_kernels=small, batch_matmul=batch_matmul)  # [6, 8]
+                       small_kernels=small, kernels=kernels)  # [6, 8]
         np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
-        assert [(shape[2], transpose) for shape, transpose in calls] == [(3, True), (3, False)], small
+        assert calls == [("transpose", (2, 3, 2, 4), (0, 2, 1, 3)), ("matmul", (2, 2, 3, 4), True),
+                         ("matmul", (2, 2, 3, 5), False), ("transpose", (2, 2, 3, 4), (0, 2, 1, 3))], small
     calls.clear()
-    full = np.asarray(layer(x, x, attention_mask=np.tril(np.ones((6, 6), bool))[None], batch_matmul=batch_matmul))
+    full = np.asarray(layer(x, x, attention_mask=causal[:1], kernels=kernels))
     assert calls == []
-    np.testing.assert_allclose(full, numpy_attention(layer, x, x, mask=np.broadcast_to(
-        np.tril(np.ones((6, 6), bool)), (3, 6, 6))), atol=1e-5)
+    np.testing.assert_allclose(full, numpy_attention(layer, x, x, mask=causal), atol=1e-5)
 
 
 def test_apply_per_token_equals_dense_on_rank_3_exactly():

@@ -110,12 +110,31 @@ def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(mo
     assert transposes_before_the_loop(searcher.compiled_search(3, 1, 0, fold_projection=False)) == 1
 
 
-def test_the_plain_loops_large_attention_products_run_as_batch_matmuls_and_equal_the_static_search(monkeypatch):
+def test_eigen_transpose_moves_the_bits_as_tf_transpose_does():
+    """`eigen_transpose` (a transpose of the bits as integers) equals `tf.transpose` bit for
+    bit on float32, bfloat16 and float64, -0.0, infinities and NaN included, and its graph
+    transposes integers only (what TensorFlow's oneDNN pass leaves to Eigen)."""
+    values = np.random.default_rng(0).normal(size=(2, 3, 4, 5)).astype("float32")
+    values.flat[:4] = [-0.0, np.inf, -np.inf, np.nan]
+    for dtype in (tf.float32, tf.bfloat16, tf.float64):
+        x = tf.cast(values, dtype)
+        got, want = searcher_module.eigen_transpose(x, (0, 2, 1, 3)), tf.transpose(x, (0, 2, 1, 3))
+        assert got.dtype == dtype and got.shape == want.shape == (2, 4, 3, 5)
+        integer = searcher_module._SAME_SIZE_INTEGER[dtype.size]
+        np.testing.assert_array_equal(tf.bitcast(got, integer).numpy(), tf.bitcast(want, integer).numpy())
+    graph = tf.function(lambda x: searcher_module.eigen_transpose(x, (1, 0))).get_concrete_function(
+        tf.TensorSpec([2, 3], tf.float32)).graph
+    assert [op.get_attr("T") for op in graph.get_operations() if op.type == "Transpose"] == [tf.int32]
+
+
+def test_the_plain_loops_large_attention_products_run_out_of_onednn_and_equal_the_static_search(monkeypatch):
     """The loop that chooses per attention (`small_kernels=True`) takes its large products as
-    `eigen_matmul`'s `BatchMatMulV3` (the attention's `batch_matmul`): with every product
+    `eigen_matmul`'s `BatchMatMulV3` and its transposes as `eigen_transpose`'s
+    (`LARGE_REQUEST_KERNELS`): with every product
     large it gives the ids and scores of the static-buffer search (LiteRT's, whose attentions
     keep their einsums and softmax), at batch 3 with a padded source, also with n-best; its
-    graph holds one `q k^T` (`adj_y`) node per attention of each layer, and no other."""
+    graph holds one `q k^T` (`adj_y`) node per attention of each layer, and no other, and
+    cross-attention's two transposes of each layer, of integers."""
     monkeypatch.setattr(searcher_module, "SMALL_ATTENTION", -1)  # no request runs the small-request loop
     monkeypatch.setattr(attention_module, "SMALL_ATTENTION", 0)  # every attention call takes the large products
     config, model, source = tiny_model_and_sources(num_layers=2, seed=9, width=7)
@@ -133,3 +152,6 @@ def test_the_plain_loops_large_attention_products_run_as_batch_matmuls_and_equal
     transposed = [node for function in library.function for node in function.node_def
                   if node.op == "BatchMatMulV3" and node.attr["adj_y"].b]
     assert len(transposed) == 2 * config.num_layers, [node.name for node in transposed]
+    integer_transposes = [node for function in library.function for node in function.node_def
+                          if node.op == "Transpose" and node.attr["T"].type == tf.int32.as_datatype_enum]
+    assert len(integer_transposes) == 2 * config.num_layers, [node.name for node in integer_transposes]

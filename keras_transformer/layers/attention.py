@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_transformer.constants import NEG_INF
 from keras_transformer.layers.per_token import apply_per_token, leading_shape
+from keras_transformer.layers.step_kernels import LAYER_KERNELS
 
 # Largest product `q * k` (entries: rows x heads x queries x keys x head size)
 # that `MultiHeadAttention(small_kernels=True)` computes by broadcasting instead
@@ -141,16 +142,12 @@ class MultiHeadAttention(keras.layers.Layer):
             rounding. `"always"`: the broadcast products with no choice (a
             caller that knows every product is at most `SMALL_ATTENTION`:
             the same kernels, without a `cond` in the step).
-        matmul: None, or the product of the projections of 2-D queries
-            and values (one position per row: a decoding step), as
-            `apply_per_token` takes it.
-        batch_matmul: None, or a function `(x, y, transpose_y=False) ->
-            x @ y` (`x @ y^T` with `transpose_y`) over the two leading axes
-            of rank-4 tensors, which a decoding step's attention then takes
-            for its two products where it would use einsums (products
-            larger than `SMALL_ATTENTION` with `small_kernels`, or without
-            it), with the softmax written out (exp, max, sum) as the small
-            products have it: a backend's kernels of choice (see `_attend`).
+        kernels: None, or the `StepKernels` of a decoding step (a cache and
+            one query position per row): the product of the projections of
+            2-D queries and values, as `apply_per_token` takes it; the
+            attention's products where it would use einsums (products larger
+            than `SMALL_ATTENTION` with `small_kernels`, or without it), the
+            softmax then written out; its transposes (see `_attend`).
         training: enables dropout.
 
     Returns:
@@ -242,23 +239,25 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def call(self, query, value=None, attention_mask=None, attention_bias=None,
              cache=None, cache_index=None, training=None, attention_scale=None, grow_cache=False,
-             small_kernels=False, matmul=None, batch_matmul=None):
+             small_kernels=False, kernels=None):
+        kernels = kernels or LAYER_KERNELS
         if cache is not None and cache_index is None:
             return self._attend_static_cache(query, cache, attention_mask, attention_bias,
-                                             attention_scale, training, small_kernels, matmul, batch_matmul)
+                                             attention_scale, training, small_kernels, kernels)
         self_attention = value is None or value is query
         flat = len(query.shape) == 2  # [rows, d_model]: one position per row (a cached decoding step)
         if cache is None and self_attention and self.fuse_projections:  # whole sequences
             q, k, v = (self.split_heads(x) for x in self.project(
                 query, (self.query_dense, self.key_dense, self.value_dense), fused=True))
         else:
-            q = self.split_heads(apply_per_token(self.query_dense, query, matmul))  # [batch, heads, T_q, head_size]
+            q = self.split_heads(apply_per_token(self.query_dense, query,
+                                                 kernels.matmul))  # [batch, heads, T_q, head_size]
         if cache is None:
             if not (self_attention and self.fuse_projections):
                 k, v = self.compute_key_value(query if value is None else value,
                                               fused=self.fuse_projections)  # [batch, heads, T_k, head_size]
         else:
-            new_k, new_v = self.compute_key_value(query if value is None else value, matmul=matmul)
+            new_k, new_v = self.compute_key_value(query if value is None else value, matmul=kernels.matmul)
             if grow_cache:  # the cache holds positions 0 .. cache_index - 1 exactly
                 k = ops.concatenate([cache[0], new_k], axis=2)  # [batch, heads, cache_index + T, head_size]
                 v = ops.concatenate([cache[1], new_v], axis=2)
@@ -276,31 +275,31 @@ class MultiHeadAttention(keras.layers.Layer):
 
         step = cache is not None and q.shape[2] == 1  # one query per row: a decoding step
         output = self._attend(q, k, v, attention_mask, attention_bias, attention_scale, training,
-                              small_kernels if step else False, flat=flat, matmul=matmul,
-                              batch_matmul=batch_matmul if step else None)
+                              small_kernels if step else False, flat=flat,
+                              kernels=kernels if step else LAYER_KERNELS)
         if cache is None:
             return output
         return output, (k, v)
 
     def _attend_static_cache(self, query, cache, attention_mask, attention_bias, attention_scale, training,
-                             small_kernels, matmul=None, batch_matmul=None):
+                             small_kernels, kernels=LAYER_KERNELS):
         """Attention over precomputed `(key, value)` `[rows, heads, S, head_size]`
         (cross-attention during decoding), where `query` `[rows * m, T, d_model]`
         may hold `m` query rows per cache row (the beams of one sentence: the
         keys and values are kept once per sentence, and its beams' queries
         attend to them together, as `[rows, m * T]` queries); masks and biases
         have one row per cache row. Returns `(output [rows * m, T, d_model], cache)`.
-        `batch_matmul` (see `call`) applies to one position per row."""
+        `kernels` (see `call`) apply to one position per row."""
         k, v = cache
         if len(query.shape) == 2:  # [rows * m, d_model]: one position per row (a decoding step)
             if attention_bias is not None or attention_scale is not None:
                 raise ValueError("a static cache with one position per query row takes no attention_bias "
                                  "or attention_scale (they have a heads axis; the queries here are beams-first)")
-            q = apply_per_token(self.query_dense, query, matmul)  # [rows * m, d_model]
+            q = apply_per_token(self.query_dense, query, kernels.matmul)  # [rows * m, d_model]
             # [rows, m, heads, head_size]: the beams' queries of each row, query-major (no transpose)
             q = ops.reshape(q, (ops.shape(k)[0], -1, self.num_heads, self.head_size))
             output = self._attend(q, k, v, attention_mask, None, None, training, small_kernels, flat=True,
-                                  query_major=True, matmul=matmul, batch_matmul=batch_matmul)
+                                  query_major=True, kernels=kernels)
             return output, cache  # [rows * m, d_model]
         small = small_kernels if query.shape[1] == 1 else False  # a decoding step: m beams' queries per row
         shape = ops.shape(query)
@@ -310,7 +309,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return ops.reshape(output, shape), cache  # [rows * m, T, d_model]
 
     def _attend(self, q, k, v, attention_mask, attention_bias, attention_scale, training, small=False,
-                flat=False, query_major=False, matmul=None, batch_matmul=None):
+                flat=False, query_major=False, kernels=LAYER_KERNELS):
         """softmax(q k^T / sqrt(d_k) (* scale) + bias, masked) v, then the output projection.
 
         `q` is `[batch, heads, T_q, head_size]`, or with `query_major`
@@ -327,13 +326,16 @@ class MultiHeadAttention(keras.layers.Layer):
         decoding step; on larger ones they are the faster (BENCHMARKS.md).
         The same formulas, so the same numbers up to float rounding.
 
-        With `batch_matmul`, the einsums of the other products are that
-        function's products (plus a transpose of the output when `T_q > 1`)
-        and their softmax is written out too: in TensorFlow's plain-graph loop
-        at batch 32, oneDNN's Einsum, BatchMatMul and Softmax kernels cost
-        1.3-2.7x what `Searcher`'s Eigen `BatchMatMulV3` and plain exp/sum
-        cost on these shapes (BENCHMARKS.md, serving speed part 21).
+        With `kernels.batch_matmul`, the einsums of the other products are
+        that function's products (plus a transpose of the output when
+        `T_q > 1`) and their softmax is written out too; `kernels.transpose`
+        takes the transposes: in TensorFlow's plain-graph loop at batch 32,
+        oneDNN's Einsum, BatchMatMul, Softmax and Transpose kernels cost
+        1.3-2.7x what `Searcher`'s Eigen ones cost on these shapes
+        (BENCHMARKS.md, serving speed part 21).
         """
+        batch_matmul = kernels.batch_matmul
+        transpose = kernels.transpose or ops.transpose
         def context(few):
             # Query-major products broadcast in q's layout (no transpose); oneDNN's
             # batched matmuls take heads first.
@@ -342,7 +344,7 @@ class MultiHeadAttention(keras.layers.Layer):
             if major:
                 scores = ops.sum(ops.expand_dims(q, 3) * ops.expand_dims(k, 1), axis=-1)  # [batch, T_q, heads, T_k]
             else:
-                heads_first = ops.transpose(q, (0, 2, 1, 3)) if query_major else q  # [batch, heads, T_q, head_size]
+                heads_first = transpose(q, (0, 2, 1, 3)) if query_major else q  # [batch, heads, T_q, head_size]
                 if few or batch_matmul is None:
                     scores = self._products(heads_first, k, few)  # [batch, heads, T_q, T_k]
                 else:
@@ -368,7 +370,7 @@ class MultiHeadAttention(keras.layers.Layer):
             elif not few:
                 out = batch_matmul(weights, v)  # [batch, heads, T_q, head_size]
                 if weights.shape[2] != 1:  # (one query: the same layout)
-                    out = ops.transpose(out, (0, 2, 1, 3))  # [batch, T_q, heads, head_size]
+                    out = transpose(out, (0, 2, 1, 3))  # [batch, T_q, heads, head_size]
             elif major:
                 out = ops.sum(ops.expand_dims(weights, 4) * ops.expand_dims(v, 1),
                               axis=3)  # [batch, T_q, heads, head_size]
@@ -377,7 +379,7 @@ class MultiHeadAttention(keras.layers.Layer):
             else:
                 out = ops.sum(ops.expand_dims(weights, 4) * ops.expand_dims(v, 2),
                               axis=3)  # [batch, heads, T_q, head_size]
-                out = ops.transpose(out, (0, 2, 1, 3))  # [batch, T_q, heads, head_size]
+                out = transpose(out, (0, 2, 1, 3))  # [batch, T_q, heads, head_size]
             if flat:
                 return ops.reshape(out, (-1, self.d_model))  # [batch * T_q, d_model]
             if not query_major and q.shape[2] == 1:
@@ -392,7 +394,7 @@ class MultiHeadAttention(keras.layers.Layer):
             attended = ops.cond(size <= SMALL_ATTENTION, lambda: context(True), lambda: context(False))
         else:
             attended = context(False)
-        return apply_per_token(self.output_dense, attended, matmul)
+        return apply_per_token(self.output_dense, attended, kernels.matmul)
 
     @staticmethod
     def _products(q, k, few):

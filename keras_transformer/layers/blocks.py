@@ -8,6 +8,7 @@ from keras import ops
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.residual import ResidualConnection
+from keras_transformer.layers.step_kernels import LAYER_KERNELS
 
 
 class _BlockBase(keras.layers.Layer):
@@ -147,10 +148,9 @@ class DecoderBlock(_BlockBase):
             (`MultiHeadAttention`'s `small_kernels`).
         small_kernels: None (`grow_cache`'s choice above), or the
             attentions' `small_kernels` for this cached call (`"always"`).
-        matmul: None, or the product of every projection of a cached step
-            of one position per row (2-D inputs; `apply_per_token`).
-        batch_matmul: None, or the attentions' `batch_matmul` for a cached
-            step (`MultiHeadAttention`).
+        kernels: None, or the `StepKernels` of a cached step of one
+            position per row (2-D inputs): the attentions' (`MultiHeadAttention`)
+            and the feed-forward's `matmul` (`apply_per_token`).
 
     Returns:
         `[batch, T, d_model]`, and the updated self-attention cache when one
@@ -169,9 +169,9 @@ class DecoderBlock(_BlockBase):
 
     def call(self, inputs, encoder_output=None, encoder_padding_mask=None,
              self_attention_bias=None, self_attention_cache=None, cache_index=None,
-             cross_attention_cache=None, training=None, grow_cache=False, small_kernels=None, matmul=None,
-             batch_matmul=None):
-        kernels = grow_cache if small_kernels is None else small_kernels
+             cross_attention_cache=None, training=None, grow_cache=False, small_kernels=None, kernels=None):
+        small = grow_cache if small_kernels is None else small_kernels
+        kernels = kernels or LAYER_KERNELS
         if self_attention_cache is None:
             length = ops.shape(inputs)[1]
             positions = ops.arange(length)
@@ -184,8 +184,8 @@ class DecoderBlock(_BlockBase):
             def self_attend(h):
                 return self.self_attention(h, attention_bias=self_attention_bias,
                                            cache=self_attention_cache, cache_index=cache_index,
-                                           grow_cache=grow_cache, small_kernels=kernels, matmul=matmul,
-                                           batch_matmul=batch_matmul, training=training)
+                                           grow_cache=grow_cache, small_kernels=small, kernels=kernels,
+                                           training=training)
         x, new_cache = self._apply(self.self_attention_residual, self_attend, inputs, training)
 
         cross_mask = None if encoder_padding_mask is None else ops.expand_dims(encoder_padding_mask, 1)
@@ -193,10 +193,11 @@ class DecoderBlock(_BlockBase):
             self.cross_attention_residual,
             lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask,
                                            cache=cross_attention_cache, training=training,
-                                           small_kernels=kernels if cross_attention_cache is not None else False,
-                                           matmul=matmul, batch_matmul=batch_matmul),
+                                           small_kernels=small if cross_attention_cache is not None else False,
+                                           kernels=kernels),
             x, training)
-        x, _ = self._apply(self.feed_forward_residual, lambda h: self.feed_forward(h, matmul=matmul), x, training)
+        x, _ = self._apply(self.feed_forward_residual, lambda h: self.feed_forward(h, matmul=kernels.matmul), x,
+                           training)
         if self_attention_cache is None:
             return x
         return x, new_cache
