@@ -107,9 +107,10 @@ def eigen_matmul(x, y, transpose_y=False):
     it leaves `BatchMatMulV3` to Eigen. A batch-1 `serving_default` of the `multi30k` preset
     ran 1.15x faster with oneDNN on, and as fast with it off (BENCHMARKS.md, serving speed
     part 20). Its Einsum, BatchMatMul and Softmax kernels likewise cost 1.3-2.7x Eigen's on the
-    attention products of a batch-32 step, where its projections are the faster; that loop ran
-    1.06x faster with its attentions' products as `BatchMatMulV3` and their softmax written out
-    (part 21). Same products, so the same numbers up to float rounding."""
+    attention products of a batch-32 step (traced), where its projections are the faster; a
+    batch-32 search of the preset took 0.97x the time with its attentions' products as
+    `BatchMatMulV3` and their softmax written out, 0.91x with `eigen_transpose`'s transposes
+    too (in one process; part 21). Same products, so the same numbers up to float rounding."""
     return tf.raw_ops.BatchMatMulV3(x=x, y=y, adj_y=transpose_y, Tout=x.dtype)
 
 

@@ -336,6 +336,7 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         batch_matmul = kernels.batch_matmul
         transpose = kernels.transpose or ops.transpose
+
         def context(few):
             # Query-major products broadcast in q's layout (no transpose); oneDNN's
             # batched matmuls take heads first.
