@@ -341,15 +341,16 @@ class MultiHeadAttention(keras.layers.Layer):
             # Query-major products broadcast in q's layout (no transpose); oneDNN's
             # batched matmuls take heads first.
             major = query_major and few
+            batched = not few and batch_matmul is not None  # the caller's products in place of einsums
             heads_axis = 2 if major else 1  # of the scores
             if major:
                 scores = ops.sum(ops.expand_dims(q, 3) * ops.expand_dims(k, 1), axis=-1)  # [batch, T_q, heads, T_k]
             else:
                 heads_first = transpose(q, (0, 2, 1, 3)) if query_major else q  # [batch, heads, T_q, head_size]
-                if few or batch_matmul is None:
-                    scores = self._products(heads_first, k, few)  # [batch, heads, T_q, T_k]
-                else:
+                if batched:
                     scores = batch_matmul(heads_first, k, transpose_y=True)  # [batch, heads, T_q, T_k]
+                else:
+                    scores = self._products(heads_first, k, few)  # [batch, heads, T_q, T_k]
             # Scores in float32 so that NEG_INF and the softmax are exact under
             # mixed precision.
             scores = ops.cast(scores, "float32") / math.sqrt(self.head_size)
@@ -360,18 +361,18 @@ class MultiHeadAttention(keras.layers.Layer):
             if attention_mask is not None:
                 mask = ops.expand_dims(ops.cast(attention_mask, "bool"), heads_axis)  # heads axis of 1
                 scores = ops.where(mask, scores, NEG_INF)
-            if few or batch_matmul is not None:
+            if few or batched:
                 exp = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))  # as scores
                 weights = exp / ops.sum(exp, axis=-1, keepdims=True)
             else:
                 weights = ops.softmax(scores, axis=-1)
             weights = self.dropout_layer(ops.cast(weights, self.compute_dtype), training=training)
-            if not few and batch_matmul is None:
-                out = ops.einsum("bhqk,bhkd->bqhd", weights, v)  # [batch, T_q, heads, head_size]
-            elif not few:
+            if batched:
                 out = batch_matmul(weights, v)  # [batch, heads, T_q, head_size]
                 if weights.shape[2] != 1:  # (one query: the same layout)
                     out = transpose(out, (0, 2, 1, 3))  # [batch, T_q, heads, head_size]
+            elif not few:
+                out = ops.einsum("bhqk,bhkd->bqhd", weights, v)  # [batch, T_q, heads, head_size]
             elif major:
                 out = ops.sum(ops.expand_dims(weights, 4) * ops.expand_dims(v, 1),
                               axis=3)  # [batch, T_q, heads, head_size]
