@@ -389,6 +389,10 @@ class TrainingConfig:
             (0: none). At the end of a round (after its checkpoint) the run
             stops if the next round would end past the budget; it is then
             averaged, evaluated and exported as a finished run.
+        subword_alpha: subword regularization's alpha (0: off): the training
+            pairs' segmentations are sampled (`data.SubwordSampling`).
+        subword_nbest: the number of best segmentations it samples among
+            (-1: all).
         syntax: syntax-aware model options (`SYNTAX_FIELDS` of
             `TransformerConfig`) set on top of the preset, e.g.
             `{"source_tags": ("upos", "deprel"), "syntax_attention": "hard"}`.
@@ -431,6 +435,12 @@ class TrainingConfig:
     max_minutes: float = option(0.0, "wall-clock budget for training, in minutes (0: none): at a checkpoint, "
                                      "stop if the next round would end past it, then average, evaluate and "
                                      "export as usual")
+    subword_alpha: float = option(0.0, "subword regularization (Kudo 2018): sample each training sentence's "
+                                       "segmentation every epoch with this alpha, smaller = more varied (0: "
+                                       "off, the best segmentation, as served; 0.1 is Kudo's); not "
+                                       "reproducible bit for bit")
+    subword_nbest: int = option(64, "with --subword-alpha: sample among this many best segmentations "
+                                    "(-1: all)")
     syntax: dict = option(help="syntax-aware options (TransformerConfig's SYNTAX_FIELDS)", cli=False,
                           default_factory=dict)
     model: dict = option(help="other TransformerConfig fields (--set FIELD=VALUE)", cli=False,
@@ -455,6 +465,14 @@ class TrainingConfig:
                 raise ConfigError(name, f"{name} must be a positive integer, got {given[name]!r}")
         if given.get("max_minutes", 0) < 0 or isinstance(given.get("max_minutes", 0), bool):
             raise ConfigError("max_minutes", f"max_minutes must be >= 0, got {given['max_minutes']!r}")
+        if given.get("subword_alpha", 0) < 0 or isinstance(given.get("subword_alpha", 0), bool):
+            raise ConfigError("subword_alpha", f"subword_alpha must be >= 0 (0: off), got {given['subword_alpha']!r}")
+        nbest = given.get("subword_nbest", 64)
+        if isinstance(nbest, bool) or not isinstance(nbest, int) or nbest in (0, 1) or nbest < -1:
+            raise ConfigError("subword_nbest", f"subword_nbest must be -1 (all) or >= 2, got {nbest!r}")
+        if given.get("subword_alpha", 0) > 0 and given.get("syntax"):
+            raise ConfigError("subword_alpha", "subword_alpha cannot be used with a syntax-aware model: its "
+                             "sources' pieces are aligned with their CoNLL-U words")
         unknown_syntax = set(given.get("syntax", {})) - set(SYNTAX_FIELDS)
         if unknown_syntax:
             raise ConfigError("syntax", f"unknown syntax option(s) {sorted(unknown_syntax)}; expected {list(SYNTAX_FIELDS)}")

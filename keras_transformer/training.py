@@ -202,16 +202,21 @@ def _prepare_data(run, model_dir, chief):
 def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
     """Token-budget batches for training (every batch a multiple of `replicas` sentences)
     and validation."""
-    from keras_transformer.data import make_batches
+    from keras_transformer.data import SubwordSampling, make_batches
     from keras_transformer.model import source_feature_names
 
     # A syntax-aware model reads CoNLL-U sources (pairs, batches, BLEU alike).
     pairs = corpus.annotated if config.syntax_aware else corpus.dataset
     syntax = dict(source_features=source_feature_names(config), tag_factors=config.source_tags)
+    sampling = SubwordSampling(run.subword_alpha, run.subword_nbest) if run.subword_alpha else None
+    if sampling:
+        log.info("subword regularization: each training pair's segmentation sampled every epoch "
+                 "(alpha %g, among the %s best)", sampling.alpha,
+                 "all" if sampling.nbest_size < 0 else sampling.nbest_size)
     try:
         train = make_batches(pairs("train"), tokenizer, batch_tokens=run.batch_tokens,
                              max_length=config.max_length, shuffle=True, seed=run.seed, repeat=True,
-                             batch_multiple=replicas, **syntax)
+                             batch_multiple=replicas, **syntax, subword_sampling=sampling)
     except ValueError as error:  # e.g. the budget cannot give every replica a longest pair
         raise run_dir.RunError(f"--batch-tokens {run.batch_tokens} with {replicas} replica(s): {error}") from None
     valid_split = "valid" if "valid" in corpus.splits else None

@@ -13,12 +13,12 @@ from keras_transformer.data.batching import (OverlongCount, bucket_batch_sizes, 
                                              default_boundaries, make_batches)
 from keras_transformer.data.corpora import (CorpusError, ParallelCorpus, count_lines,
                                             describe_fingerprint_change, load_corpus)
-from keras_transformer.data.tokenizer import (TOKENIZER_FILENAME, Tokenizer, TokenizerError,
+from keras_transformer.data.tokenizer import (TOKENIZER_FILENAME, SubwordSampling, Tokenizer, TokenizerError,
                                               check_vocab_size, tokenizer_path, train_tokenizer)
 
 __all__ = [
     "load_corpus", "ParallelCorpus", "CorpusError", "count_lines", "describe_fingerprint_change",
-    "train_tokenizer", "Tokenizer", "TokenizerError", "check_vocab_size", "tokenizer_path",
+    "train_tokenizer", "Tokenizer", "SubwordSampling", "TokenizerError", "check_vocab_size", "tokenizer_path",
     "TOKENIZER_FILENAME",
     "make_batches", "default_boundaries", "bucket_batch_sizes", "count_overlong", "OverlongCount",
 ]

@@ -56,7 +56,7 @@ import tensorflow as tf
 
 from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID, TAG_PAD_ID
 from keras_transformer.data.annotated import annotated_features
-from keras_transformer.data.tokenizer import Tokenizer
+from keras_transformer.data.tokenizer import SubwordSampling, Tokenizer
 
 OVERLONG_POLICIES = ("drop", "truncate")
 # Sentences tokenized per call of the tokenizer op (vectorized map).
@@ -131,10 +131,11 @@ def _check_boundaries(boundaries: Sequence[int] | None, max_length: int) -> tupl
     return boundaries if boundaries[-1] == max_length else boundaries + (max_length,)
 
 
-def _tokenized_pairs(pairs: tf.data.Dataset, tokenizer: Tokenizer) -> tf.data.Dataset:
+def _tokenized_pairs(pairs: tf.data.Dataset, tokenizer: Tokenizer,
+                     sampling: SubwordSampling | None) -> tf.data.Dataset:
     """(source, target) strings -> (source ids [n], target ids [m]), vectorized."""
-    def tokenize(sources, targets):
-        return tokenizer.tokenize(sources), tokenizer.tokenize(targets)  # ragged [b, (n)], [b, (m)]
+    def tokenize(sources, targets):  # ragged [b, (n)], [b, (m)]
+        return tokenizer.tokenize(sources, sampling), tokenizer.tokenize(targets, sampling)
 
     return (pairs.batch(_TOKENIZE_BATCH)
             .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
@@ -170,7 +171,8 @@ def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: 
                  shuffle: bool = False, shuffle_buffer: int = 100_000, seed: int | None = None,
                  repeat: bool = False, drop_remainder: bool = False,
                  batch_multiple: int = 1, source_features: Sequence[str] = (),
-                 tag_factors: Sequence[str] = ()) -> tf.data.Dataset:
+                 tag_factors: Sequence[str] = (),
+                 subword_sampling: SubwordSampling | None = None) -> tf.data.Dataset:
     """Tokenizes, bucket-batches and pads sentence pairs (see the module docstring).
 
     Args:
@@ -198,6 +200,10 @@ def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: 
             (``model.source_feature_names(config)``: ``source_tags``,
             ``source_distances``); the sources are then CoNLL-U sentences.
         tag_factors: the tag factors of ``source_tags`` (``config.source_tags``).
+        subword_sampling: sample a segmentation of both sides of every pair
+            each time it is read (subword regularization, training only);
+            None: the best segmentation.  Not with ``source_features``
+            (CoNLL-U words carry their own pieces).
 
     Returns:
         ``tf.data.Dataset`` of ``((source_ids, target_input_ids),
@@ -220,6 +226,9 @@ def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: 
         raise ValueError(f"source_features={list(source_features)}: {unknown} not in {SOURCE_FEATURES}")
     if "source_tags" in source_features and not tag_factors:
         raise ValueError("source_features has source_tags but tag_factors is empty")
+    if source_features and subword_sampling is not None:
+        raise ValueError("subword_sampling cannot be used with source_features: the annotated sources' "
+                         "pieces are aligned with their CoNLL-U words")
     annotated = bool(source_features)
     boundaries = _check_boundaries(boundaries, max_length)
     batch_sizes = bucket_batch_sizes(boundaries, batch_tokens, batch_multiple)
@@ -278,7 +287,7 @@ def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: 
         ds = _annotated_examples(ds, tokenizer, max_length, overlong == "truncate", tag_factors)
         ds = ds.map(add_annotated_special_ids, num_parallel_calls=tf.data.AUTOTUNE)
     else:
-        ds = _tokenized_pairs(ds, tokenizer)
+        ds = _tokenized_pairs(ds, tokenizer, subword_sampling)
         ds = ds.map(add_special_ids, num_parallel_calls=tf.data.AUTOTUNE)
     if overlong == "drop":
         ds = ds.filter(fits)
