@@ -128,6 +128,23 @@ def test_a_bad_value_names_its_flag_through_the_fields_config_error(field, capsy
     assert f"error: {flag} must be a positive integer, got 0" in line or f"error: {flag}: " in line, line
 
 
+def test_subword_sampling_options(capsys):
+    """--subword-alpha/--subword-nbest reach TrainingConfig; bad values and a syntax-aware model
+    are one-line errors naming the flag."""
+    import train
+
+    run = train.parse_args(["--config", "multi30k", "--subword-alpha", "0.1", "--subword-nbest", "-1"]).run
+    assert (run.subword_alpha, run.subword_nbest) == (0.1, -1)
+    assert (TrainingConfig.create("multi30k").subword_alpha, TrainingConfig.create("multi30k").subword_nbest) == (0.0, 64)
+    for flags, message in ((["--subword-alpha", "-0.5"], "--subword-alpha must be >= 0 (0: off), got -0.5"),
+                           (["--subword-nbest", "1"], "--subword-nbest must be -1 (all) or >= 2, got 1"),
+                           (["--subword-alpha", "0.1", "--source-tags", "upos"],
+                            "--subword-alpha cannot be used with a syntax-aware model")):
+        with pytest.raises(SystemExit):
+            train.parse_args(flags)
+        assert message in capsys.readouterr().err
+
+
 def test_num_decoder_layers_from_the_command_line(capsys):
     """train.py --set num_decoder_layers=N (a field whose default is None) reads an int;
     None keeps the paper's equal depths; a bad value is a one-line error naming it."""

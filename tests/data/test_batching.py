@@ -11,7 +11,7 @@ import tensorflow as tf
 from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.data.batching import (bucket_batch_sizes, count_overlong, default_boundaries,
                                              make_batches)
-from keras_transformer.data.tokenizer import Tokenizer, train_tokenizer
+from keras_transformer.data.tokenizer import SubwordSampling, Tokenizer, train_tokenizer
 
 WORDS = ("the a dog cat runs sleeps under über Straße Hund Katze läuft schläft groß "
          "kleine rotes Haus house little red ball Ball spielt plays near neben").split()
@@ -160,6 +160,24 @@ def test_shuffle_is_seeded_and_repeat_gives_full_static_batches(tokenizer, pairs
     sizes = dict(zip(BOUNDARIES, bucket_batch_sizes(BOUNDARIES, BATCH_TOKENS, batch_multiple=4)))
     for (source, _), _ in ds.take(40).as_numpy_iterator():  # more batches than one epoch holds
         assert source.shape[0] == sizes[source.shape[1]] and source.shape[0] % 4 == 0
+
+
+def test_subword_sampling_batches_every_pair_in_other_pieces(tokenizer, pairs, encoded):
+    """With subword regularization the pairs that fit come out once each, spelling their
+    text, most in pieces other than the best segmentation's."""
+    processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
+    ds = make_batches(dataset(pairs), tokenizer, batch_tokens=BATCH_TOKENS, max_length=MAX_LENGTH,
+                      boundaries=BOUNDARIES, overlong="truncate",
+                      subword_sampling=SubwordSampling(alpha=0.1))
+    _, found = unpack(ds)
+    assert len(found) == len(pairs)
+    short = [(s, t) for (s, t), (es, et) in zip(pairs, encoded) if 2 * max(len(es), len(et)) < MAX_LENGTH - 1]
+    texts = collections.Counter((processor.decode(list(s)), processor.decode(list(t))) for s, t in found)
+    assert all(texts[pair] >= 1 for pair in short)  # sampled, still the same sentences
+    assert len(set(found) & set(encoded)) < len(pairs) // 2
+    with pytest.raises(ValueError, match="subword_sampling cannot be used with source_features"):
+        make_batches(dataset(pairs), tokenizer, batch_tokens=BATCH_TOKENS, max_length=MAX_LENGTH,
+                     source_features=("source_distances",), subword_sampling=SubwordSampling(alpha=0.1))
 
 
 def test_distributed_dataset_matches(tokenizer, pairs):

@@ -10,7 +10,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from keras_transformer.data.tokenizer import (TOKENIZER_FILENAME, Tokenizer, TokenizerError,
+from keras_transformer.data.tokenizer import (TOKENIZER_FILENAME, SubwordSampling, Tokenizer, TokenizerError,
                                               check_vocab_size, tokenizer_path, train_tokenizer)
 
 WORDS = ("the a dog cat runs sleeps under über Straße Hund Katze läuft schläft groß "
@@ -78,6 +78,26 @@ def test_detokenize_ignores_pad_bos_and_everything_after_eos(tokenizer):
     assert [t.decode() for t in tokenizer.detokenize(dense).numpy()] == texts
     assert [t.decode() for t in tokenizer.detokenize(tf.ragged.constant(rows)).numpy()] == texts
     assert tokenizer.detokenize(tf.constant(a + [EOS_ID] + junk)).numpy().decode() == texts[0]
+
+
+def test_subword_sampling_draws_sentencepieces_segmentations_of_the_same_text(tokenizer, processor):
+    """Sampled ids spell the same text in other pieces; among the 2 best, every draw is one
+    of SentencePiece's own 2 best segmentations; a huge alpha is the best segmentation."""
+    texts = sentences(200, seed=5)
+    best = tokenizer.tokenize(texts).to_list()
+    assert tokenizer.tokenize(texts, SubwordSampling(alpha=1000.0)).to_list() == best
+    draws = [tokenizer.tokenize(texts, SubwordSampling(alpha=0.1)).to_list() for _ in range(2)]
+    for draw in draws:
+        assert [processor.decode(ids) for ids in draw] == texts
+        assert sum(ids != viterbi for ids, viterbi in zip(draw, best)) > len(texts) // 2
+    assert draws[0] != draws[1]
+    two_best = tokenizer.tokenize(texts, SubwordSampling(alpha=0.1, nbest_size=2)).to_list()
+    chosen = [processor.nbest_encode_as_ids(text, 2).index(ids) for text, ids in zip(texts, two_best)]
+    assert 0 < sum(chosen) < len(texts)  # both of the two best are drawn
+    with pytest.raises(ValueError, match="0 and 1 do not sample"):
+        SubwordSampling(alpha=0.1, nbest_size=1)
+    with pytest.raises(ValueError, match="alpha must be > 0, got 0"):
+        SubwordSampling(alpha=0)
 
 
 def test_works_inside_tf_function(tokenizer):
