@@ -19,6 +19,7 @@ import json
 import pathlib
 import sys
 
+from export.errors import missing_saved_model
 from keras_transformer.console import OneLineArgumentParser
 
 REFERENCE = pathlib.Path(__file__).with_name("reference")
@@ -132,9 +133,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.saved_model and not args.tflite:
         parser.error("give an export version directory (EXPORT/1), --tflite FILE, or both")
-    if args.saved_model and not (pathlib.Path(args.saved_model) / "saved_model.pb").is_file():
-        parser.error(f"{args.saved_model}: no saved_model.pb there; give an export version directory "
-                     f"such as MODEL_DIR/export/1")
+    if args.saved_model and missing_saved_model(args.saved_model):
+        parser.error(missing_saved_model(args.saved_model))
     if args.tflite and not pathlib.Path(args.tflite).is_file():
         parser.error(f"--tflite {args.tflite}: no such file")
     failed = False

@@ -29,7 +29,7 @@ import os
 import pathlib
 import sys
 
-from export.errors import ConversionError
+from export.errors import ConversionError, missing_saved_model
 from export.op_audit import audit_tflite
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
 from keras_transformer.console import OneLineArgumentParser
@@ -115,8 +115,9 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
-    if not os.path.isfile(os.path.join(args.saved_model, "saved_model.pb")):
-        print(f"export.tflite: error: {args.saved_model} holds no saved_model.pb", file=sys.stderr)
+    missing = missing_saved_model(args.saved_model)
+    if missing:
+        print(f"export.tflite: error: {missing}", file=sys.stderr)
         return 2
     if os.path.isdir(args.output):  # checked before the conversion's minutes, not after
         print(f"export.tflite: error: --output {args.output} is a directory; give the .tflite file to write",

@@ -16,9 +16,9 @@ sentences around it are translated.
 """
 
 import argparse
-import os
 import sys
 
+from export.errors import missing_saved_model
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import OneLineArgumentParser
 
@@ -52,9 +52,9 @@ def main(argv=None) -> int:
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
 
-    if not os.path.isfile(os.path.join(args.saved_model, "saved_model.pb")):
-        print(f"export.translate: error: {args.saved_model} holds no saved_model.pb "
-              f"(pass a version directory such as EXPORT/1)", file=sys.stderr)
+    missing = missing_saved_model(args.saved_model)
+    if missing:
+        print(f"export.translate: error: {missing}", file=sys.stderr)
         return 2
     loaded = tf.saved_model.load(args.saved_model)
     if not {"serving_default", "translate_options"} <= set(loaded.signatures):

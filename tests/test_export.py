@@ -600,6 +600,10 @@ def test_export_commands_refuse_bad_paths_in_one_line(tmp_path, capsys):
     calls = [
         (op_audit.main, [], "give an export version directory"),
         (op_audit.main, [str(tmp_path / "missing")], "no saved_model.pb there"),
+        (translate.main, ["--saved-model", str(tmp_path)], f"{tmp_path}: no saved_model.pb there; give an "
+                                                            "export version directory"),
+        (tflite.main, ["--saved-model", str(tmp_path), "--output", str(tmp_path / "m.tflite")],
+         f"{tmp_path}: no saved_model.pb there"),
         (op_audit.main, [str(tmp_path / "junk")], "cannot be read as a SavedModel"),
         (op_audit.main, ["--tflite", str(tmp_path / "missing.tflite")], "no such file"),
         (op_audit.main, ["--tflite", str(tmp_path / "model.tflite")], "is not a TFLite model"),
