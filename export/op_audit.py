@@ -133,8 +133,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.saved_model and not args.tflite:
         parser.error("give an export version directory (EXPORT/1), --tflite FILE, or both")
-    if args.saved_model and missing_saved_model(args.saved_model):
-        parser.error(missing_saved_model(args.saved_model))
+    missing = args.saved_model and missing_saved_model(args.saved_model)
+    if missing:
+        parser.error(missing)
     if args.tflite and not pathlib.Path(args.tflite).is_file():
         parser.error(f"--tflite {args.tflite}: no such file")
     failed = False

@@ -202,8 +202,10 @@ def make_batches(pairs: tf.data.Dataset, tokenizer: Tokenizer, *, batch_tokens: 
         tag_factors: the tag factors of ``source_tags`` (``config.source_tags``).
         subword_sampling: sample a segmentation of both sides of every pair
             each time it is read (subword regularization, training only);
-            None: the best segmentation.  Not with ``source_features``
-            (CoNLL-U words carry their own pieces).
+            None: the best segmentation.  A draw longer than ``max_length``
+            is dropped or truncated as ``overlong`` says, for that epoch
+            (``count_overlong`` counts the best segmentations).  Not with
+            ``source_features`` (CoNLL-U words carry their own pieces).
 
     Returns:
         ``tf.data.Dataset`` of ``((source_ids, target_input_ids),
