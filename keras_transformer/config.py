@@ -465,12 +465,12 @@ class TrainingConfig:
                 raise ConfigError(name, f"{name} must be a positive integer, got {given[name]!r}")
         if given.get("max_minutes", 0) < 0 or isinstance(given.get("max_minutes", 0), bool):
             raise ConfigError("max_minutes", f"max_minutes must be >= 0, got {given['max_minutes']!r}")
-        if given.get("subword_alpha", 0) < 0 or isinstance(given.get("subword_alpha", 0), bool):
-            raise ConfigError("subword_alpha", f"subword_alpha must be >= 0 (0: off), got {given['subword_alpha']!r}")
-        nbest = given.get("subword_nbest", 64)
+        alpha, nbest = given.get("subword_alpha", 0), given.get("subword_nbest", 64)
+        if isinstance(alpha, bool) or alpha < 0:
+            raise ConfigError("subword_alpha", f"subword_alpha must be >= 0 (0: off), got {alpha!r}")
         if isinstance(nbest, bool) or not isinstance(nbest, int) or nbest in (0, 1) or nbest < -1:
             raise ConfigError("subword_nbest", f"subword_nbest must be -1 (all) or >= 2, got {nbest!r}")
-        if given.get("subword_alpha", 0) > 0 and given.get("syntax"):
+        if alpha > 0 and given.get("syntax"):
             raise ConfigError("subword_alpha", "subword_alpha cannot be used with a syntax-aware model: its "
                              "sources' pieces are aligned with their CoNLL-U words")
         unknown_syntax = set(given.get("syntax", {})) - set(SYNTAX_FIELDS)
