@@ -377,3 +377,37 @@ def test_profile_train_step_refuses_a_variant_it_cannot_build(capsys):
         with pytest.raises(SystemExit):
             profile_train_step.parse_args(["--variant", variant])
         assert "--variant: expected one of ours, ours-fused" in capsys.readouterr().err
+
+
+def test_every_multi30k_sweep_candidate_is_a_command_train_py_accepts():
+    """Each candidate of benchmarks/multi30k_sweep.py is an hour of training: its flags must
+    parse, as the sweep gives them to train.py, before that hour starts, and set what the
+    candidate says. The two literature schedules are checked by their peak rate: Wu et al.
+    2021's 5e-3 at the end of a 2,000-step warm-up, against the paper's rate for the preset."""
+    import shlex
+
+    import train
+    from benchmarks.multi30k_sweep import CANDIDATES, COMMON_FLAGS
+    from keras_transformer.schedule import TransformerSchedule
+
+    runs = {}
+    for name, (_, flags) in CANDIDATES.items():
+        argv = ["--config", "multi30k", "--data", "unused", "--model-dir", "unused",
+                *shlex.split(COMMON_FLAGS), *shlex.split(flags)]
+        runs[name] = train.parse_args(argv).run
+    preset = runs["multi30k"]
+    assert (preset.steps, preset.keep_checkpoints) == (40000, 10)
+
+    def peak(run):
+        config = run.model_config(run.vocab_size)
+        return float(TransformerSchedule(config.d_model, config.warmup_steps, config.learning_rate_scale)(
+            config.warmup_steps - 1))
+
+    assert peak(preset) == pytest.approx(128 ** -0.5 * 200 ** -0.5, rel=1e-6)  # 0.00625
+    wu = runs["wu-4x4-schedule"]
+    assert peak(wu) == pytest.approx(5e-3, rel=2e-3)
+    wu_model = wu.model_config(wu.vocab_size)
+    assert (wu_model.num_layers, wu_model.d_ff, wu_model.dropout, wu.batch_tokens) == (4, 256, 0.3, 8192)
+    assert runs["vocab-10000"].vocab_size == 10000 and runs["vocab-4000"].vocab_size == 4000
+    assert runs["subword-0.1-dropout-0.1"].subword_alpha == 0.1
+    assert runs["subword-0.1-dropout-0.1"].model_config(8000).dropout == 0.1
