@@ -41,7 +41,10 @@ DEFAULT_DATA = harness.SHARED_DATA / "multi30k"
 # in an hour here) and keep 10 checkpoints for `--decode`'s averaging choice.
 COMMON_FLAGS = "--steps 40000 --keep-checkpoints 10"
 CANDIDATES: dict[str, tuple[str, str]] = {
-    "multi30k": ("the multi30k preset (2+2 layers, d 128, FFN 512, dropout 0.2, warm-up 200)", ""),
+    "multi30k": ("the multi30k preset (2+2 layers, d 128, FFN 512, dropout 0.2, warm-up 200, 10,000 pieces; "
+                 "8,000 in the rows before vocab-10000 was adopted, which `vocab-8000` re-runs)", ""),
+    "vocab-8000": ("the multi30k preset as it was before vocab-10000: 8,000 SentencePiece pieces",
+                   "--vocab-size 8000"),
     "wu-4x4": ("the literature's shape (Wu et al. 2021): 4+4 layers, FFN 256, dropout 0.3, warm-up 800",
                "--set num_layers=4 --set d_ff=256 --set dropout=0.3 --set warmup_steps=800"),
     "wu-4x4-schedule": ("the literature's shape with its own schedule and batch (Wu et al. 2021): 4+4 layers, "

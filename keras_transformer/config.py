@@ -302,7 +302,12 @@ PRESETS: dict[str, TransformerConfig] = {
     # were tuned on WMT's newstest2013): the last 10 checkpoints averaged,
     # beam 5, alpha 1.0 gave valid 40.50 against 39.77 (test2016 39.77
     # against 39.60) on the preset's re-run of 2026-11-24 22:58.
-    "multi30k": TransformerConfig(vocab_size=8000, num_layers=2, d_model=128, d_ff=512,
+    # Vocabulary chosen on valid too: 10,000 unigram pieces (Wu et al.'s joint
+    # BPE size; unigram because FastSentencepieceTokenizer segments BPE models
+    # unlike SentencePiece) gave valid 40.67 / test2016 40.04 against 8,000's
+    # 40.37 / 39.79 in the same 56 minutes on one machine (2026-11-27), where
+    # 4,000 was 1.1-1.4 below 8,000 on valid (`multi30k_sweep.py`, BENCHMARKS.md).
+    "multi30k": TransformerConfig(vocab_size=10000, num_layers=2, d_model=128, d_ff=512,
                                   num_heads=4, dropout=0.2, max_length=64, warmup_steps=200,
                                   train_steps=40_000, checkpoints_to_average=10, beam_size=5,
                                   length_penalty_alpha=1.0),

@@ -408,6 +408,6 @@ def test_every_multi30k_sweep_candidate_is_a_command_train_py_accepts():
     assert peak(wu) == pytest.approx(5e-3, rel=2e-3)
     wu_model = wu.model_config(wu.vocab_size)
     assert (wu_model.num_layers, wu_model.d_ff, wu_model.dropout, wu.batch_tokens) == (4, 256, 0.3, 8192)
-    assert runs["vocab-10000"].vocab_size == 10000 and runs["vocab-4000"].vocab_size == 4000
+    assert (preset.vocab_size, runs["vocab-8000"].vocab_size, runs["vocab-4000"].vocab_size) == (10_000, 8000, 4000)
     assert runs["subword-0.1-dropout-0.1"].subword_alpha == 0.1
-    assert runs["subword-0.1-dropout-0.1"].model_config(8000).dropout == 0.1
+    assert runs["subword-0.1-dropout-0.1"].model_config(10_000).dropout == 0.1

@@ -35,7 +35,7 @@ def test_multi30k_recipe_preset():
     # Issue #17: the whole hour (56 training minutes; averaging, BLEU and export in the rest),
     # the step count only a cap.
     assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size,
-            run.steps) == (4096, 250, 10, 56.0, 8000, 40_000)
+            run.steps) == (4096, 250, 10, 56.0, 10_000, 40_000)  # 10,000 pieces chosen on valid (#17)
     assert (run.keep_checkpoints, run.beam_size) == (10, 5)  # decoding chosen on valid (issue #17)
     config = run.model_config(8000)
     assert (config.num_layers, config.d_model, config.d_ff, config.num_heads, config.dropout,
@@ -60,8 +60,8 @@ def test_set_flag_changes_model_fields_and_names_bad_ones(capsys):
     assert (config.num_layers, config.d_ff, config.dropout, config.norm_first, config.beam_size,
             config.d_model, config.warmup_steps) == (4, 256, 0.3, True, 5, 128, 200)
     assert run.beam_size == 5
-    assert train.parse_args(["--config", "multi30k"]).run.model_config(8000) == TransformerConfig.from_preset(
-        "multi30k", vocab_size=8000)
+    assert train.parse_args(["--config", "multi30k"]).run.model_config(10_000) == TransformerConfig.from_preset(
+        "multi30k", vocab_size=10_000)
     for flags, message in [
             (["--set", "dropout=1.5"], "--set: TransformerConfig.dropout must be in [0, 1), got 1.5"),
             (["--set", "dropout=high"], "--set 'dropout=high': dropout takes a float"),
