@@ -344,8 +344,11 @@ class Tokenizer:
         if sampling is None:
             return self.fast.tokenize(strings)
         if sampling not in self._samplers:
-            self._samplers[sampling] = tf_text.SentencepieceTokenizer(
-                self.model_bytes, out_type=tf.int32, nbest_size=sampling.nbest_size, alpha=sampling.alpha)
+            # Made eagerly (its model is a resource) even when the first call is traced (a
+            # dataset's map): one made inside a graph could not serve the next one's.
+            with tf.init_scope():
+                self._samplers[sampling] = tf_text.SentencepieceTokenizer(
+                    self.model_bytes, out_type=tf.int32, nbest_size=sampling.nbest_size, alpha=sampling.alpha)
         return self._samplers[sampling].tokenize(strings)
 
     def detokenize(self, ids) -> tf.Tensor:
