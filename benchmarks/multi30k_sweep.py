@@ -58,9 +58,10 @@ CANDIDATES: dict[str, tuple[str, str]] = {
     "dropout-0.1": ("the preset with dropout 0.1 (0.3 was behind 0.2 at equal time)", "--set dropout=0.1"),
     "vocab-4000": ("the preset with 4,000 SentencePiece pieces instead of 8,000 (a cheaper softmax, "
                    "longer sequences; smaller vocabularies suit small corpora)", "--vocab-size 4000"),
-    "vocab-10000": ("the preset with 10,000 SentencePiece pieces instead of 8,000: the size of Wu et al.'s joint "
-                    "BPE (10k merges), in unigram because FastSentencepieceTokenizer segments only unigram models "
-                    "as SentencePiece does (data/tokenizer.py); 4,000 was worse than 8,000, so the other direction",
+    "vocab-10000": ("10,000 SentencePiece pieces, the run that chose the preset's vocabulary (8,000 before): "
+                    "the size of Wu et al.'s joint BPE (10k merges), in unigram because FastSentencepieceTokenizer "
+                    "segments only unigram models as SentencePiece does (data/tokenizer.py); 4,000 was worse than "
+                    "8,000, so the other direction",
                     "--vocab-size 10000"),
     "batch-8192": ("the preset with twice the tokens per update (8,192 padded tokens per side; about half "
                    "the steps in the hour, so a checkpoint every 125 steps keeps ~3.5 minutes between them)",
