@@ -37,7 +37,7 @@ def test_multi30k_recipe_preset():
     assert (run.batch_tokens, run.checkpoint_every, run.average, run.max_minutes, run.vocab_size,
             run.steps) == (4096, 250, 10, 56.0, 10_000, 40_000)  # 10,000 pieces chosen on valid (#17)
     assert (run.keep_checkpoints, run.beam_size) == (10, 5)  # decoding chosen on valid (issue #17)
-    config = run.model_config(8000)
+    config = run.model_config(run.vocab_size)
     assert (config.num_layers, config.d_model, config.d_ff, config.num_heads, config.dropout,
             config.warmup_steps) == (2, 128, 512, 4, 0.2, 200)
     assert (config.beam_size, config.length_penalty_alpha, config.checkpoints_to_average) == (5, 1.0, 10)
