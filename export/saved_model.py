@@ -102,7 +102,16 @@ class TranslationModule(tf.Module):
         # read (keras-team/keras#20095). This is what keras.export.ExportArchive
         # does as well.
         self.model_variables = [v.value for v in model.variables]
-        self._translator = Translator(model, config, tokenizer_model)  # not trackable: not saved
+        # The output projection's matrix `[d_model, vocab]` (the transposed embeddings),
+        # stored once here rather than transposed by every call before its search
+        # (`Searcher(output_kernel=...)`; ~0.2-0.3 ms of a single sentence on the
+        # 10,000-piece preset, BENCHMARKS.md serving speed part 25). It costs the
+        # SavedModel a second copy of the embeddings (5.1 MB for that preset, 66 MB
+        # for `base`); the LiteRT conversion folded this transpose into a constant anyway.
+        self.output_kernel = tf.Variable(model.embedding.output_kernel(), trainable=False,
+                                         name="output_kernel")
+        self._translator = Translator(model, config, tokenizer_model,  # not trackable: not saved
+                                      output_kernel=self.output_kernel)
         self._config = config
         # The default signatures' patience stop (None: the exact search).
         self._patience = float(patience) if patience and patience > 0 else None

@@ -173,6 +173,13 @@ class Searcher:
             applied to the decoder's output at every step before the search
             scores it (e.g. `NEG_INF` on tokens that must never be produced,
             or a probe that counts the rows each step runs).
+        output_kernel: None, or a stored `[d_model, vocab]` copy of the output
+            projection's matrix (a `tf.Variable` holding `decoder.output_kernel()`,
+            which the export makes once: `TranslationModule`), read by every search
+            instead of the embeddings' transpose that each call otherwise makes
+            before its loop (~0.2-0.3 ms of a ~6 ms single sentence on the
+            10,000-piece preset: BENCHMARKS.md, serving speed parts 24 and 25).
+            Only for weights that no longer change: a copy does not follow training.
 
     Example:
         >>> searcher = Searcher(model, config)
@@ -180,10 +187,11 @@ class Searcher:
         ...                               extra_length=50, num_results=1)
     """
 
-    def __init__(self, model, config: TransformerConfig, logits_filter=None):
+    def __init__(self, model, config: TransformerConfig, logits_filter=None, output_kernel=None):
         self.config = config
         self.decoder = IncrementalDecoder(model, config)
         self.logits_filter = logits_filter
+        self.output_kernel = output_kernel
         # Largest buffer of the search: the longest source plus the paper's +50.
         self.max_decode_length = config.max_length + config.decode_extra_length
         self.length_buckets = length_buckets(config.max_length)
@@ -266,11 +274,17 @@ class Searcher:
         (`small_kernels`: None, `grow`'s choice, or the attentions', see `DecoderBlock`;
         `kernels`: None or the step's `StepKernels`, see `Transformer.decode`).
 
-        The output projection's matrix is transposed here, once, before the loop
-        (the step function closes over it; a loop-invariant input of the loop).
-        With `fold_projection` (XLA only) the step multiplies by the embeddings as
-        stored instead: XLA folds the transpose into the dot (`XLA_FOLDED_PROJECTION_BYTES`)."""
-        output_kernel = None if fold_projection else self.decoder.output_kernel()  # [d_model, vocab]
+        The output projection's matrix is the stored copy (`output_kernel`) or is
+        transposed here, once, before the loop (the step function closes over it; a
+        loop-invariant input of the loop). With `fold_projection` (XLA only) the step
+        multiplies by the embeddings as stored instead: XLA folds the transpose into
+        the dot (`XLA_FOLDED_PROJECTION_BYTES`)."""
+        if fold_projection:
+            output_kernel = None
+        elif self.output_kernel is not None:
+            output_kernel = tf.convert_to_tensor(self.output_kernel)  # [d_model, vocab]: one read, no copy
+        else:
+            output_kernel = self.decoder.output_kernel()  # [d_model, vocab]
 
         def step_fn(ids, cache, step, static_cache):
             logits, cache = self.decoder.step(ids, cache, step, static_cache, grow=grow,

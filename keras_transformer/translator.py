@@ -58,6 +58,8 @@ class Translator:
         logits_filter: the search's `Searcher(logits_filter=...)`: None, or a
             function `logits [rows, vocab] -> logits` applied to the decoder's
             output at every step before the search scores it.
+        output_kernel: the search's `Searcher(output_kernel=...)`: None, or a stored
+            copy of the output projection's matrix (the export's).
 
     Example:
         >>> translator = Translator(model, config, tokenizer.model_bytes)
@@ -65,10 +67,11 @@ class Translator:
         ['Heute sieht der Mann den Hund.']
     """
 
-    def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes, logits_filter=None):
+    def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes, logits_filter=None,
+                 output_kernel=None):
         self.model = model
         self.config = config
-        self.searcher = Searcher(model, config, logits_filter)
+        self.searcher = Searcher(model, config, logits_filter, output_kernel)
         self.sentencepiece_model = tokenizer_model
         self.sentencepiece = tf_text.FastSentencepieceTokenizer(tokenizer_model)
         self._functions = {}

@@ -382,6 +382,30 @@ def test_xla_signature_translates_like_serving_default(loaded):
         np.testing.assert_allclose(got["score"].numpy(), want["score"].numpy(), rtol=0, atol=1e-5)
 
 
+def test_export_stores_the_output_projection_and_every_search_reads_it(exported, loaded):
+    """The export stores the output projection's matrix once (the transposed embeddings, exactly),
+    and the searches read that copy instead of transposing the embeddings per call: with the copy
+    zeroed every logit is 0, every token's log-probability is -log(vocab), and the best hypothesis
+    ends at once ("" with score -log(vocab), the length penalty of one token being 1), while the
+    source embeddings are unchanged; restored, the translations are today's."""
+    model, config = exported["model"], exported["config"]
+    kernel = loaded.output_kernel
+    stored = kernel.numpy()
+    np.testing.assert_array_equal(stored, np.transpose(model.embedding.embeddings.numpy()))
+    before = loaded.signatures["serving_default"](text=tf.constant(GOLDEN))["translation"].numpy().tolist()
+    assert any(before)
+    kernel.assign(np.zeros_like(stored))
+    try:
+        for name in ("serving_default", "translate_xla", "translate_litert"):
+            out = loaded.signatures[name](text=tf.constant(GOLDEN))
+            assert out["translation"].numpy().tolist() == [b""] * len(GOLDEN), name
+            np.testing.assert_allclose(out["score"].numpy(), -np.log(config.vocab_size), rtol=1e-6, err_msg=name)
+    finally:
+        kernel.assign(stored)
+    after = loaded.signatures["serving_default"](text=tf.constant(GOLDEN))["translation"].numpy().tolist()
+    assert after == before
+
+
 def test_xla_buckets():
     from keras_transformer.searcher import bucketed_shape, length_buckets
 
