@@ -199,6 +199,22 @@ def _prepare_data(run, model_dir, chief):
     return corpus, tokenizer, config
 
 
+def _validation_options() -> tf.data.Options:
+    """The validation batches' `tf.data` options: autotuning off. Keras's `evaluate` deletes the
+    last round's validation iterator at the start of every round (`EpochIterator.reset`), and
+    with autotuning on that deletion sometimes waits, idle, on the iterator's autotuning thread:
+    ~44 s in 15 of the 27 rounds of a 56-minute Multi30k run on 2 cores (~11 minutes of its
+    budget; stack and probe in BENCHMARKS.md, #17's vocab-14000 row), 1.9 and 31.9 s in 2 of 8
+    deletions of the same pipeline's iterator in a probe, never in 8 with autotuning off. The
+    batches are cached after the first round, so there is nothing to tune."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
+
+
+VALID_OPTIONS = _validation_options()
+
+
 def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
     """Token-budget batches for training (every batch a multiple of `replicas` sentences)
     and validation."""
@@ -224,6 +240,7 @@ def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
     if valid_split:
         valid = make_batches(pairs(valid_split), tokenizer, batch_tokens=run.batch_tokens,
                              max_length=config.max_length, batch_multiple=replicas, **syntax).cache()
+        valid = valid.with_options(VALID_OPTIONS)
     return _Datasets(pairs, train, valid, valid_split, tuple(corpus.splits))
 
 

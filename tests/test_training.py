@@ -217,3 +217,36 @@ def test_signal_checkpoint_is_not_averaged():
     assert averaged_checkpoints(Store, every=10, steps=45, count=3) == ["d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]
     assert averaged_checkpoints(Store, every=10, steps=45, count=5) == [
         "d/ckpt-10", "d/ckpt-20", "d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]
+
+
+def test_validation_batches_are_the_pipelines_own_with_autotuning_off(toy_data, tmp_path):
+    """Keras's evaluate deletes the last round's validation iterator every round, and with
+    tf.data's autotuning on that deletion sometimes waited ~44 s, idle (training.VALID_OPTIONS):
+    the validation batches are made with autotuning off, and are the same batches, number for
+    number, as the pipeline gives without the options."""
+    import shutil
+
+    import tensorflow as tf
+
+    from keras_transformer.data import Tokenizer, load_corpus, make_batches, train_tokenizer
+    from keras_transformer.training import _make_datasets
+
+    data = tmp_path / "data"
+    shutil.copytree(toy_data, data)
+    for lang in ("en", "de"):
+        lines = (toy_data / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        (data / f"valid.{lang}").write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")
+    run = run_config(data, tmp_path / "run")
+    corpus = load_corpus(str(data), seed=0)
+    tokenizer = Tokenizer.load(train_tokenizer(corpus.texts("train"), tmp_path / "tokenizer", 60))
+    config = run.model_config(tokenizer.vocab_size)
+    valid = _make_datasets(run, corpus, tokenizer, config, 1).valid
+    assert valid.options().autotune.enabled is False
+    plain = make_batches(corpus.dataset("valid"), tokenizer, batch_tokens=run.batch_tokens,
+                         max_length=config.max_length).cache()
+    assert plain.options().autotune.enabled is not False  # the default: what the option changes
+    got, want = list(valid.as_numpy_iterator()), list(plain.as_numpy_iterator())
+    assert len(got) == len(want) > 1
+    for batch, expected in zip(got, want):
+        tf.nest.map_structure(np.testing.assert_array_equal, batch, expected)
+    assert sum(len(target_output) for _, target_output in got) == 40  # every validation pair
