@@ -104,8 +104,9 @@ class TranslationModule(tf.Module):
         self.model_variables = [v.value for v in model.variables]
         # The output projection's matrix `[d_model, vocab]` (the transposed embeddings),
         # stored once here rather than transposed by every call before its search
-        # (`Searcher(output_kernel=...)`; ~0.2-0.3 ms of a single sentence on the
-        # 10,000-piece preset, BENCHMARKS.md serving speed part 25). It costs the
+        # (`Searcher(output_kernel=...)`; a single sentence through `translate_xla` took
+        # 0.87-0.89x the time on the 10,000-piece preset, BENCHMARKS.md serving speed
+        # part 25; `serving_default` moved within the noise). It costs the
         # SavedModel a second copy of the embeddings (5.1 MB for that preset, 66 MB
         # for `base`); the LiteRT conversion folded this transpose into a constant anyway.
         self.output_kernel = tf.Variable(model.embedding.output_kernel(), trainable=False,

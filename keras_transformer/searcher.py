@@ -177,8 +177,9 @@ class Searcher:
             projection's matrix (a `tf.Variable` holding `decoder.output_kernel()`,
             which the export makes once: `TranslationModule`), read by every search
             instead of the embeddings' transpose that each call otherwise makes
-            before its loop (~0.2-0.3 ms of a ~6 ms single sentence on the
-            10,000-piece preset: BENCHMARKS.md, serving speed parts 24 and 25).
+            before its loop (a single sentence through the export's `translate_xla`
+            took 0.87-0.89x the time on the 10,000-piece preset: BENCHMARKS.md,
+            serving speed part 25).
             Only for weights that no longer change: a copy does not follow training.
 
     Example:
