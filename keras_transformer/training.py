@@ -212,9 +212,6 @@ def _validation_options() -> tf.data.Options:
     return options
 
 
-VALID_OPTIONS = _validation_options()
-
-
 def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
     """Token-budget batches for training (every batch a multiple of `replicas` sentences)
     and validation."""
@@ -240,7 +237,7 @@ def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
     if valid_split:
         valid = make_batches(pairs(valid_split), tokenizer, batch_tokens=run.batch_tokens,
                              max_length=config.max_length, batch_multiple=replicas, **syntax).cache()
-        valid = valid.with_options(VALID_OPTIONS)
+        valid = valid.with_options(_validation_options())
     return _Datasets(pairs, train, valid, valid_split, tuple(corpus.splits))
 
 

@@ -221,7 +221,7 @@ def test_signal_checkpoint_is_not_averaged():
 
 def test_validation_batches_are_the_pipelines_own_with_autotuning_off(toy_data, tmp_path):
     """Keras's evaluate deletes the last round's validation iterator every round, and with
-    tf.data's autotuning on that deletion sometimes waited ~44 s, idle (training.VALID_OPTIONS):
+    tf.data's autotuning on that deletion sometimes waited ~44 s, idle (training._validation_options):
     the validation batches are made with autotuning off, and are the same batches, number for
     number, as the pipeline gives without the options."""
     import shutil
