@@ -14,8 +14,9 @@ process (say so when you report it).
 
 Every candidate keeps its last 10 checkpoints (`--keep-checkpoints 10`) so
 that `--decode` can choose, **on the validation set only**, how many to
-average (5 or 10; 20 for a candidate that keeps 20), the beam size (4, 5) and the length penalty (0.6, 1.0);
-test2016 is scored once for the chosen setting and never used to choose.
+average (5 or 10; also 20 for a candidate that keeps 20), the beam size
+(4, 5) and the length penalty (0.6, 1.0); test2016 is scored once for the
+chosen setting and never used to choose.
 
 The table printed at the end has, per candidate: its flags, steps done,
 minutes of training, cased and lowercased sacreBLEU on valid (the run's own
