@@ -30,7 +30,12 @@ the preset) per variant:
 Finished runs are reused (their `results.json`), so an interrupted
 benchmark continues where it stopped. It prints a Markdown table (mean
 BLEU over seeds, and each seed) and writes `OUT/syntax_bleu.png` and
-`OUT/summary.json`.
+`OUT/summary.json`, for the variants and seeds of the command. With
+`--finished-only` it trains nothing and reports the finished runs among
+them, a missing seed shown as `-` (the table of a benchmark still under
+way, or run one variant at a time):
+
+    python -m benchmarks.syntax --out runs/syntax-multi30k --data runs/multi30k-parsed --config multi30k --minutes 56 --finished-only
 """
 
 from __future__ import annotations
@@ -73,6 +78,8 @@ def parse_args(argv=None):
     parser.add_argument("--config", default=None, help="with --data: train.py's --config (e.g. multi30k)")
     parser.add_argument("--minutes", type=float, default=None,
                         help="with --data: train.py's --max-minutes, the same wall clock for every run")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="train nothing: the table, summary and plot of the runs already finished")
     args = parser.parse_args(argv)
     if (args.config or args.minutes) and not args.data:
         parser.error("--config and --minutes go with --data")
@@ -103,10 +110,14 @@ def write_data(directory: pathlib.Path, size: int, valid: int) -> pathlib.Path:
     return directory
 
 
-def run(data: pathlib.Path, model_dir: pathlib.Path, variant: str, seed: int, budget: list[str], extra: list[str]):
+def run(data: pathlib.Path, model_dir: pathlib.Path, variant: str, seed: int, budget: list[str], extra: list[str],
+        finished_only: bool = False):
     """train.py on `data` with the variant's flags and `budget` (`--steps N`, or `--config C
-    --max-minutes M`), unless `model_dir` holds a finished run; its results.json."""
+    --max-minutes M`), unless `model_dir` holds a finished run; its results.json (None for a
+    run not finished when `finished_only`)."""
     results = model_dir / "results.json"
+    if finished_only and not results.exists():
+        return None
     if not results.exists():
         command = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(data), "--model-dir", str(model_dir),
                    *budget, "--seed", str(seed), "--bleu-every-sentences", "0", "--no-export",
@@ -129,9 +140,10 @@ def main(argv=None) -> int:
         for variant in args.variants:
             for seed in args.seeds:
                 results = run(data, out / "runs" / f"{size}-{variant}-seed{seed}", variant, seed,
-                              ["--steps", str(args.steps)], extra)
-                table.setdefault(size, {}).setdefault(variant, []).append(results["test_bleu"])
-                print(f"size {size} {variant} seed {seed}: test BLEU {results['test_bleu']:.2f}", flush=True)
+                              ["--steps", str(args.steps)], extra, args.finished_only)
+                table.setdefault(size, {}).setdefault(variant, []).append(results and results["test_bleu"])
+                if results:
+                    print(f"size {size} {variant} seed {seed}: test BLEU {results['test_bleu']:.2f}", flush=True)
     print(harness.table(["training pairs", *args.variants], [
         [f"{size:,}", *[_mean_and_seeds(v) for v in row.values()]] for size, row in table.items()]))
     summary = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -144,8 +156,18 @@ def main(argv=None) -> int:
 
 
 def _mean_and_seeds(values) -> str:
-    """A table cell: the mean BLEU of the seeds, then each seed's: `52.00 (50.00, 54.00)`."""
-    return f"{sum(values) / len(values):.2f} ({', '.join(f'{b:.2f}' for b in values)})"
+    """A table cell: the mean BLEU of the finished seeds, then each seed's, `-` for one not
+    finished (`--finished-only`): `52.00 (50.00, 54.00)`, `50.00 (50.00, -)`."""
+    finished = _finished(values)
+    if not finished:
+        return "-"
+    seeds = ", ".join("-" if b is None else f"{b:.2f}" for b in values)
+    return f"{sum(finished) / len(finished):.2f} ({seeds})"
+
+
+def _finished(values) -> list[float]:
+    """The scores of the finished runs (None marks a run not finished)."""
+    return [b for b in values if b is not None]
 
 
 def main_real_text(args, out: pathlib.Path, extra: list[str]) -> int:
@@ -156,11 +178,13 @@ def main_real_text(args, out: pathlib.Path, extra: list[str]) -> int:
     scores = {}
     for variant in args.variants:
         for seed in args.seeds:
-            results = run(data, out / "runs" / f"{data.name}-{variant}-seed{seed}", variant, seed, budget, extra)
+            results = run(data, out / "runs" / f"{data.name}-{variant}-seed{seed}", variant, seed, budget, extra,
+                          args.finished_only)
             for split in ("valid", "test"):
-                scores.setdefault(variant, {}).setdefault(split, []).append(results[f"{split}_bleu"])
-            print(f"{data.name} {variant} seed {seed}: {results.get('steps')} steps, valid BLEU "
-                  f"{results['valid_bleu']:.2f}, test BLEU {results['test_bleu']:.2f}", flush=True)
+                scores.setdefault(variant, {}).setdefault(split, []).append(results and results[f"{split}_bleu"])
+            if results:
+                    print(f"{data.name} {variant} seed {seed}: {results.get('steps')} steps, valid BLEU "
+                      f"{results['valid_bleu']:.2f}, test BLEU {results['test_bleu']:.2f}", flush=True)
 
     print(harness.table(["variant", "valid BLEU, mean (seeds)", "test BLEU, mean (seeds)"],
                         [[variant, _mean_and_seeds(row["valid"]), _mean_and_seeds(row["test"])]
@@ -182,14 +206,15 @@ def plot_variants(scores, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    variants = list(scores)
+    variants = [v for v in scores if _finished(scores[v]["test"])]
     fig, ax = plt.subplots(figsize=(6, 4))
     for offset, split in ((-0.1, "valid"), (0.1, "test")):
         xs = [i + offset for i in range(len(variants))]
-        means = [sum(scores[v][split]) / len(scores[v][split]) for v in variants]
+        finished = [_finished(scores[v][split]) for v in variants]
+        means = [sum(f) / len(f) for f in finished]
         line, = ax.plot(xs, means, marker="o", linestyle="", label=f"{split} (mean)")
-        for x, v in zip(xs, variants):
-            ax.scatter([x] * len(scores[v][split]), scores[v][split], s=10, alpha=0.5, color=line.get_color())
+        for x, f in zip(xs, finished):
+            ax.scatter([x] * len(f), f, s=10, alpha=0.5, color=line.get_color())
     ax.set_xticks(range(len(variants)), variants)
     ax.set_ylabel("BLEU (cased)")
     ax.set_title(title)
@@ -208,10 +233,12 @@ def plot(table, path, steps):
     sizes = sorted(table)
     fig, ax = plt.subplots(figsize=(6, 4))
     for variant in next(iter(table.values())):
-        means = [sum(table[s][variant]) / len(table[s][variant]) for s in sizes]
-        line, = ax.plot(sizes, means, marker="o", label=variant)
-        for s in sizes:
-            ax.scatter([s] * len(table[s][variant]), table[s][variant], s=10, alpha=0.5, color=line.get_color())
+        done = [s for s in sizes if _finished(table[s][variant])]
+        means = [sum(_finished(table[s][variant])) / len(_finished(table[s][variant])) for s in done]
+        line, = ax.plot(done, means, marker="o", label=variant)
+        for s in done:
+            f = _finished(table[s][variant])
+            ax.scatter([s] * len(f), f, s=10, alpha=0.5, color=line.get_color())
     ax.set_xscale("log")
     ax.set_xlabel("training pairs (embedded corpus, gold trees)")
     ax.set_ylabel("test BLEU (beam 4)")

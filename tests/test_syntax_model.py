@@ -657,6 +657,8 @@ def test_syntax_benchmark_writes_aligned_data_and_summarises_finished_runs(tmp_p
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["test_bleu"]["20"] == {"plain": [50.0, 54.0], "both": [60.0, 61.0]}
     assert (tmp_path / "syntax_bleu.png").stat().st_size > 0
+    assert benchmark.main(["--out", str(tmp_path), "--sizes", "20", "--variants", "plain,tags", "--finished-only"]) == 0
+    assert "| 20 | 52.00 (50.00, 54.00) | - |" in capsys.readouterr().out
 
     # Real text (--data): one row per variant, valid and test, runs named after the data directory.
     real = tmp_path / "real"
@@ -671,4 +673,21 @@ def test_syntax_benchmark_writes_aligned_data_and_summarises_finished_runs(tmp_p
     assert "| both | 61.50 (61.00, 62.00) | 60.50 (60.00, 61.00) |" in out
     summary = json.loads((real / "summary.json").read_text())
     assert summary["bleu"]["both"] == {"valid": [61.0, 62.0], "test": [60.0, 61.0]} and summary["minutes"] == 56
+    assert (real / "syntax_bleu.png").stat().st_size > 0
+
+    # --finished-only: trains nothing (no train.py could run on this missing data directory) and
+    # reports the finished runs, a missing seed as "-" and left out of the mean.
+    run = real / "runs" / "parsed-tags-seed1"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"valid_bleu": 45.0, "test_bleu": 44.0, "steps": 9}))
+    (real / "syntax_bleu.png").unlink()
+    assert benchmark.main(["--out", str(real), "--data", str(tmp_path / "parsed"), "--config", "multi30k",
+                           "--minutes", "56", "--variants", "plain,tags,attention", "--finished-only"]) == 0
+    out = capsys.readouterr().out
+    assert "| plain | 53.00 (51.00, 55.00) | 52.00 (50.00, 54.00) |" in out
+    assert "| tags | 45.00 (-, 45.00) | 44.00 (-, 44.00) |" in out
+    assert "| attention | - | - |" in out
+    summary = json.loads((real / "summary.json").read_text())
+    assert summary["bleu"]["tags"] == {"valid": [None, 45.0], "test": [None, 44.0]}
+    assert summary["bleu"]["attention"] == {"valid": [None, None], "test": [None, None]}
     assert (real / "syntax_bleu.png").stat().st_size > 0
