@@ -183,7 +183,7 @@ def main_real_text(args, out: pathlib.Path, extra: list[str]) -> int:
             for split in ("valid", "test"):
                 scores.setdefault(variant, {}).setdefault(split, []).append(results and results[f"{split}_bleu"])
             if results:
-                    print(f"{data.name} {variant} seed {seed}: {results.get('steps')} steps, valid BLEU "
+                print(f"{data.name} {variant} seed {seed}: {results.get('steps')} steps, valid BLEU "
                       f"{results['valid_bleu']:.2f}, test BLEU {results['test_bleu']:.2f}", flush=True)
 
     print(harness.table(["variant", "valid BLEU, mean (seeds)", "test BLEU, mean (seeds)"],
@@ -233,11 +233,9 @@ def plot(table, path, steps):
     sizes = sorted(table)
     fig, ax = plt.subplots(figsize=(6, 4))
     for variant in next(iter(table.values())):
-        done = [s for s in sizes if _finished(table[s][variant])]
-        means = [sum(_finished(table[s][variant])) / len(_finished(table[s][variant])) for s in done]
-        line, = ax.plot(done, means, marker="o", label=variant)
-        for s in done:
-            f = _finished(table[s][variant])
+        finished = {s: _finished(table[s][variant]) for s in sizes if _finished(table[s][variant])}
+        line, = ax.plot(list(finished), [sum(f) / len(f) for f in finished.values()], marker="o", label=variant)
+        for s, f in finished.items():
             ax.scatter([s] * len(f), f, s=10, alpha=0.5, color=line.get_color())
     ax.set_xscale("log")
     ax.set_xlabel("training pairs (embedded corpus, gold trees)")
