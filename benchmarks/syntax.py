@@ -116,9 +116,9 @@ def run(data: pathlib.Path, model_dir: pathlib.Path, variant: str, seed: int, bu
     --max-minutes M`), unless `model_dir` holds a finished run; its results.json (None for a
     run not finished when `finished_only`)."""
     results = model_dir / "results.json"
-    if finished_only and not results.exists():
-        return None
     if not results.exists():
+        if finished_only:
+            return None
         command = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(data), "--model-dir", str(model_dir),
                    *budget, "--seed", str(seed), "--bleu-every-sentences", "0", "--no-export",
                    *VARIANTS[variant], *extra]
@@ -233,7 +233,7 @@ def plot(table, path, steps):
     sizes = sorted(table)
     fig, ax = plt.subplots(figsize=(6, 4))
     for variant in next(iter(table.values())):
-        finished = {s: _finished(table[s][variant]) for s in sizes if _finished(table[s][variant])}
+        finished = {s: f for s in sizes if (f := _finished(table[s][variant]))}
         line, = ax.plot(list(finished), [sum(f) / len(f) for f in finished.values()], marker="o", label=variant)
         for s, f in finished.items():
             ax.scatter([s] * len(f), f, s=10, alpha=0.5, color=line.get_color())
