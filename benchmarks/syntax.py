@@ -36,6 +36,16 @@ them, a missing seed shown as `-` (the table of a benchmark still under
 way, or run one variant at a time):
 
     python -m benchmarks.syntax --out runs/syntax-multi30k --data runs/multi30k-parsed --config multi30k --minutes 56 --finished-only
+
+Run directories are large and do not outlive the machine; the hour-long runs
+on real text do. `--record FILE` keeps each finished run's `results.json`
+(figures only: steps, minutes, BLEU) in one small JSON file that is
+committed beside this script (`benchmarks/results/syntax_multi30k.json`).
+A run missing on disk but present there counts as finished and is not
+trained again, so the table of a benchmark spread over several machines is
+one command:
+
+    python -m benchmarks.syntax --out runs/syntax-multi30k --data runs/multi30k-parsed --config multi30k --minutes 56 --record benchmarks/results/syntax_multi30k.json --finished-only
 """
 
 from __future__ import annotations
@@ -80,6 +90,9 @@ def parse_args(argv=None):
                         help="with --data: train.py's --max-minutes, the same wall clock for every run")
     parser.add_argument("--finished-only", action="store_true",
                         help="train nothing: the table, summary and plot of the runs already finished")
+    parser.add_argument("--record", default=None,
+                        help="a JSON file of finished runs' results by run name: read for runs no longer on "
+                             "disk, updated with every run found or trained (benchmarks/results/*.json)")
     args = parser.parse_args(argv)
     if (args.config or args.minutes) and not args.data:
         parser.error("--config and --minutes go with --data")
@@ -111,12 +124,15 @@ def write_data(directory: pathlib.Path, size: int, valid: int) -> pathlib.Path:
 
 
 def run(data: pathlib.Path, model_dir: pathlib.Path, variant: str, seed: int, budget: list[str], extra: list[str],
-        finished_only: bool = False):
+        finished_only: bool = False, record: dict | None = None):
     """train.py on `data` with the variant's flags and `budget` (`--steps N`, or `--config C
-    --max-minutes M`), unless `model_dir` holds a finished run; its results.json (None for a
-    run not finished when `finished_only`)."""
+    --max-minutes M`), unless `model_dir` holds a finished run or `record` (run name ->
+    results, `--record`) has it; its results (None for a run not finished when
+    `finished_only`). A run found or trained is added to `record`."""
     results = model_dir / "results.json"
     if not results.exists():
+        if record is not None and model_dir.name in record:
+            return record[model_dir.name]
         if finished_only:
             return None
         command = [sys.executable, str(REPO_ROOT / "train.py"), "--data", str(data), "--model-dir", str(model_dir),
@@ -125,22 +141,41 @@ def run(data: pathlib.Path, model_dir: pathlib.Path, variant: str, seed: int, bu
         started = time.time()
         subprocess.run(command, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)  # train.py: quiet on its own
         print(f"  {model_dir.name}: {time.time() - started:.0f} s", flush=True)
-    return json.loads(results.read_text())
+    figures = json.loads(results.read_text())
+    if record is not None:
+        record[model_dir.name] = figures
+    return figures
+
+
+def read_record(path) -> dict | None:
+    """`--record`: the finished runs' results by run name ({} for a file not there yet)."""
+    if path is None:
+        return None
+    path = pathlib.Path(path)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_record(path, record: dict | None) -> None:
+    if path is not None:
+        pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(path).write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # --finished-only from a record: no run made it
     extra = args.train_args.split()
     if args.data:
         return main_real_text(args, out, extra)
-    table = {}
+    table, record = {}, read_record(args.record)
     for size in args.sizes:
         data = write_data(out / "data" / f"train{size}", size, args.valid)
         for variant in args.variants:
             for seed in args.seeds:
                 results = run(data, out / "runs" / f"{size}-{variant}-seed{seed}", variant, seed,
-                              ["--steps", str(args.steps)], extra, args.finished_only)
+                              ["--steps", str(args.steps)], extra, args.finished_only, record)
+                write_record(args.record, record)
                 table.setdefault(size, {}).setdefault(variant, []).append(results and results["test_bleu"])
                 if results:
                     print(f"size {size} {variant} seed {seed}: test BLEU {results['test_bleu']:.2f}", flush=True)
@@ -175,11 +210,12 @@ def main_real_text(args, out: pathlib.Path, extra: list[str]) -> int:
     data = pathlib.Path(args.data)
     budget = (["--config", args.config] if args.config else []) + (
         ["--max-minutes", f"{args.minutes:g}"] if args.minutes else [])
-    scores = {}
+    scores, record = {}, read_record(args.record)
     for variant in args.variants:
         for seed in args.seeds:
             results = run(data, out / "runs" / f"{data.name}-{variant}-seed{seed}", variant, seed, budget, extra,
-                          args.finished_only)
+                          args.finished_only, record)
+            write_record(args.record, record)  # after each run: an interrupted benchmark keeps the finished ones
             for split in ("valid", "test"):
                 scores.setdefault(variant, {}).setdefault(split, []).append(results and results[f"{split}_bleu"])
             if results:

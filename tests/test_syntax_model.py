@@ -691,3 +691,24 @@ def test_syntax_benchmark_writes_aligned_data_and_summarises_finished_runs(tmp_p
     assert summary["bleu"]["tags"] == {"valid": [None, 45.0], "test": [None, 44.0]}
     assert summary["bleu"]["attention"] == {"valid": [None, None], "test": [None, None]}
     assert (real / "syntax_bleu.png").stat().st_size > 0
+
+    # --record: the finished runs' results in one file, by run name; a run gone from disk but in
+    # the file counts as finished and is not trained again (train.py would fail on this data).
+    import shutil
+
+    record = tmp_path / "results" / "record.json"
+    real_args = ["--out", str(real), "--data", str(tmp_path / "parsed"), "--config", "multi30k", "--minutes", "56",
+                 "--record", str(record)]
+    assert benchmark.main([*real_args, "--variants", "plain,tags", "--finished-only"]) == 0
+    capsys.readouterr()
+    kept = json.loads(record.read_text())
+    assert list(kept) == ["parsed-plain-seed0", "parsed-plain-seed1", "parsed-tags-seed1"]
+    assert kept["parsed-tags-seed1"] == {"valid_bleu": 45.0, "test_bleu": 44.0, "steps": 9}
+    shutil.rmtree(real / "runs")
+    real_args[1] = str(tmp_path / "another-machine")  # an --out that does not exist yet
+    assert benchmark.main([*real_args, "--variants", "plain"]) == 0
+    assert "| plain | 53.00 (51.00, 55.00) | 52.00 (50.00, 54.00) |" in capsys.readouterr().out
+    assert benchmark.main([*real_args, "--variants", "plain,tags", "--finished-only"]) == 0
+    out = capsys.readouterr().out
+    assert "| tags | 45.00 (-, 45.00) | 44.00 (-, 44.00) |" in out
+    assert json.loads(record.read_text()) == kept
