@@ -339,6 +339,10 @@ def main(argv=None) -> int:
     train.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES,
                        help=f"training budget in minutes (default {DEFAULT_MAX_MINUTES:g})")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--max-steps", type=int, default=0,
+                       help="also stop after this many updates (default 0: the minutes and spaCy's patience "
+                            "decide); with a --max-minutes the machine cannot reach, the same parser on any "
+                            "machine")
     evaluate = commands.add_parser("evaluate", help="UPOS, UAS, LAS on a CoNLL-U file's gold words")
     evaluate.add_argument("--parser", required=True)
     evaluate.add_argument("--conllu", required=True)
@@ -355,7 +359,7 @@ def main(argv=None) -> int:
 
     try:
         if args.command == "train":
-            train_parser(args.treebank, args.output, args.max_minutes, args.seed)
+            train_parser(args.treebank, args.output, args.max_minutes, args.seed, max_steps=args.max_steps)
             test = treebank_files(args.treebank).get("test")
             if test is not None:
                 scores = evaluate_parser(load_parser(args.output), test)

@@ -175,3 +175,17 @@ def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
     (tmp_path / "data" / "train.de").write_text("der Hund bellt\nx\n")
     with pytest.raises(parsing.ParserError, match="no \\*.fr files"):
         parsing.write_parsed_corpus(None, tmp_path / "data", tmp_path / "out", source_lang="fr")
+
+
+def test_the_cli_takes_a_budget_in_updates(tmp_path):
+    """`train --max-steps N` reaches train_parser (spaCy's `max_steps`, which the fixture above
+    also trains with): a budget in updates gives the same parser on a fast or a slow machine,
+    where the default 25 minutes reached update 5,800 on one machine and ~3,000 on another."""
+    import json
+
+    treebank = write_treebank(tmp_path / "treebank", train=40, dev=5, test=5)
+    argv = ["train", "--treebank", str(treebank), "--output", str(tmp_path / "p"), "--max-minutes", "10",
+            "--max-steps", "4"]
+    assert parsing.main(argv) == 0
+    training = json.loads((tmp_path / "p" / "training.json").read_text())
+    assert training["max_steps"] == 4 and training["max_minutes"] == 10
