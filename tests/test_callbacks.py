@@ -9,7 +9,7 @@ import pytest
 from keras_transformer.callbacks import Progress, TimeBudget
 
 
-def test_time_budget_stops_when_the_next_round_would_end_past_it(monkeypatch):
+def test_time_budget_stops_when_the_next_round_would_end_past_it(monkeypatch, capsys):
     class Model:
         stop_training = False
         optimizer = type("Optimizer", (), {"iterations": keras.Variable(0)})()
@@ -21,10 +21,38 @@ def test_time_budget_stops_when_the_next_round_would_end_past_it(monkeypatch):
     for begin, end, stops in [(10, 40, False), (40, 70, False), (70, 71, False), (71, 86, True)]:
         clock[0] = begin
         budget.on_epoch_begin(0)
+        budget.model.optimizer.iterations.assign_add(25)  # a round of 25 steps
         clock[0] = end
         budget.on_epoch_end(0)
         # round 2 ends at 70 and took 30: 100, not past; round 4 ends at 86 + 15 > 100
         assert (budget.exhausted, budget.model.stop_training) == (stops, stops)
+        if end == 70:
+            # After the second round: 30 s a round, 30 s left, one more round: step 50 + 25.
+            assert budget.projected_step == 75
+    out = capsys.readouterr().out
+    assert "0.50 min per round of 25 steps, so the 1.66667 min budget reaches about step 75 (" in out
+    assert out.count("reaches about step") == 1
+
+
+def test_time_budget_projects_from_this_process_s_second_round(monkeypatch):
+    """A resumed run: its rounds start at step 1,000; the projection counts from there, and the
+    budget's clock started before the first round (loading, tracing)."""
+    class Model:
+        stop_training = False
+        optimizer = type("Optimizer", (), {"iterations": keras.Variable(1000)})()
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    budget = TimeBudget(600, started=0.0)
+    budget.set_model(Model())
+    for begin, end in [(20, 120), (120, 170)]:
+        clock[0] = begin
+        budget.on_epoch_begin(0)
+        budget.model.optimizer.iterations.assign_add(250)
+        clock[0] = end
+        budget.on_epoch_end(0)
+    # 50 s a round, 430 s left: 8 more rounds after step 1,500.
+    assert budget.projected_step == 1500 + 8 * 250 and not budget.exhausted
 
 
 def test_progress_figures(monkeypatch):
