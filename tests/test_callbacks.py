@@ -9,21 +9,29 @@ import pytest
 from keras_transformer.callbacks import Progress, TimeBudget
 
 
-def test_time_budget_stops_when_the_next_round_would_end_past_it(monkeypatch, capsys):
+def _rounds(monkeypatch, seconds, first_step, rounds, steps_per_round):
+    """A TimeBudget of `seconds` (clock started at 0) fed `rounds` of (begin, end) times, each
+    `steps_per_round` steps from `first_step`; yields the budget after each round."""
     class Model:
         stop_training = False
-        optimizer = type("Optimizer", (), {"iterations": keras.Variable(0)})()
+        optimizer = type("Optimizer", (), {"iterations": keras.Variable(first_step)})()
 
     clock = [0.0]
     monkeypatch.setattr(time, "time", lambda: clock[0])
-    budget = TimeBudget(100, started=0.0)
+    budget = TimeBudget(seconds, started=0.0)
     budget.set_model(Model())
-    for begin, end, stops in [(10, 40, False), (40, 70, False), (70, 71, False), (71, 86, True)]:
+    for begin, end in rounds:
         clock[0] = begin
         budget.on_epoch_begin(0)
-        budget.model.optimizer.iterations.assign_add(25)  # a round of 25 steps
+        budget.model.optimizer.iterations.assign_add(steps_per_round)
         clock[0] = end
         budget.on_epoch_end(0)
+        yield budget
+
+
+def test_time_budget_stops_when_the_next_round_would_end_past_it(monkeypatch, capsys):
+    rounds = [(10, 40), (40, 70), (70, 71), (71, 86)]
+    for (_, end), stops, budget in zip(rounds, [False, False, False, True], _rounds(monkeypatch, 100, 0, rounds, 25)):
         # round 2 ends at 70 and took 30: 100, not past; round 4 ends at 86 + 15 > 100
         assert (budget.exhausted, budget.model.stop_training) == (stops, stops)
         if end == 70:
@@ -37,20 +45,7 @@ def test_time_budget_stops_when_the_next_round_would_end_past_it(monkeypatch, ca
 def test_time_budget_projects_from_this_process_s_second_round(monkeypatch):
     """A resumed run: its rounds start at step 1,000; the projection counts from there, and the
     budget's clock started before the first round (loading, tracing)."""
-    class Model:
-        stop_training = False
-        optimizer = type("Optimizer", (), {"iterations": keras.Variable(1000)})()
-
-    clock = [0.0]
-    monkeypatch.setattr(time, "time", lambda: clock[0])
-    budget = TimeBudget(600, started=0.0)
-    budget.set_model(Model())
-    for begin, end in [(20, 120), (120, 170)]:
-        clock[0] = begin
-        budget.on_epoch_begin(0)
-        budget.model.optimizer.iterations.assign_add(250)
-        clock[0] = end
-        budget.on_epoch_end(0)
+    *_, budget = _rounds(monkeypatch, 600, 1000, [(20, 120), (120, 170)], 250)
     # 50 s a round, 430 s left: 8 more rounds after step 1,500.
     assert budget.projected_step == 1500 + 8 * 250 and not budget.exhausted
 
