@@ -341,8 +341,8 @@ def main(argv=None) -> int:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--max-steps", type=int, default=0,
                        help="also stop after this many updates (default 0: the minutes and spaCy's patience "
-                            "decide); with a --max-minutes the machine cannot reach, the same parser on any "
-                            "machine")
+                            "decide); with a --max-minutes the machine cannot reach, as many updates on a "
+                            "slow machine as on a fast one")
     evaluate = commands.add_parser("evaluate", help="UPOS, UAS, LAS on a CoNLL-U file's gold words")
     evaluate.add_argument("--parser", required=True)
     evaluate.add_argument("--conllu", required=True)

@@ -179,7 +179,7 @@ def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
 
 def test_the_cli_takes_a_budget_in_updates(tmp_path):
     """`train --max-steps N` reaches train_parser (spaCy's `max_steps`, which the fixture above
-    also trains with): a budget in updates gives the same parser on a fast or a slow machine,
+    also trains with): a budget in updates trains as long on a slow machine as on a fast one,
     where the default 25 minutes reached update 5,800 on one machine and ~3,000 on another."""
     import json
 
