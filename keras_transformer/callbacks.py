@@ -221,7 +221,7 @@ class TimeBudget(keras.callbacks.Callback):
         """After this process's second round (its first one traces): the step the budget
         will reach at this round's pace. A wall-clock recipe trains a different model on a
         slower machine (the Multi30k preset's 56 minutes: ~10,500 steps on the machine of
-        its figures, ~2,000 on an AVX2-only 2-core VM), so the log says which."""
+        its figures, ~1,750 on an AVX2-only 2-core VM), so the log says which."""
         step = int(self.model.optimizer.iterations.numpy())
         steps = step - self._round_first_step
         rounds_left = int((self.seconds - (now - self.started)) // round_seconds)
