@@ -37,8 +37,8 @@ way, or run one variant at a time):
 
     python -m benchmarks.syntax --out runs/syntax-multi30k --data runs/multi30k-parsed --config multi30k --minutes 56 --finished-only
 
-Run directories are large and do not outlive the machine; the hour-long runs
-on real text do. `--record FILE` keeps each finished run's `results.json`
+Run directories are large and do not outlive a machine, though the figures
+of an hour-long run on real text should. `--record FILE` keeps each finished run's `results.json`
 (figures only: steps, minutes, BLEU) in one small JSON file that is
 committed beside this script (`benchmarks/results/syntax_multi30k.json`).
 A run missing on disk but present there counts as finished and is not

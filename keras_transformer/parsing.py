@@ -355,6 +355,8 @@ def main(argv=None) -> int:
     sentences = commands.add_parser("sentences", help="parse stdin (one sentence per line) to CoNLL-U on stdout")
     sentences.add_argument("--parser", required=True)
     args = parser.parse_args(argv)
+    if args.command == "train" and args.max_steps < 0:
+        parser.error(f"--max-steps must be >= 0 (0: no limit), got {args.max_steps}")
     from conllu import exceptions as conllu_exceptions
 
     try:

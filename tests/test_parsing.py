@@ -177,7 +177,7 @@ def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
         parsing.write_parsed_corpus(None, tmp_path / "data", tmp_path / "out", source_lang="fr")
 
 
-def test_the_cli_takes_a_budget_in_updates(tmp_path):
+def test_the_cli_takes_a_budget_in_updates(tmp_path, capsys):
     """`train --max-steps N` reaches train_parser (spaCy's `max_steps`, which the fixture above
     also trains with): a budget in updates trains as long on a slow machine as on a fast one,
     where the default 25 minutes reached update 5,800 on one machine and ~3,000 on another."""
@@ -189,3 +189,7 @@ def test_the_cli_takes_a_budget_in_updates(tmp_path):
     assert parsing.main(argv) == 0
     training = json.loads((tmp_path / "p" / "training.json").read_text())
     assert training["max_steps"] == 4 and training["max_minutes"] == 10
+    with pytest.raises(SystemExit) as exit_info:
+        parsing.main([*argv[:-1], "-3"])
+    assert exit_info.value.code == 2
+    assert "--max-steps must be >= 0 (0: no limit), got -3" in capsys.readouterr().err
