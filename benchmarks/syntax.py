@@ -38,9 +38,10 @@ way, or run one variant at a time):
     python -m benchmarks.syntax --out runs/syntax-multi30k --data runs/multi30k-parsed --config multi30k --minutes 56 --finished-only
 
 Run directories are large and do not outlive a machine, though the figures
-of an hour-long run on real text should. `--record FILE` keeps each finished run's `results.json`
-(figures only: steps, minutes, BLEU) in one small JSON file that is
-committed beside this script (`benchmarks/results/syntax_multi30k.json`).
+of an hour-long run on real text should. `--record FILE` keeps each
+finished run's `results.json` (figures only: steps, minutes, BLEU) in one
+small JSON file that is committed beside this script
+(`benchmarks/results/syntax_multi30k.json`).
 A run missing on disk but present there counts as finished and is not
 trained again, so the table of a benchmark spread over several machines is
 one command:
@@ -157,8 +158,9 @@ def read_record(path) -> dict | None:
 
 def write_record(path, record: dict | None) -> None:
     if path is not None:
-        pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(path).write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
 
 
 def main(argv=None) -> int:
