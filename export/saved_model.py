@@ -188,13 +188,17 @@ class TranslationModule(tf.Module):
         return outputs
 
     def signatures(self):
+        """`tf.saved_model.save`'s `signatures`: the `tf.function`s themselves, which the
+        save traces once, inside its save context. A concrete function traced before
+        the save (`get_concrete_function()` here) was traced a second time by the save
+        for the module's own `tf.function` attributes (the save context is part of
+        tf.function's cache key): every search graph twice in `saved_model.pb`, twice
+        the tracing, and twice the functions to restore at every load (BENCHMARKS.md,
+        "Export and load time")."""
         if self._config.syntax_aware:  # CoNLL-U in; no LiteRT / XLA variants
-            return {SERVING_DEFAULT: self.serve.get_concrete_function(),
-                    OPTIONS_SIGNATURE: self.serve_with_options.get_concrete_function()}
-        return {SERVING_DEFAULT: self.serve.get_concrete_function(),
-                OPTIONS_SIGNATURE: self.serve_with_options.get_concrete_function(),
-                LITERT_SIGNATURE: self.serve_litert.get_concrete_function(),
-                XLA_SIGNATURE: self.serve_xla.get_concrete_function()}
+            return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options}
+        return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options,
+                LITERT_SIGNATURE: self.serve_litert, XLA_SIGNATURE: self.serve_xla}
 
 
 def next_version(output: pathlib.Path) -> int:

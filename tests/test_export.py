@@ -1,9 +1,11 @@
 """SavedModel export: same translations everywhere it can be loaded, input hygiene, atomic versions."""
 
+import collections
 import concurrent.futures
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -160,6 +162,27 @@ def test_tf1_session_loader_and_saved_model_cli(exported, export_processes):
     translations = result.stdout.split("Result for output key translation:")[1]
     for sentence in want[:2]:
         assert repr(sentence.encode())[1:] in translations
+
+
+def test_every_signature_is_traced_once_into_the_saved_model(exported):
+    """`saved_model.pb` holds each signature's graph once. A concrete function traced
+    before `tf.saved_model.save` was traced again by the save for the module's own
+    `tf.function` attribute (the save context is part of tf.function's cache key):
+    every search graph twice, twice the export's tracing and twice the functions
+    every load restores."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((exported["path"] / "saved_model.pb").read_bytes())
+    names = [function.signature.name for function in saved.meta_graphs[0].graph_def.library.function]
+    traced = collections.Counter(match.group(1) for match in
+                                 (re.fullmatch(r"__inference_(_serve\w*?)_\d+", name) for name in names) if match)
+    assert traced == {"_serve": 1, "_serve_with_options": 1, "_serve_litert": 1, "_serve_xla": 1}
+    wrappers = [name for name in names if name.startswith("__inference_signature_wrapper_")]
+    assert len(wrappers) == 4 and all(name.startswith("__inference_signature_wrapper__serve") for name in wrappers)
+    from benchmarks.export_time import library_functions  # the export-time benchmark's count
+
+    assert library_functions(exported["path"]) == len(names)
 
 
 def test_translate_command_reads_stdin(exported, export_processes):
