@@ -507,6 +507,18 @@ def syntax_run(tmp_path_factory):
     return trained, export, data
 
 
+@pytest.fixture(scope="module")
+def syntax_served(syntax_run):
+    """`(loaded, translator)`: `syntax_run`'s export loaded once, and one in-process
+    `Translator` of its model, for the tests that compare the two (each loaded and traced
+    its own before: a load, and a first call of the 8-branch options signature, each)."""
+    from keras_transformer.translator import Translator
+
+    trained, export, _ = syntax_run
+    return (tf.saved_model.load(str(export)),
+            Translator(trained.model, trained.config, trained.tokenizer.model_bytes))
+
+
 def test_train_py_options_reach_the_model(syntax_run):
     trained, _, _ = syntax_run
     from keras_transformer.run_dir import load_trained
@@ -520,18 +532,15 @@ def test_train_py_options_reach_the_model(syntax_run):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run):
-    from keras_transformer.translator import Translator
-
-    trained, export, data = syntax_run
+def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run, syntax_served):
+    trained, _, data = syntax_run
+    loaded, translator = syntax_served
     blocks = (data / "valid.en.conllu").read_text().strip().split("\n\n")
-    translator = Translator(trained.model, trained.config, trained.tokenizer.model_bytes)
     expected = translator.translate(blocks)
     # The hypotheses train_and_evaluate wrote for its BLEU are these translations.
     from keras_transformer.run_dir import hypothesis_path
 
     assert hypothesis_path(trained.model_dir, "valid").read_text(encoding="utf-8").splitlines() == expected
-    loaded = tf.saved_model.load(str(export))
     assert set(loaded.signatures) == {"serving_default", "translate_options"}
     served = loaded.signatures["serving_default"](conllu=tf.constant(blocks))
     assert [t.decode() for t in served["translation"].numpy()] == expected
@@ -549,19 +558,16 @@ def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run):
     assert abs(scores[0] - scores[1]) > 1e-4
 
 
-def test_served_signatures_name_a_malformed_sentence_in_its_own_row(syntax_run):
+def test_served_signatures_name_a_malformed_sentence_in_its_own_row(syntax_run, syntax_served):
     """Issue #19: one malformed CoNLL-U sentence no longer fails the whole served request:
     its row gets "" (score 0) and its problem in `error`/`errors`, the other rows translate
     exactly as they do alone."""
-    from keras_transformer.translator import Translator
-
-    trained, export, data = syntax_run
+    _, _, data = syntax_run
+    loaded, translator = syntax_served
     blocks = (data / "valid.en.conllu").read_text().strip().split("\n\n")[:3]
     malformed = list(MALFORMED)
     request = [blocks[0], malformed[0], blocks[1], malformed[2], blocks[2]]
-    translator = Translator(trained.model, trained.config, trained.tokenizer.model_bytes)
     expected = translator.translate(blocks)
-    loaded = tf.saved_model.load(str(export))
     served = loaded.signatures["serving_default"](conllu=tf.constant(request))
     assert [t.decode() for t in served["translation"].numpy()] == [expected[0], "", expected[1], "", expected[2]]
     alone = loaded.signatures["serving_default"](conllu=tf.constant(blocks))
