@@ -49,7 +49,9 @@ as they would alone.
 The version directory is written under a hidden temporary name in `OUTPUT`
 and renamed into place only when complete (TF Serving ignores non-numeric
 names), so a crash never leaves a half-written version where a server would
-load it. `assets.extra/tf_serving_warmup_requests` holds warm-up requests.
+load it. `assets.extra/tf_serving_warmup_requests` holds warm-up requests
+for `serving_default` and `translate_options` (whose first call builds the
+search of all eight beam sizes), so no request pays for building a graph.
 """
 
 from __future__ import annotations
@@ -228,26 +230,48 @@ def bucket_warmup_texts(tokenizer_model: bytes, config: TransformerConfig) -> li
     return texts
 
 
+def options_warmup_inputs(config: TransformerConfig, patience: float = 0.0) -> dict:
+    """The scalar inputs of the `translate_options` warm-up request: the export's own
+    defaults (so it translates as `serving_default` does), one result."""
+    return {"beam_size": tf.constant(config.beam_size, tf.int32),
+            "alpha": tf.constant(config.length_penalty_alpha, tf.float32),
+            "extra_length": tf.constant(config.decode_extra_length, tf.int32),
+            "num_results": tf.constant(1, tf.int32),
+            "patience": tf.constant(patience, tf.float32)}
+
+
 def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator",
-                          xla_texts: list[str] | None = None, conllu: bool = False) -> pathlib.Path:
+                          xla_texts: list[str] | None = None, conllu: bool = False,
+                          options: dict | None = None) -> pathlib.Path:
     """Writes `assets.extra/tf_serving_warmup_requests` (PredictionLog TFRecords).
 
     Args:
         xla_texts: if given, also one `translate_xla` request per text and
             batch bucket (`XLA_BATCH_BUCKETS`): each compiles one program.
         conllu: the model is syntax-aware: its requests are CoNLL-U in `conllu`.
+        options: if given, also one `translate_options` request with these
+            scalar inputs (`options_warmup_inputs`). Its first call builds
+            the search of every beam size (one branch each): 28 s in a TF1
+            session on the 2-vCPU AVX2 machine for the `multi30k` shape,
+            0.2 s for any beam size after it (BENCHMARKS.md, "Export and
+            load time"). The server pays that at load, not a request.
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     path = directory / "assets.extra" / "tf_serving_warmup_requests"
     path.parent.mkdir(parents=True, exist_ok=True)
-    requests = [(SERVING_DEFAULT, list(WARMUP_CONLLU if conllu else WARMUP_SENTENCES))]
-    requests += [(XLA_SIGNATURE, [text] * batch) for text in xla_texts or () for batch in XLA_BATCH_BUCKETS]
+    texts = list(WARMUP_CONLLU if conllu else WARMUP_SENTENCES)
+    requests = [(SERVING_DEFAULT, texts, {})]
+    if options is not None:
+        requests.append((OPTIONS_SIGNATURE, texts, options))
+    requests += [(XLA_SIGNATURE, [text] * batch, {}) for text in xla_texts or () for batch in XLA_BATCH_BUCKETS]
     with tf.io.TFRecordWriter(str(path)) as writer:
-        for signature, texts in requests:
+        for signature, texts, scalars in requests:
             request = predict_pb2.PredictRequest(
                 model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature))
             request.inputs["conllu" if conllu else "text"].CopyFrom(tf.make_tensor_proto(texts, dtype=tf.string))
+            for name, value in scalars.items():
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
     return path
@@ -315,7 +339,8 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
         if xla_warmup and config.syntax_aware:
             raise ValueError("--xla-warmup: a syntax-aware model has no translate_xla signature")
         xla_texts = [text for _, text in bucket_warmup_texts(tokenizer_model, config)] if xla_warmup else None
-        write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware)
+        write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware,
+                              options=options_warmup_inputs(config, patience))
         write_export_config(staging, config, patience)
         os.rename(staging, final)  # atomic on one file system
     except BaseException:

@@ -377,17 +377,30 @@ def test_options_signature_n_best_and_clipping(exported, loaded):
 
 
 def test_warmup_requests_run_through_the_signature(exported, loaded):
+    """One warm-up request for `serving_default` and one for `translate_options` (whose
+    first call builds all eight beam sizes' searches), the latter with the export's own
+    defaults: both translate their sentences alike, as the in-process search does."""
     from tensorflow_serving.apis import prediction_log_pb2
 
     path = exported["path"] / "assets.extra" / "tf_serving_warmup_requests"
     records = list(tf.data.TFRecordDataset(str(path)).as_numpy_iterator())
-    assert len(records) == 1
-    log = prediction_log_pb2.PredictionLog.FromString(records[0])
-    request = log.predict_log.request
-    assert request.model_spec.signature_name == "serving_default"
-    text = tf.make_ndarray(request.inputs["text"])
-    out = loaded.signatures["serving_default"](text=tf.constant(text))
-    assert out["translation"].shape == (len(text),)
+    requests = [prediction_log_pb2.PredictionLog.FromString(r).predict_log.request for r in records]
+    assert [r.model_spec.signature_name for r in requests] == ["serving_default", "translate_options"]
+    served, options = ({name: tf.constant(tf.make_ndarray(tensor)) for name, tensor in r.inputs.items()}
+                       for r in requests)
+    config = exported["config"]
+    assert {name: value.numpy().item() for name, value in options.items() if name != "text"} == {
+        "beam_size": config.beam_size, "alpha": pytest.approx(config.length_penalty_alpha),
+        "extra_length": config.decode_extra_length, "num_results": 1, "patience": 0.0}
+    texts = served["text"].numpy().tolist()
+    assert options["text"].numpy().tolist() == texts and b"" in texts and len(texts) == 3
+    default = loaded.signatures["serving_default"](**served)
+    n_best = loaded.signatures["translate_options"](**options)
+    want, want_scores = in_process(exported["translator"], [t.decode() for t in texts])
+    assert [t.decode() for t in default["translation"].numpy()] == want
+    assert [t.decode() for t in n_best["translations"].numpy()[:, 0]] == want and n_best["translations"].shape == (3, 1)
+    np.testing.assert_allclose(n_best["scores"].numpy()[:, 0], want_scores, atol=1e-5)
+    assert want[0] and want[2] == ""  # a real translation, and the empty sentence's ""
 
 
 def test_xla_signature_translates_like_serving_default(loaded):

@@ -558,6 +558,29 @@ def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run, 
     assert abs(scores[0] - scores[1]) > 1e-4
 
 
+def test_the_syntax_exports_warmup_requests_run_through_its_signatures(syntax_run, syntax_served):
+    """The warm-up requests of a syntax-aware export are CoNLL-U in `conllu`: the
+    `translate_options` one, with the export's defaults, answers as `serving_default`."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    trained, export, _ = syntax_run
+    loaded, translator = syntax_served
+    records = tf.data.TFRecordDataset(str(export / "assets.extra" / "tf_serving_warmup_requests"))
+    requests = [prediction_log_pb2.PredictionLog.FromString(r).predict_log.request
+                for r in records.as_numpy_iterator()]
+    assert [r.model_spec.signature_name for r in requests] == ["serving_default", "translate_options"]
+    served, options = ({name: tf.constant(tf.make_ndarray(tensor)) for name, tensor in r.inputs.items()}
+                       for r in requests)
+    assert set(served) == {"conllu"} and options["beam_size"].numpy() == trained.config.beam_size
+    default = loaded.signatures["serving_default"](**served)
+    n_best = loaded.signatures["translate_options"](**options)
+    sentence = served["conllu"].numpy()[0].decode()
+    assert default["translation"].numpy()[0].decode() == translator.translate([sentence])[0]
+    np.testing.assert_array_equal(n_best["translations"].numpy()[:, 0], default["translation"].numpy())
+    np.testing.assert_allclose(n_best["scores"].numpy()[:, 0], default["score"].numpy(), atol=1e-5)
+    np.testing.assert_array_equal(n_best["errors"].numpy(), default["error"].numpy())
+
+
 def test_served_signatures_name_a_malformed_sentence_in_its_own_row(syntax_run, syntax_served):
     """Issue #19: one malformed CoNLL-U sentence no longer fails the whole served request:
     its row gets "" (score 0) and its problem in `error`/`errors`, the other rows translate
