@@ -339,8 +339,8 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
         if xla_warmup and config.syntax_aware:
             raise ValueError("--xla-warmup: a syntax-aware model has no translate_xla signature")
         xla_texts = [text for _, text in bucket_warmup_texts(tokenizer_model, config)] if xla_warmup else None
-        write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware,
-                              options=options_warmup_inputs(config, patience))
+        options = options_warmup_inputs(config, patience) if OPTIONS_SIGNATURE in signatures else None
+        write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware, options=options)
         write_export_config(staging, config, patience)
         os.rename(staging, final)  # atomic on one file system
     except BaseException:
