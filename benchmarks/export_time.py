@@ -27,7 +27,6 @@ import argparse
 import json
 import pathlib
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -81,15 +80,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def library_functions(version_dir) -> int:
-    """How many functions the `saved_model.pb` of `version_dir` holds in its library."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    saved = saved_model_pb2.SavedModel()
-    saved.ParseFromString((pathlib.Path(version_dir) / "saved_model.pb").read_bytes())
-    return sum(len(meta.graph_def.library.function) for meta in saved.meta_graphs)
-
-
 def fresh_process(version_dir, kind: str) -> dict[str, float]:
     done = subprocess.run([sys.executable, "-c", CHILD, str(version_dir), kind, SENTENCE],
                           capture_output=True, text=True, check=True)
@@ -102,12 +92,11 @@ def main(argv=None) -> int:
     import keras
     import tensorflow as tf
 
+    from export.op_audit import saved_model_ops
     from export.saved_model import export_model
     from keras_transformer import TransformerConfig, build_transformer
 
-    config = TransformerConfig.from_preset(args.shape)
-    if args.vocab_size:
-        config = TransformerConfig.from_preset(args.shape, vocab_size=args.vocab_size)
+    config = TransformerConfig.from_preset(args.shape, **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
     _, tokenizer = harness.tokenized_corpus(args.data, config.vocab_size, seed=args.seed)
     keras.utils.set_random_seed(args.seed)
     model = build_transformer(config)
@@ -121,7 +110,7 @@ def main(argv=None) -> int:
     export_seconds = time.perf_counter() - start
     size = (version / "saved_model.pb").stat().st_size
     print(f"export: {export_seconds:.1f} s; saved_model.pb {size / 1e6:.1f} MB, "
-          f"{library_functions(version)} functions in its library")
+          f"{len(saved_model_ops(version)[1])} functions in its library")
     rows = []
     for kind, label in (("tf2", "tf.saved_model.load"), ("tf1", "TF1 session loader")):
         runs = [fresh_process(version, kind) for _ in range(args.rounds)]

@@ -53,6 +53,25 @@ def train_toy_translator(directory, steps=250, seed=0):
     return model, config, tokenizer, corpus
 
 
+def warmup_requests(path):
+    """The requests of a `tf_serving_warmup_requests` file (a version directory's, or
+    the file itself): `[(signature_name, {input name: tf.Tensor})]`, in file order, each
+    ready to call as `loaded.signatures[name](**inputs)`."""
+    import pathlib
+
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = pathlib.Path(path)
+    if path.is_dir():
+        path = path / "assets.extra" / "tf_serving_warmup_requests"
+    requests = [prediction_log_pb2.PredictionLog.FromString(record).predict_log.request
+                for record in tf.data.TFRecordDataset(str(path)).as_numpy_iterator()]
+    return [(request.model_spec.signature_name,
+             {name: tf.constant(tf.make_ndarray(tensor)) for name, tensor in request.inputs.items()})
+            for request in requests]
+
+
 def in_background(function, *args, **kwargs):
     """Starts `function(*args, **kwargs)` in a thread; returns its `concurrent.futures.Future`.
 

@@ -18,6 +18,7 @@ from keras_transformer.data import syntax
 from keras_transformer.data.annotated import annotated_features, parse_conllu, tree_distances
 from keras_transformer.layers import MultiHeadAttention, SyntaxAttentionMatrix, TagFactorEmbedding
 from keras_transformer.layers.embedding import sinusoidal_encoding
+from helpers import warmup_requests
 from test_model import assert_cached_decoding_matches
 
 PUD = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "pud"
@@ -561,16 +562,11 @@ def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run, 
 def test_the_syntax_exports_warmup_requests_run_through_its_signatures(syntax_run, syntax_served):
     """The warm-up requests of a syntax-aware export are CoNLL-U in `conllu`: the
     `translate_options` one, with the export's defaults, answers as `serving_default`."""
-    from tensorflow_serving.apis import prediction_log_pb2
-
     trained, export, _ = syntax_run
     loaded, _ = syntax_served
-    records = tf.data.TFRecordDataset(str(export / "assets.extra" / "tf_serving_warmup_requests"))
-    requests = [prediction_log_pb2.PredictionLog.FromString(r).predict_log.request
-                for r in records.as_numpy_iterator()]
-    assert [r.model_spec.signature_name for r in requests] == ["serving_default", "translate_options"]
-    served, options = ({name: tf.constant(tf.make_ndarray(tensor)) for name, tensor in r.inputs.items()}
-                       for r in requests)
+    requests = warmup_requests(export)
+    assert [name for name, _ in requests] == ["serving_default", "translate_options"]
+    (_, served), (_, options) = requests
     assert set(served) == {"conllu"} and options["beam_size"].numpy() == trained.config.beam_size
     default = loaded.signatures["serving_default"](**served)
     n_best = loaded.signatures["translate_options"](**options)
