@@ -26,7 +26,10 @@ asset file to lose), the averaged weights and the beam search:
   best first. Out-of-range options are clipped to those ranges rather than
   failing the request. `patience` <= 0 is the exact search; > 0 stops a
   sentence once `round(beam_size * patience)` hypotheses have finished
-  (CTranslate2's rule: faster, not exact; `beam_search`).
+  (CTranslate2's rule: faster, not exact; `beam_search`). The exact search
+  stops as soon as the `num_results` best are known: with one result, by the
+  same bound as `serving_default` (the best finished hypothesis, not the
+  worst of `beam_size`).
 
 The search is exact by default (the best translation is the one a search
 without early stop finds); `--patience P` makes CTranslate2's patience stop
@@ -166,17 +169,10 @@ class TranslationModule(tf.Module):
         beam_size = tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE)
         num_results = tf.clip_by_value(num_results, 1, beam_size)
 
-        syntax_aware = self._config.syntax_aware
-
         def branch(beam):
             def run():
-                if syntax_aware:
-                    strings, scores, errors = self._translator.translate_conllu_graph(
-                        text, beam, alpha, extra_length, beam, patience=patience)
-                else:
-                    strings, scores = self._translator.translate_graph(text, beam, alpha, extra_length, beam,
-                                                                       patience=patience)
-                    errors = tf.zeros([0], tf.string)  # not an output of a plain-text model
+                strings, scores, errors = self._search_options(text, beam, alpha, extra_length, num_results,
+                                                               patience)
                 pad = [[0, 0], [0, MAX_BEAM_SIZE - beam]]
                 return (tf.pad(strings, pad, constant_values=""),  # [batch, MAX_BEAM_SIZE]
                         tf.pad(scores, pad, constant_values=NEG_INF), errors)
@@ -185,9 +181,28 @@ class TranslationModule(tf.Module):
         strings, scores, errors = tf.switch_case(beam_size - 1,
                                                  [branch(b) for b in range(1, MAX_BEAM_SIZE + 1)])
         outputs = {"translations": strings[:, :num_results], "scores": scores[:, :num_results]}
-        if syntax_aware:
+        if self._config.syntax_aware:
             outputs["errors"] = errors
         return outputs
+
+    def _search_options(self, text, beam, alpha, extra_length, num_results, patience):
+        """`translate_options`' branch for the static beam size `beam`: `beam` result
+        slots (the signature cuts them to `num_results`), from a search that stops as
+        soon as the `num_results` best are known. One requested result stops by the
+        best finished hypothesis, as `serving_default` does, not by the worst of
+        `beam` (the n-best's bound: 12 instead of 9 loop steps on the test's batch).
+
+        Returns:
+            translations string `[batch, beam]`, scores float32 `[batch, beam]`,
+            errors string (`[batch]` for a syntax-aware model, else `[0]`).
+        """
+        exact = tf.minimum(num_results, beam)
+        if self._config.syntax_aware:
+            return self._translator.translate_conllu_graph(text, beam, alpha, extra_length, beam,
+                                                           patience=patience, exact_results=exact)
+        strings, scores = self._translator.translate_graph(text, beam, alpha, extra_length, beam,
+                                                           patience=patience, exact_results=exact)
+        return strings, scores, tf.zeros([0], tf.string)  # errors: not an output of a plain-text model
 
     def signatures(self):
         """`tf.saved_model.save`'s `signatures`: the `tf.function`s themselves, which the

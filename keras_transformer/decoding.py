@@ -37,8 +37,8 @@ divided by ``length_penalty(len, alpha) = ((5 + len) / 6) ** alpha`` where
 ``beam_size`` alive and ``beam_size`` finished hypotheses per sentence with
 the usual top-``2 * beam_size`` candidate scheme (tensor2tensor, Flax WMT
 example, T5X), stops a sentence as soon as no alive hypothesis can beat the
-best of its finished ones (the worst of its ``beam_size`` finished ones when
-an n-best list is asked), and stops the loop when every sentence is done or
+best of its finished ones (the ``n``-th best when ``n`` results are asked),
+and stops the loop when every sentence is done or
 the buffer is full. Optionally it drops finished sentences from the loop,
 runs the loop in cache stages, and stops by CTranslate2's patience rule
 (`beam_search`'s arguments).
@@ -279,7 +279,10 @@ class _SearchSpec(typing.NamedTuple):
 
     beam_size: int  # k, static
     num_candidates: int  # C: 2k, or 1 when k == 1 (exactly greedy), static
-    num_results: int  # n, static: 1 selects the stopping bound exact for the best hypothesis
+    num_results: int  # n, static: the result slots returned
+    # r: python int or int32 scalar tensor in [1, n]; the stop is exact for the r best
+    # hypotheses (1: the bound of the best one; k: the worst of the k finished ones)
+    exact_results: object
     eos_id: int
     alpha: object  # python float or float scalar tensor
     patience: object  # None, or float scalar: stop after round(k * patience) finished hypotheses
@@ -288,7 +291,8 @@ class _SearchSpec(typing.NamedTuple):
     gather: object  # `keras_gather`, or a function with its meaning (tf.gather)
 
 
-def _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id, gather):
+def _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id, gather,
+               exact_results=None):
     """Builds the `_SearchSpec` of a search (before the loop); arguments as in
     `beam_search` (already validated)."""
     return _SearchSpec(
@@ -298,6 +302,7 @@ def _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_i
         # refill k alive beams even if k of them end with EOS).
         num_candidates=2 * beam_size if beam_size > 1 else 1,
         num_results=num_results,
+        exact_results=num_results if exact_results is None else exact_results,
         eos_id=eos_id,
         alpha=alpha,
         patience=patience,
@@ -533,9 +538,10 @@ def _update_done(state, candidates, alive, finished, spec):
 
     A sentence is done when it reached its length limit, has no alive
     hypothesis, or no alive hypothesis can beat the finished ones that the
-    result needs: the best one when one result is asked (exact for the best
-    translation, as tensor2tensor's stop), else the worst of the ``k``
-    finished ones (exact for the whole n-best). Any extension of an alive
+    result needs: with ``r = spec.exact_results``, the ``r``-th best of them
+    (exact for the ``r`` best hypotheses and their scores): the best one when
+    one result is asked (tensor2tensor's stop), the worst of the ``k``
+    finished ones for the whole n-best. Any extension of an alive
     hypothesis has log-prob <= the best alive one and a length in
     ``[length + 1, max_length]``; the length penalty is monotonic in the
     length, so the best possible score is at one of the two ends (the
@@ -562,13 +568,20 @@ def _update_done(state, candidates, alive, finished, spec):
         best_alive / length_penalty(candidates["length"] + 1, spec.alpha),
         best_alive / state["max_penalty"],
     )  # [b]
-    if spec.num_results == 1:
-        # Finished hypotheses are sorted best first.
-        cannot_improve = ops.logical_and(fin_valid[:, 0], fin_scores[:, 0] >= bound)  # [b]
-    else:
+    rank = spec.exact_results
+    if isinstance(rank, int) and rank == spec.beam_size > 1:
         all_finished = ops.logical_not(ops.any(ops.logical_not(fin_valid), axis=1))  # [b]
         worst_finished = ops.min(ops.where(fin_valid, fin_scores, spec.neg_inf), axis=1)  # [b]
         cannot_improve = ops.logical_and(all_finished, worst_finished >= bound)  # [b]
+    else:
+        # Finished hypotheses are sorted best first (a used slot scores above NEG_INF,
+        # an unused one is NEG_INF): the r-th best is slot r - 1.
+        if isinstance(rank, int):
+            valid_at, score_at = fin_valid[:, rank - 1], fin_scores[:, rank - 1]  # [b] x2
+        else:  # a tensor (`translate_options`' num_results)
+            slot = ops.cast(rank, "int32") - 1
+            valid_at, score_at = ops.take(fin_valid, slot, axis=1), ops.take(fin_scores, slot, axis=1)  # [b] x2
+        cannot_improve = ops.logical_and(valid_at, score_at >= bound)  # [b]
     done = ops.logical_or(
         candidates["at_limit"][:, 0] if "done" not in state else ops.logical_or(
             state["done"], candidates["at_limit"][:, 0]),
@@ -628,6 +641,7 @@ def beam_search(
     alpha=0.6,
     max_decode_length=None,
     num_results=1,
+    exact_results=None,
     bos_id=BOS_ID,
     eos_id=EOS_ID,
     static_cache=None,
@@ -674,9 +688,17 @@ def beam_search(
         num_results: static python int in ``[1, beam_size]``: how many
             hypotheses to return per sentence. With 1 a sentence stops as
             soon as no alive hypothesis can beat its best finished one
-            (exact for the best translation and its score); with more, as
-            soon as none can beat the worst of its ``beam_size`` finished
-            ones (exact for the whole n-best).
+            (exact for the best translation and its score); with ``n``, as
+            soon as none can beat the ``n``-th best of its finished ones
+            (exact for the whole n-best; with ``n = beam_size``, the worst
+            of its ``beam_size`` finished ones).
+        exact_results: None (``num_results``), or a python int or int32
+            scalar tensor in ``[1, num_results]``: the stop is exact for this
+            many of the best results (the bound above with this ``n``); the
+            result slots after it may then hold other hypotheses than the
+            exhaustive n-best's. A tensor lets one graph return
+            ``num_results`` slots and stop by a count given at run time
+            (the SavedModel's ``translate_options``).
         bos_id: the id fed at step 0.
         eos_id: the id that ends a hypothesis.
         static_cache: None, or a nested structure of tensors with leading
@@ -744,6 +766,10 @@ def beam_search(
         )
     beam_size = int(beam_size)
     num_results = int(num_results)
+    if isinstance(exact_results, (int, np.integer)):
+        if not 1 <= exact_results <= num_results:
+            raise ValueError(f"exact_results must be in [1, num_results={num_results}], got {exact_results!r}")
+        exact_results = int(exact_results)
     if max_decode_length is None:
         max_decode_length = _infer_max_decode_length(max_lengths)
     if isinstance(max_decode_length, (int, np.integer)):
@@ -755,7 +781,7 @@ def beam_search(
     while_loop = while_loop or ops.while_loop
 
     spec = _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id,
-                      gather or keras_gather)
+                      gather or keras_gather, exact_results)
     state = _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bos_id, spec)
 
     def call_step(state, static):

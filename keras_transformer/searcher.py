@@ -199,7 +199,7 @@ class Searcher:
         self._compiled = {}
 
     def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-               static_buffer=False, source_features=None, patience=None):
+               static_buffer=False, source_features=None, patience=None, exact_results=None):
         """Beam search over the decoder, `max_lengths = source_lengths + extra_length`.
 
         Args:
@@ -226,6 +226,9 @@ class Searcher:
             source_features: the syntax-aware model's extra encoder inputs.
             patience: None, or a float scalar: CTranslate2's patience stop
                 (`beam_search`); <= 0 is off.
+            exact_results: None (`num_results`), or an int32 scalar in
+                `[1, num_results]`: how many of the best results the stop keeps
+                exact (`beam_search`).
 
         Returns:
             ids int32 `[batch, num_results, L]` (EOS, then PAD), with `L`
@@ -240,7 +243,8 @@ class Searcher:
             cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
             return beam_search(self._step_fn(grow=False), cache, batch, max_lengths,
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
-                               num_results=num_results, static_cache=static, patience=patience)
+                               num_results=num_results, exact_results=exact_results, static_cache=static,
+                               patience=patience)
         buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
                                          1, self.max_decode_length)  # int32 scalar
         static = self.decoder.static_cache(source_ids, source_features)
@@ -251,7 +255,8 @@ class Searcher:
             step_fn = self._step_fn(grow=True, small_kernels=small_kernels, kernels=kernels)
             return beam_search(step_fn, cache, batch, max_lengths,
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
-                               num_results=num_results, static_cache=static, patience=patience,
+                               num_results=num_results, exact_results=exact_results, static_cache=static,
+                               patience=patience,
                                drop_finished=small_kernels != "always", while_loop=relaxed_while_loop,
                                gather=tf_gather)
 

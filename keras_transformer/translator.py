@@ -156,7 +156,7 @@ class Translator:
         return self.sentencepiece.detokenize(padded)[:count]
 
     def translate_graph(self, text, beam_size, alpha, extra_length, num_results, litert_batch=None,
-                        xla=False, patience=None, batch_halvings=XLA_BATCH_HALVINGS):
+                        xla=False, patience=None, batch_halvings=XLA_BATCH_HALVINGS, exact_results=None):
         """The whole translation as graph ops.
 
         Args:
@@ -175,6 +175,9 @@ class Translator:
             patience: None (exact search), or a float scalar: CTranslate2's
                 patience stop (`beam_search`; <= 0 is off).
             batch_halvings: with `xla`, `beam_search(batch_halvings=...)`.
+            exact_results: None (`num_results`), or an int32 scalar in
+                `[1, num_results]`: how many of the best results the stop keeps
+                exact (`beam_search`; not with `xla`).
 
         Returns:
             translations string `[batch, num_results]`, scores float32
@@ -190,21 +193,26 @@ class Translator:
                 raise ValueError("a syntax-aware model translates CoNLL-U in the plain TensorFlow graph; "
                                  "its LiteRT and XLA variants are not built (plain-text models only)")
             strings, scores, _ = self.translate_conllu_graph(text, beam_size, alpha, extra_length, num_results,
-                                                             patience=patience, strict=True)
+                                                             patience=patience, strict=True,
+                                                             exact_results=exact_results)
             return strings, scores
         if litert_batch is None:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
         if xla:
+            if exact_results is not None:
+                raise ValueError("exact_results is for the plain graph's search (translate_options); "
+                                 "the XLA search stops by num_results")
             ids, scores = self.searcher.search_xla(source_ids, lengths, beam_size, alpha, extra_length,
                                                    num_results, patience=patience, batch_halvings=batch_halvings)
         else:
             ids, scores = self.searcher.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                               static_buffer=litert_batch is not None, patience=patience)
+                                               static_buffer=litert_batch is not None, patience=patience,
+                                               exact_results=exact_results)
         return self._strings(ids, scores, lengths, num_results, litert_batch)
 
     def translate_conllu_graph(self, conllu, beam_size, alpha, extra_length, num_results, patience=None,
-                               strict=False):
+                               strict=False, exact_results=None):
         """`translate_graph` for a syntax-aware model, with each sentence's problem.
 
         Args:
@@ -214,6 +222,7 @@ class Translator:
                 input ("" with score 0) and its problem returned, while the
                 other sentences translate as they would alone; True fails
                 the whole call (InvalidArgumentError naming the problem).
+            exact_results: as in `translate_graph`.
 
         Returns:
             translations string `[batch, num_results]`, scores float32
@@ -222,7 +231,8 @@ class Translator:
         """
         source_ids, lengths, features, errors = self.encode_conllu(conllu, strict=strict)
         ids, scores = self.searcher.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                           source_features=features, patience=patience)
+                                           source_features=features, patience=patience,
+                                           exact_results=exact_results)
         strings, scores = self._strings(ids, scores, lengths, num_results, None)
         return strings, scores, errors
 

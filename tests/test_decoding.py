@@ -565,6 +565,34 @@ def test_one_result_stops_at_the_bound_exact_for_the_best(alpha):
     assert len(one_steps) < len(all_steps), (len(one_steps), len(all_steps))
 
 
+@pytest.mark.parametrize("drop_finished", [False, True])
+def test_exact_results_stops_when_the_first_r_results_are_known(drop_finished):
+    """`exact_results=r` stops a sentence as soon as its r-th best finished hypothesis
+    cannot be beaten: a search returning 4 slots with r given as a tensor (how
+    `translate_options` takes `num_results`) runs exactly the steps of the search asked
+    for r results, and its first r results are those of the reference beam search
+    without early stop (r = 2: the same two best, in fewer steps than the full n-best,
+    more than the best alone)."""
+    model = ToyModel(seed=8, vocab=10, batch=24, eos_bias=1.0)
+    max_lengths = np.tile([20, 14, 25, 9], 6)
+    options = dict(beam_size=4, alpha=0.6, drop_finished=drop_finished)
+    steps = {}
+    for r in (1, 2, 4):
+        static, static_scores, steps[r] = count_steps(model, max_lengths, num_results=r, **options)
+        seqs, scores, tensor_steps = count_steps(model, max_lengths, num_results=4,
+                                                 exact_results=tf.constant(r), **options)
+        assert tensor_steps == steps[r], (r, len(tensor_steps), len(steps[r]))
+        np.testing.assert_array_equal(seqs[:, :r], static)
+        np.testing.assert_array_equal(scores[:, :r], static_scores)
+        for b, max_len in enumerate(max_lengths):
+            ref = ref_beam(model, b, max_len, 4, 0.6)[:r]
+            assert [strip(row) for row in static[b]] == [seq for _, seq in ref], (r, b)
+            np.testing.assert_allclose(static_scores[b], [score for score, _ in ref], rtol=1e-5)
+    assert len(steps[1]) < len(steps[2]) < len(steps[4]), [len(steps[r]) for r in (1, 2, 4)]
+    with pytest.raises(ValueError, match="exact_results must be in \\[1, num_results=2\\], got 3"):
+        count_steps(model, max_lengths, num_results=2, exact_results=3, beam_size=4)
+
+
 def test_dropped_sentences_leave_the_step_function():
     """With drop_finished the step function sees only the beams of sentences not
     yet done: the rows it runs shrink as sentences end, and sum to fewer than the

@@ -371,6 +371,43 @@ def test_options_signature_n_best_and_clipping(exported, loaded):
                                   run(1, 1)["translations"].numpy()[:, 0])
 
 
+def test_options_signature_stops_when_the_requested_results_are_known(exported):
+    """`translate_options`' search for a beam size (`_search_options`, one branch of
+    its `switch_case`) returns `beam` slots and stops as `serving_default` does when
+    one result is asked (the bound of the best finished hypothesis), not by the worst
+    of `beam` (the n-best's bound, which runs more steps): loop steps counted by a
+    filter on the step's logits, in-process, with the same translations and scores."""
+    from export.saved_model import TranslationModule
+
+    steps = tf.Variable(0, dtype=tf.int64)
+
+    def counting(logits):  # once per loop step (the signatures' searches drop finished rows)
+        with tf.control_dependencies([steps.assign_add(1)]):
+            return tf.identity(logits)
+
+    config = exported["config"]
+    module = TranslationModule(exported["model"], config, exported["tokenizer"].model_bytes)
+    module._translator.searcher.logits_filter = counting
+    text = tf.constant(GOLDEN + ["the woman buys a red book today", "a small cat sees the big man"])
+    search = tf.function(lambda text, n: module._search_options(
+        text, config.beam_size, tf.constant(config.length_penalty_alpha), tf.constant(config.decode_extra_length),
+        n, tf.constant(0.0)))
+
+    def count(function, *args):
+        steps.assign(0)
+        out = function(text, *args)
+        return int(steps.numpy()), out
+
+    served_steps, served = count(module.serve)
+    one_steps, (one, one_scores, _) = count(search, tf.constant(1))
+    all_steps, (every, every_scores, _) = count(search, tf.constant(config.beam_size))
+    assert served_steps == one_steps < all_steps, (served_steps, one_steps, all_steps)
+    assert one.shape == every.shape == (len(GOLDEN) + 2, config.beam_size)
+    for strings, scores in ((one, one_scores), (every, every_scores)):
+        np.testing.assert_array_equal(strings.numpy()[:, 0], served["translation"].numpy())
+        np.testing.assert_allclose(scores.numpy()[:, 0], served["score"].numpy(), rtol=1e-6)
+
+
 def test_warmup_requests_run_through_the_signature(exported, loaded):
     """One warm-up request for `serving_default` and one for `translate_options` (whose
     first call builds all eight beam sizes' searches), the latter with the export's own
