@@ -569,19 +569,15 @@ def _update_done(state, candidates, alive, finished, spec):
         best_alive / state["max_penalty"],
     )  # [b]
     rank = spec.exact_results
-    if isinstance(rank, int) and rank == spec.beam_size > 1:
-        all_finished = ops.logical_not(ops.any(ops.logical_not(fin_valid), axis=1))  # [b]
-        worst_finished = ops.min(ops.where(fin_valid, fin_scores, spec.neg_inf), axis=1)  # [b]
-        cannot_improve = ops.logical_and(all_finished, worst_finished >= bound)  # [b]
-    else:
-        # Finished hypotheses are sorted best first (a used slot scores above NEG_INF,
-        # an unused one is NEG_INF): the r-th best is slot r - 1.
-        if isinstance(rank, int):
-            valid_at, score_at = fin_valid[:, rank - 1], fin_scores[:, rank - 1]  # [b] x2
-        else:  # a tensor (`translate_options`' num_results)
-            slot = ops.cast(rank, "int32") - 1
-            valid_at, score_at = ops.take(fin_valid, slot, axis=1), ops.take(fin_scores, slot, axis=1)  # [b] x2
-        cannot_improve = ops.logical_and(valid_at, score_at >= bound)  # [b]
+    # Finished hypotheses are sorted best first, the used slots before the unused ones
+    # (a used slot scores above NEG_INF, an unused one is NEG_INF): the r-th best is
+    # slot r - 1, and with r = k it is valid only when all k are (the n-best's bound).
+    if isinstance(rank, int):
+        valid_at, score_at = fin_valid[:, rank - 1], fin_scores[:, rank - 1]  # [b] x2
+    else:  # a tensor (`translate_options`' num_results)
+        slot = ops.cast(rank, "int32") - 1
+        valid_at, score_at = ops.take(fin_valid, slot, axis=1), ops.take(fin_scores, slot, axis=1)  # [b] x2
+    cannot_improve = ops.logical_and(valid_at, score_at >= bound)  # [b]
     done = ops.logical_or(
         candidates["at_limit"][:, 0] if "done" not in state else ops.logical_or(
             state["done"], candidates["at_limit"][:, 0]),

@@ -226,7 +226,7 @@ class Searcher:
             source_features: the syntax-aware model's extra encoder inputs.
             patience: None, or a float scalar: CTranslate2's patience stop
                 (`beam_search`); <= 0 is off.
-            exact_results: None (`num_results`), or an int32 scalar in
+            exact_results: None (`num_results`), or a python int or int32 scalar in
                 `[1, num_results]`: how many of the best results the stop keeps
                 exact (`beam_search`).
 

@@ -175,7 +175,7 @@ class Translator:
             patience: None (exact search), or a float scalar: CTranslate2's
                 patience stop (`beam_search`; <= 0 is off).
             batch_halvings: with `xla`, `beam_search(batch_halvings=...)`.
-            exact_results: None (`num_results`), or an int32 scalar in
+            exact_results: None (`num_results`), or a python int or int32 scalar in
                 `[1, num_results]`: how many of the best results the stop keeps
                 exact (`beam_search`; not with `xla`).
 
