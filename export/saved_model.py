@@ -68,14 +68,15 @@ import sys
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import OneLineArgumentParser
-from keras_transformer.constants import NEG_INF
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
 
 import tensorflow as tf
 
-# Beam sizes the options signature can run; each has its own branch in the
-# graph (beam size fixes the shapes of the search buffers).
+# Beam sizes the options signature can run (larger requests are clipped to it). One
+# search takes the beam size at run time (`beam_search(max_beam_size=...)`); it was one
+# `switch_case` branch per beam size, eight copies of the search to export, load and
+# instantiate at the first request (BENCHMARKS.md, "Export and load time").
 MAX_BEAM_SIZE = 8
 # Most sentences per call of the LiteRT variant (see Translator.decode_ids);
 # the LiteRT runner sends larger inputs in chunks.
@@ -168,40 +169,35 @@ class TranslationModule(tf.Module):
     def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results, patience):
         beam_size = tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE)
         num_results = tf.clip_by_value(num_results, 1, beam_size)
-
-        def branch(beam):
-            def run():
-                strings, scores, errors = self._search_options(text, beam, alpha, extra_length, num_results,
-                                                               patience)
-                pad = [[0, 0], [0, MAX_BEAM_SIZE - beam]]
-                return (tf.pad(strings, pad, constant_values=""),  # [batch, MAX_BEAM_SIZE]
-                        tf.pad(scores, pad, constant_values=NEG_INF), errors)
-            return run
-
-        strings, scores, errors = tf.switch_case(beam_size - 1,
-                                                 [branch(b) for b in range(1, MAX_BEAM_SIZE + 1)])
+        strings, scores, errors = self._search_options(text, beam_size, alpha, extra_length, num_results,
+                                                       patience)  # [batch, beam_size] x2
         outputs = {"translations": strings[:, :num_results], "scores": scores[:, :num_results]}
         if self._config.syntax_aware:
             outputs["errors"] = errors
         return outputs
 
     def _search_options(self, text, beam, alpha, extra_length, num_results, patience):
-        """`translate_options`' branch for the static beam size `beam`: `beam` result
-        slots (the signature cuts them to `num_results`), from a search that stops as
-        soon as the `num_results` best are known. One requested result stops by the
-        best finished hypothesis, as `serving_default` does, not by the worst of
-        `beam` (the n-best's bound: 12 instead of 9 loop steps on the test's batch).
+        """`translate_options`' search for the beam size `beam` (an int32 scalar in
+        `[1, MAX_BEAM_SIZE]`, or a python int): `beam` result slots (the signature cuts
+        them to `num_results`), from a search that stops as soon as the `num_results`
+        best are known. One requested result stops by the best finished hypothesis, as
+        `serving_default` does, not by the worst of `beam` (the n-best's bound: 12
+        instead of 9 loop steps on the test's batch). A tensor `beam` runs one graph
+        for every beam size, with the translations of the search built for each.
 
         Returns:
             translations string `[batch, beam]`, scores float32 `[batch, beam]`,
             errors string (`[batch]` for a syntax-aware model, else `[0]`).
         """
         exact = tf.minimum(num_results, beam)
+        bound = MAX_BEAM_SIZE if tf.is_tensor(beam) else None
         if self._config.syntax_aware:
             return self._translator.translate_conllu_graph(text, beam, alpha, extra_length, beam,
-                                                           patience=patience, exact_results=exact)
+                                                           patience=patience, exact_results=exact,
+                                                           max_beam_size=bound)
         strings, scores = self._translator.translate_graph(text, beam, alpha, extra_length, beam,
-                                                           patience=patience, exact_results=exact)
+                                                           patience=patience, exact_results=exact,
+                                                           max_beam_size=bound)
         return strings, scores, tf.zeros([0], tf.string)  # errors: not an output of a plain-text model
 
     def signatures(self):

@@ -201,7 +201,7 @@ def keras_gather(x, indices, batch_dims=0):
 _MIN_BLOCK, _MAX_BLOCK, _MIN_BLOCKS_PER_ENTRY = 16, 256, 2
 
 
-def top_k_blockwise(x, k, block_size=None, gather=keras_gather):
+def top_k_blockwise(x, k, block_size=None, gather=keras_gather, max_k=None):
     """``ops.top_k(x, k)`` over the last axis of a float ``[rows, V]``, exactly (same
     values, same indices, ties to the lower index), in two small passes instead of
     one ``top_k`` over ``V``.
@@ -218,19 +218,24 @@ def top_k_blockwise(x, k, block_size=None, gather=keras_gather):
 
     Args:
         x: float ``[rows, V]``, ``V`` static.
-        k: python int, ``1 <= k <= V``.
+        k: python int, ``1 <= k <= V``, or (TensorFlow) an int32 scalar tensor
+            with `max_k`.
         block_size: None (a power of two near ``sqrt(V / k)``, within
             [16, 256]) or a python int.
         gather: `keras_gather` or a function with its meaning (``tf.gather``).
+        max_k: with a tensor `k`, the largest it may be (python int): the
+            blocks are sized and counted for it, which is exact for any
+            smaller ``k`` (the ``k`` best blocks still hold the ``k`` best).
 
     Returns:
         ``(values [rows, k], indices int32 [rows, k])``, as ``ops.top_k``.
     """
     vocab = x.shape[-1]
+    bound = k if max_k is None else max_k  # python int
     if block_size is None and vocab is not None:
-        block_size = 2 ** int(round(np.log2(max(np.sqrt(vocab / k), 1.0))))
+        block_size = 2 ** int(round(np.log2(max(np.sqrt(vocab / bound), 1.0))))
         block_size = min(max(block_size, _MIN_BLOCK), _MAX_BLOCK)
-    if vocab is None or -(-vocab // block_size) < _MIN_BLOCKS_PER_ENTRY * k:
+    if vocab is None or -(-vocab // block_size) < _MIN_BLOCKS_PER_ENTRY * bound:
         values, indices = ops.top_k(x, k)
         return values, ops.cast(indices, "int32")
     num_blocks = -(-vocab // block_size)
@@ -277,9 +282,12 @@ class _SearchSpec(typing.NamedTuple):
     as a loop variable, ~4 nodes a step, so constants stay NumPy values).
     """
 
-    beam_size: int  # k, static
-    num_candidates: int  # C: 2k, or 1 when k == 1 (exactly greedy), static
-    num_results: int  # n, static: the result slots returned
+    # k: a python int (static shapes), or an int32 scalar tensor in [1, max_beam_size]
+    # (one TensorFlow graph for every beam size: `translate_options`)
+    beam_size: object
+    num_candidates: object  # C: 2k, or 1 when k == 1 (exactly greedy); a tensor with a tensor k
+    max_candidates: int  # the largest C (python int): sizes `top_k_blockwise`'s blocks
+    num_results: object  # n: the result slots returned (python int, or a tensor with a tensor k)
     # r: python int or int32 scalar tensor in [1, n]; the stop is exact for the r best
     # hypotheses (1: the bound of the best one; k: the worst of the k finished ones)
     exact_results: object
@@ -291,16 +299,24 @@ class _SearchSpec(typing.NamedTuple):
     gather: object  # `keras_gather`, or a function with its meaning (tf.gather)
 
 
+def _candidates(beam_size):
+    """C for k beams: with one beam only the single best candidate is kept, so the
+    search is exactly greedy; with k > 1 the standard 2k candidates (enough to
+    refill k alive beams even if k of them end with EOS). A python int, or for a
+    tensor k a tensor."""
+    if isinstance(beam_size, int):
+        return 2 * beam_size if beam_size > 1 else 1
+    return ops.where(beam_size > 1, 2 * beam_size, 1)
+
+
 def _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id, gather,
-               exact_results=None):
+               exact_results=None, max_beam_size=None):
     """Builds the `_SearchSpec` of a search (before the loop); arguments as in
     `beam_search` (already validated)."""
     return _SearchSpec(
         beam_size=beam_size,
-        # With one beam only the single best candidate is kept, so the search
-        # is exactly greedy; with k > 1 the standard 2k candidates (enough to
-        # refill k alive beams even if k of them end with EOS).
-        num_candidates=2 * beam_size if beam_size > 1 else 1,
+        num_candidates=_candidates(beam_size),
+        max_candidates=_candidates(beam_size if max_beam_size is None else max_beam_size),
         num_results=num_results,
         exact_results=num_results if exact_results is None else exact_results,
         eos_id=eos_id,
@@ -414,8 +430,14 @@ def _grow_candidates(state, log_probs, spec):
     step = state["step"]
     vocab = log_probs.shape[-1]
     # Each beam's best tokens (a beam never contributes more than C candidates).
-    per_beam = num_candidates if vocab is None else min(num_candidates, vocab)
-    beam_logp, beam_tok = top_k_blockwise(log_probs, per_beam, gather=spec.gather)  # [b * k, P] x2
+    if vocab is None:
+        per_beam = num_candidates
+    elif isinstance(num_candidates, int):
+        per_beam = min(num_candidates, vocab)
+    else:  # a run-time beam size
+        per_beam = ops.minimum(num_candidates, vocab)
+    beam_logp, beam_tok = top_k_blockwise(log_probs, per_beam, gather=spec.gather,
+                                          max_k=min(spec.max_candidates, vocab or spec.max_candidates))  # [b * k, P] x2
     beam_logp = ops.reshape(beam_logp, (-1, k, per_beam))  # [b, k, P]
     beam_tok = ops.reshape(ops.cast(beam_tok, "int32"), (-1, k * per_beam))  # [b, k * P]
     valid = ops.logical_and(
@@ -426,7 +448,7 @@ def _grow_candidates(state, log_probs, spec):
     )  # [b, k, P]
     flat_logp = ops.reshape(logp, (-1, k * per_beam))  # [b, k * P]
     flat_valid = ops.reshape(valid, (-1, k * per_beam))  # [b, k * P]
-    if k * per_beam == num_candidates:  # greedy: the one candidate is the beam's best
+    if isinstance(k, int) and k * per_beam == num_candidates:  # greedy: the one candidate is the beam's best
         top_logp = flat_logp
         top_idx = ops.zeros_like(beam_tok)
     else:
@@ -584,7 +606,8 @@ def _update_done(state, candidates, alive, finished, spec):
         ops.logical_or(ops.logical_not(any_alive), cannot_improve),
     )  # [b]
     if spec.patience is not None:
-        wanted = ops.cast(ops.round(spec.beam_size * ops.cast(spec.patience, "float32")), "int32")
+        k = spec.beam_size if isinstance(spec.beam_size, int) else ops.cast(spec.beam_size, "float32")
+        wanted = ops.cast(ops.round(k * ops.cast(spec.patience, "float32")), "int32")
         patient = ops.logical_and(wanted > 0, finished["finished_count"] >= wanted)  # [b]
         done = ops.logical_or(done, patient)
     return done
@@ -648,6 +671,7 @@ def beam_search(
     resize_cache=None,
     batch_halvings=0,
     gather=None,
+    max_beam_size=None,
 ):
     """Batched beam search with GNMT length penalty and early termination.
 
@@ -668,8 +692,12 @@ def beam_search(
             (EOS included) per sentence, e.g. ``source_length + 50``.  A
             hypothesis reaching its limit without EOS is finished as it is.
             Values are clipped to ``[1, max_decode_length]``.
-        beam_size: static python int >= 1 (it fixes tensor shapes). With 1
-            the search is exactly greedy decoding (argmax until EOS).
+        beam_size: python int >= 1 (it fixes tensor shapes), or, in a
+            TensorFlow graph without XLA (not with `batch_halvings`), an int32
+            scalar tensor in ``[1, max_beam_size]`` given at run time: one
+            graph then searches with any beam size (the SavedModel's
+            ``translate_options``), with the same results as the python int.
+            With 1 the search is exactly greedy decoding (argmax until EOS).
         alpha: length-penalty exponent, python float or float scalar tensor
             (may be a SavedModel signature input). 0 = plain log-prob. The
             early-termination bound is valid for any alpha (negative too).
@@ -681,7 +709,9 @@ def beam_search(
             If None it is ``max(max_lengths)``, which requires
             ``max_lengths`` to be concrete (eager / numpy); inside a graph
             pass it explicitly (e.g. ``max_source_length + 50``).
-        num_results: static python int in ``[1, beam_size]``: how many
+        num_results: python int in ``[1, beam_size]`` (with a tensor
+            `beam_size`, a python int or an int32 scalar tensor in that
+            range, e.g. `beam_size` itself): how many
             hypotheses to return per sentence. With 1 a sentence stops as
             soon as no alive hypothesis can beat its best finished one
             (exact for the best translation and its score); with ``n``, as
@@ -741,6 +771,8 @@ def beam_search(
             the loop's gathers (beam reorders, the candidates' top-k, the
             dropped sentences): ``tf.gather`` in a TensorFlow graph, one
             node per gather instead of ~6-18. Same results.
+        max_beam_size: with a tensor `beam_size`, the largest it may be
+            (python int): the candidates' top-k sizes its blocks for it.
 
     Returns:
         ``(sequences, scores)``:
@@ -753,18 +785,31 @@ def beam_search(
             ``num_results`` distinct hypotheses exist) has an all-PAD
             sequence and score ``NEG_INF``.
     """
-    if not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
-        raise ValueError(f"beam_size must be a python int >= 1, got {beam_size!r}")
-    if not isinstance(num_results, (int, np.integer)) or not 1 <= num_results <= beam_size:
-        raise ValueError(
-            f"num_results must be a python int in [1, beam_size={beam_size}], "
-            f"got {num_results!r}"
-        )
-    beam_size = int(beam_size)
-    num_results = int(num_results)
+    if isinstance(beam_size, (int, np.integer)):
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be a python int >= 1, got {beam_size!r}")
+        if not isinstance(num_results, (int, np.integer)) or not 1 <= num_results <= beam_size:
+            raise ValueError(
+                f"num_results must be a python int in [1, beam_size={beam_size}], "
+                f"got {num_results!r}"
+            )
+        beam_size = int(beam_size)
+        num_results = int(num_results)
+        max_beam_size = None
+    else:  # a run-time beam size: in [1, max_beam_size], which the caller ensures
+        if not isinstance(max_beam_size, (int, np.integer)) or max_beam_size < 1:
+            raise ValueError("a tensor beam_size needs max_beam_size, a python int >= 1 (the largest "
+                             f"beam size it may hold), got {max_beam_size!r}")
+        if batch_halvings:
+            raise ValueError("batch_halvings needs a python int beam_size (static shapes)")
+        if isinstance(num_results, (int, np.integer)) and not 1 <= num_results <= max_beam_size:
+            raise ValueError(f"num_results must be in [1, max_beam_size={max_beam_size}], got {num_results!r}")
+        beam_size = ops.cast(beam_size, "int32")
+        max_beam_size = int(max_beam_size)
     if isinstance(exact_results, (int, np.integer)):
-        if not 1 <= exact_results <= num_results:
-            raise ValueError(f"exact_results must be in [1, num_results={num_results}], got {exact_results!r}")
+        limit = num_results if isinstance(num_results, int) else max_beam_size
+        if not 1 <= exact_results <= limit:
+            raise ValueError(f"exact_results must be in [1, num_results={limit}], got {exact_results!r}")
         exact_results = int(exact_results)
     if max_decode_length is None:
         max_decode_length = _infer_max_decode_length(max_lengths)
@@ -777,7 +822,7 @@ def beam_search(
     while_loop = while_loop or ops.while_loop
 
     spec = _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id,
-                      gather or keras_gather, exact_results)
+                      gather or keras_gather, exact_results, max_beam_size)
     state = _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bos_id, spec)
 
     def call_step(state, static):

@@ -199,10 +199,14 @@ class Searcher:
         self._compiled = {}
 
     def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-               static_buffer=False, source_features=None, patience=None, exact_results=None):
+               static_buffer=False, source_features=None, patience=None, exact_results=None,
+               max_beam_size=None):
         """Beam search over the decoder, `max_lengths = source_lengths + extra_length`.
 
         Args:
+            beam_size, num_results: python ints, or (`max_beam_size` given) int32
+                scalar tensors: one graph for every beam size up to `max_beam_size`
+                (`beam_search`; the SavedModel's `translate_options`).
             static_buffer: False (graphs run by TensorFlow without XLA: the
                 SavedModel's `serving_default`, `translate_options`): the
                 search does only the work each sentence needs. The
@@ -244,7 +248,7 @@ class Searcher:
             return beam_search(self._step_fn(grow=False), cache, batch, max_lengths,
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
                                num_results=num_results, exact_results=exact_results, static_cache=static,
-                               patience=patience)
+                               patience=patience, max_beam_size=max_beam_size)
         buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
                                          1, self.max_decode_length)  # int32 scalar
         static = self.decoder.static_cache(source_ids, source_features)
@@ -256,7 +260,7 @@ class Searcher:
             return beam_search(step_fn, cache, batch, max_lengths,
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
                                num_results=num_results, exact_results=exact_results, static_cache=static,
-                               patience=patience,
+                               patience=patience, max_beam_size=max_beam_size,
                                drop_finished=small_kernels != "always", while_loop=relaxed_while_loop,
                                gather=tf_gather)
 

@@ -156,12 +156,15 @@ class Translator:
         return self.sentencepiece.detokenize(padded)[:count]
 
     def translate_graph(self, text, beam_size, alpha, extra_length, num_results, litert_batch=None,
-                        xla=False, patience=None, batch_halvings=XLA_BATCH_HALVINGS, exact_results=None):
+                        xla=False, patience=None, batch_halvings=XLA_BATCH_HALVINGS, exact_results=None,
+                        max_beam_size=None):
         """The whole translation as graph ops.
 
         Args:
             text: string `[batch]`, any bytes.
-            beam_size, num_results: static python ints.
+            beam_size, num_results: static python ints, or (plain graph, with
+                `max_beam_size`, a python int) int32 scalars given at run time:
+                one graph for every beam size up to `max_beam_size`.
             alpha: float scalar; extra_length: int scalar (clipped to
                 `[0, decode_extra_length]`, the size the buffers were made for).
             litert_batch: None for the SavedModel graph. For the LiteRT
@@ -194,25 +197,26 @@ class Translator:
                                  "its LiteRT and XLA variants are not built (plain-text models only)")
             strings, scores, _ = self.translate_conllu_graph(text, beam_size, alpha, extra_length, num_results,
                                                              patience=patience, strict=True,
-                                                             exact_results=exact_results)
+                                                             exact_results=exact_results,
+                                                             max_beam_size=max_beam_size)
             return strings, scores
         if litert_batch is None:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
         if xla:
-            if exact_results is not None:
-                raise ValueError("exact_results is for the plain graph's search (translate_options); "
-                                 "the XLA search stops by num_results")
+            if exact_results is not None or max_beam_size is not None:
+                raise ValueError("exact_results and a run-time beam size are for the plain graph's search "
+                                 "(translate_options); the XLA search's are python ints")
             ids, scores = self.searcher.search_xla(source_ids, lengths, beam_size, alpha, extra_length,
                                                    num_results, patience=patience, batch_halvings=batch_halvings)
         else:
             ids, scores = self.searcher.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
                                                static_buffer=litert_batch is not None, patience=patience,
-                                               exact_results=exact_results)
+                                               exact_results=exact_results, max_beam_size=max_beam_size)
         return self._strings(ids, scores, lengths, num_results, litert_batch)
 
     def translate_conllu_graph(self, conllu, beam_size, alpha, extra_length, num_results, patience=None,
-                               strict=False, exact_results=None):
+                               strict=False, exact_results=None, max_beam_size=None):
         """`translate_graph` for a syntax-aware model, with each sentence's problem.
 
         Args:
@@ -222,7 +226,7 @@ class Translator:
                 input ("" with score 0) and its problem returned, while the
                 other sentences translate as they would alone; True fails
                 the whole call (InvalidArgumentError naming the problem).
-            exact_results: as in `translate_graph`.
+            exact_results, max_beam_size: as in `translate_graph`.
 
         Returns:
             translations string `[batch, num_results]`, scores float32
@@ -232,7 +236,7 @@ class Translator:
         source_ids, lengths, features, errors = self.encode_conllu(conllu, strict=strict)
         ids, scores = self.searcher.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
                                            source_features=features, patience=patience,
-                                           exact_results=exact_results)
+                                           exact_results=exact_results, max_beam_size=max_beam_size)
         strings, scores = self._strings(ids, scores, lengths, num_results, None)
         return strings, scores, errors
 

@@ -593,6 +593,50 @@ def test_exact_results_stops_when_the_first_r_results_are_known(drop_finished):
         count_steps(model, max_lengths, num_results=2, exact_results=3, beam_size=4)
 
 
+@pytest.mark.parametrize("vocab, max_beam, drop_finished", [(10, 8, True), (10, 8, False), (300, 3, True)])
+def test_run_time_beam_size_equals_each_static_beam_size(vocab, max_beam, drop_finished):
+    """One TensorFlow graph takes the beam size as an input (`translate_options`' single
+    search): for every k it returns what the search built for that python int k returns,
+    all k slots (k = 1: exactly greedy, one candidate a step), with the stop exact for
+    one result or for all of them, and with patience; at vocab 300 and at most 3 beams
+    the candidates' top-k runs in blocks sized for 6 candidates (exact for fewer)."""
+    from keras_transformer.searcher import relaxed_while_loop, tf_gather
+
+    model = ToyModel(seed=44, vocab=vocab, batch=8, eos_bias=0.5)
+    max_lengths = np.array([1, 3, 12, 7, 5, 9, 2, 12], "int32")
+    loop = dict(drop_finished=True, while_loop=relaxed_while_loop, gather=tf_gather) if drop_finished else {}
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
+                                  tf.TensorSpec([], tf.float32)])
+    def search(k, exact, patience):
+        static = {"sid": tf.range(8)}
+
+        def step_fn(ids, cache, step, static_cache):  # the beams of a row follow from the shapes
+            sid = tf.repeat(static_cache["sid"], tf.shape(ids)[0] // tf.shape(static_cache["sid"])[0])
+            logits, cache = model.step_fn(ids, {**cache, "sid": sid}, step)
+            return logits, {"h": cache["h"], "acc": cache["acc"]}
+
+        return beam_search(step_fn, {"h": model.h0, "acc": model.acc0}, 8, max_lengths, beam_size=k,
+                           max_beam_size=max_beam, num_results=k, exact_results=exact, alpha=0.6,
+                           max_decode_length=12, static_cache=static, patience=patience, **loop)
+
+    for k in range(1, max_beam + 1):
+        for exact in sorted({1, k}):
+            for patience in (0.0, 0.5):
+                want, want_scores = run(model, max_lengths, beam_size=k, num_results=k, alpha=0.6,
+                                        exact_results=exact, patience=patience or None)
+                got, got_scores = search(tf.constant(k), tf.constant(exact), tf.constant(patience))
+                assert got.shape == want.shape, (k, got.shape, want.shape)
+                np.testing.assert_array_equal(got.numpy(), want, err_msg=f"k={k} exact={exact} p={patience}")
+                np.testing.assert_allclose(got_scores.numpy(), want_scores, rtol=1e-6)
+    greedy, greedy_scores = greedy_search(model.step_fn, model.initial_cache(), 8, max_lengths, alpha=0.6)
+    got, got_scores = search(tf.constant(1), tf.constant(1), tf.constant(0.0))
+    np.testing.assert_array_equal(got.numpy()[:, 0], np.asarray(greedy))
+    with pytest.raises(ValueError, match="a tensor beam_size needs max_beam_size"):
+        tf.function(lambda k: beam_search(model.step_fn, model.initial_cache(), 8, max_lengths, beam_size=k,
+                                          max_decode_length=12))(tf.constant(2))
+
+
 def test_dropped_sentences_leave_the_step_function():
     """With drop_finished the step function sees only the beams of sentences not
     yet done: the rows it runs shrink as sentences end, and sum to fewer than the

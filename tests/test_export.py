@@ -371,6 +371,25 @@ def test_options_signature_n_best_and_clipping(exported, loaded):
                                   run(1, 1)["translations"].numpy()[:, 0])
 
 
+def test_options_signature_searches_as_each_static_beam_size(exported, loaded):
+    """`translate_options` runs one search whose beam size is an input: for each beam
+    size its whole n-best and scores are those of the in-process search built for
+    that python int (1: greedy), and the export holds one copy of the search for it,
+    not one per beam size (the old `switch_case` had eight)."""
+    translator = exported["translator"]
+    options = loaded.signatures["translate_options"]
+    texts = tf.constant(GOLDEN + ["the woman buys a red book today"])
+    for beam in (1, 2, 3, 5, MAX_BEAM_SIZE):
+        out = options(text=texts, beam_size=tf.constant(beam), alpha=tf.constant(0.6),
+                      extra_length=tf.constant(10), num_results=tf.constant(beam), patience=tf.constant(0.0))
+        strings, scores = tf.function(lambda t, beam=beam: translator.translate_graph(t, beam, 0.6, 10, beam))(texts)
+        np.testing.assert_array_equal(out["translations"].numpy(), strings.numpy(), err_msg=f"beam {beam}")
+        np.testing.assert_allclose(out["scores"].numpy(), scores.numpy(), rtol=1e-6, err_msg=f"beam {beam}")
+    graph = loaded.signatures["translate_options"].graph.as_graph_def()
+    library = [f.signature.name for f in graph.library.function]
+    assert not [name for name in library if "switch_case" in name or "branch" in name.lower()], library
+
+
 def test_options_signature_stops_when_the_requested_results_are_known(exported):
     """`translate_options`' search for a beam size (`_search_options`, one branch of
     its `switch_case`) returns `beam` slots and stops as `serving_default` does when
@@ -410,7 +429,7 @@ def test_options_signature_stops_when_the_requested_results_are_known(exported):
 
 def test_warmup_requests_run_through_the_signature(exported, loaded):
     """One warm-up request for `serving_default` and one for `translate_options` (whose
-    first call builds all eight beam sizes' searches), the latter with the export's own
+    first call instantiates its search graph), the latter with the export's own
     defaults: both translate their sentences alike, as the in-process search does."""
     requests = warmup_requests(exported["path"])
     assert [name for name, _ in requests] == ["serving_default", "translate_options"]
