@@ -53,8 +53,10 @@ The version directory is written under a hidden temporary name in `OUTPUT`
 and renamed into place only when complete (TF Serving ignores non-numeric
 names), so a crash never leaves a half-written version where a server would
 load it. `assets.extra/tf_serving_warmup_requests` holds warm-up requests
-for `serving_default` and `translate_options` (whose first call builds the
-search of all eight beam sizes), so no request pays for building a graph.
+for `serving_default` and `translate_options` (whose first call instantiates
+its graph), so no request pays for building a graph. `translate_options` is
+one search whose beam size is a run-time input (`beam_search(max_beam_size=8)`),
+not one copy per beam size.
 """
 
 from __future__ import annotations
@@ -261,11 +263,11 @@ def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator
             batch bucket (`XLA_BATCH_BUCKETS`): each compiles one program.
         conllu: the model is syntax-aware: its requests are CoNLL-U in `conllu`.
         options: if given, also one `translate_options` request with these
-            scalar inputs (`options_warmup_inputs`). Its first call builds
-            the search of every beam size (one branch each): 28 s in a TF1
-            session on the 2-vCPU AVX2 machine for the `multi30k` shape,
-            0.2 s for any beam size after it (BENCHMARKS.md, "Export and
-            load time"). The server pays that at load, not a request.
+            scalar inputs (`options_warmup_inputs`). Its first call
+            instantiates its search: 2.2 s in TF2 on the 2-vCPU AVX2 machine
+            for the `multi30k` shape (25 s when it held one search per beam
+            size; BENCHMARKS.md, "Export and load time"). The server pays
+            that at load, not a request.
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 

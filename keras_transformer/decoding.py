@@ -436,8 +436,8 @@ def _grow_candidates(state, log_probs, spec):
         per_beam = min(num_candidates, vocab)
     else:  # a run-time beam size
         per_beam = ops.minimum(num_candidates, vocab)
-    beam_logp, beam_tok = top_k_blockwise(log_probs, per_beam, gather=spec.gather,
-                                          max_k=min(spec.max_candidates, vocab or spec.max_candidates))  # [b * k, P] x2
+    bound = spec.max_candidates if vocab is None else min(spec.max_candidates, vocab)  # the largest P
+    beam_logp, beam_tok = top_k_blockwise(log_probs, per_beam, gather=spec.gather, max_k=bound)  # [b * k, P] x2
     beam_logp = ops.reshape(beam_logp, (-1, k, per_beam))  # [b, k, P]
     beam_tok = ops.reshape(ops.cast(beam_tok, "int32"), (-1, k * per_beam))  # [b, k * P]
     valid = ops.logical_and(
@@ -807,9 +807,10 @@ def beam_search(
         beam_size = ops.cast(beam_size, "int32")
         max_beam_size = int(max_beam_size)
     if isinstance(exact_results, (int, np.integer)):
-        limit = num_results if isinstance(num_results, int) else max_beam_size
+        name, limit = ("num_results", num_results) if isinstance(num_results, int) else (
+            "max_beam_size", max_beam_size)
         if not 1 <= exact_results <= limit:
-            raise ValueError(f"exact_results must be in [1, num_results={limit}], got {exact_results!r}")
+            raise ValueError(f"exact_results must be in [1, {name}={limit}], got {exact_results!r}")
         exact_results = int(exact_results)
     if max_decode_length is None:
         max_decode_length = _infer_max_decode_length(max_lengths)

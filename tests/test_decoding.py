@@ -257,7 +257,8 @@ def test_beam4_matches_reference_beam_without_early_stop(alpha):
 
 def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
     """Same values and indices as one top_k (ties to the lower index), for rows whose
-    length is or is not a multiple of the block, with ties, masked entries, k = 1."""
+    length is or is not a multiple of the block, with ties, masked entries, k = 1, and k
+    given at run time with a bound (blocks sized for 16 entries)."""
     rng = np.random.default_rng(5)
     cases = [(rng.normal(size=(6, 8000)), 8, None), (rng.integers(0, 4, size=(5, 1000)), 8, None),
              (rng.integers(0, 3, size=(4, 333)), 3, 16), (rng.normal(size=(3, 1000)), 1, None),
@@ -279,6 +280,15 @@ def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
         for values, indices in (eager, graph, xla, tf_gathers):
             np.testing.assert_array_equal(np.asarray(values), expected_values)
             np.testing.assert_array_equal(np.asarray(indices), expected_indices)
+    # k given at run time, the blocks sized and counted for its bound (16): exact for every k up to it
+    x = cases[0][0].astype("float32")
+    run_time_k = tf.function(lambda t, k: top_k_blockwise(t, k, gather=tf_gather, max_k=16),
+                             input_signature=[tf.TensorSpec([None, x.shape[1]], tf.float32),
+                                              tf.TensorSpec([], tf.int32)])
+    for k in (1, 5, 16):
+        values, indices = run_time_k(x, tf.constant(k))
+        np.testing.assert_array_equal(values.numpy(), tf.math.top_k(x, k).values.numpy())
+        np.testing.assert_array_equal(indices.numpy(), tf.math.top_k(x, k).indices.numpy())
     interpreter_lib = pytest.importorskip("ai_edge_litert.interpreter")
     x = cases[1][0].astype("float32")
     litert_fn = tf.function(lambda t: top_k_blockwise(t, 8), input_signature=[tf.TensorSpec(x.shape, tf.float32)])
