@@ -2,6 +2,7 @@
 
     python -m benchmarks.step_nodes --shape multi30k                   # random weights, batches 1 and 32
     python -m benchmarks.step_nodes --model-dir runs/multi30k          # a trained run, test2016 sources
+    python -m benchmarks.step_nodes --shape multi30k --options-search  # translate_options' search
 
 The plain graph (`serving_default`'s search, without XLA) is a TensorFlow
 `while_loop`, and the executor pays for every node of its body on every step
@@ -51,6 +52,9 @@ def parse_args(argv=None):
                         help="with --shape: source length in tokens before EOS (default 13)")
     parser.add_argument("--batch-sizes", default="1,32", help="comma-separated (default 1,32)")
     parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--options-search", action="store_true",
+                        help="translate_options' search (the beam size a run-time input, the stop exact for "
+                             "one result) instead of serving_default's")
     parser.add_argument("--top", type=int, default=12, help="op types listed per batch size (default 12)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -94,8 +98,12 @@ def model_and_tokenizer(args):
                                  f"sources of {args.source_tokens} tokens")
 
 
-def save_search(model, config, beam_size, path):
-    """`Searcher.search` as a SavedModel's `serving_default`: `(ids, lengths) -> {"ids"}`."""
+def save_search(model, config, beam_size, path, options=False):
+    """`Searcher.search` as a SavedModel's `serving_default`: `(ids, lengths) -> {"ids"}`.
+
+    With `options`, `translate_options`' search instead: the beam size a run-time
+    tensor (`max_beam_size=MAX_BEAM_SIZE`), `beam_size` result slots, the stop exact
+    for one result (what a one-result request runs)."""
     import tensorflow as tf
 
     from keras_transformer.searcher import Searcher
@@ -108,8 +116,15 @@ def save_search(model, config, beam_size, path):
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)])
     def search(ids, lengths):
-        found, _ = searcher.search(ids, lengths, beam_size, config.length_penalty_alpha,
-                                   config.decode_extra_length, 1)
+        if options:
+            from export.saved_model import MAX_BEAM_SIZE
+
+            beam = tf.constant(beam_size)
+            found, _ = searcher.search(ids, lengths, beam, config.length_penalty_alpha, config.decode_extra_length,
+                                       beam, exact_results=tf.constant(1), max_beam_size=MAX_BEAM_SIZE)
+        else:
+            found, _ = searcher.search(ids, lengths, beam_size, config.length_penalty_alpha,
+                                       config.decode_extra_length, 1)
         return {"ids": found}
 
     module.search = search
@@ -168,11 +183,13 @@ def main(argv=None):
     model, config, tokenizer, described = model_and_tokenizer(args)
     ids, lengths = sources(args, config, tokenizer)
     print(harness.header("step nodes", harness.versions(tf, keras)))
-    print(f"# model: {described}; beam {args.beam_size}, plain graph (serving_default's search), "
+    which = ("translate_options' search, beam size a run-time input" if args.options_search
+             else "serving_default's search")
+    print(f"# model: {described}; beam {args.beam_size}, plain graph ({which}), "
           f"TF1 session, RunOptions.FULL_TRACE\n")
     headline = None
     with tempfile.TemporaryDirectory() as work:
-        save_search(model, config, args.beam_size, work)
+        save_search(model, config, args.beam_size, work, options=args.options_search)
         for batch_size in args.batch_sizes:
             steps, ops, micros = trace_loop(work, ids[:batch_size], lengths[:batch_size])
             per_step = sum(ops.values()) / steps

@@ -266,6 +266,12 @@ def test_step_nodes_counts_each_loop_step_once(tmp_path, capsys):
     _, nodes, micros = step_nodes.trace_loop(str(tmp_path / "search"), ids[:1], lengths[:1])
     assert set(micros) == set(nodes) == set(ops)
     assert micros["BatchMatMulV3"] > 0, micros
+    # `--options-search`: translate_options' search (the beam size a run-time input) in the same
+    # TF1 session runs the same loop steps, every loop variable once a step.
+    step_nodes.save_search(model, config, args.beam_size, str(tmp_path / "options"), options=True)
+    options_steps, options_ops = step_nodes.count_nodes(str(tmp_path / "options"), ids[:1], lengths[:1])
+    assert options_steps == steps and options_ops["LoopCond"] == steps + 1
+    assert options_ops["NextIteration"] % steps == 0, options_ops["NextIteration"]
 
     assert step_nodes.main(["--shape", "tiny", "--source-tokens", "5", "--batch-sizes", "1"]) == 0
     out = capsys.readouterr().out
