@@ -180,26 +180,25 @@ class TranslationModule(tf.Module):
 
     def _search_options(self, text, beam, alpha, extra_length, num_results, patience):
         """`translate_options`' search for the beam size `beam` (an int32 scalar in
-        `[1, MAX_BEAM_SIZE]`, or a python int): `beam` result slots (the signature cuts
-        them to `num_results`), from a search that stops as soon as the `num_results`
-        best are known. One requested result stops by the best finished hypothesis, as
-        `serving_default` does, not by the worst of `beam` (the n-best's bound: 12
-        instead of 9 loop steps on the test's batch). A tensor `beam` runs one graph
-        for every beam size, with the translations of the search built for each.
+        `[1, MAX_BEAM_SIZE]`, given at run time: one graph for every beam size, with the
+        translations of the search built for each): `beam` result slots (the signature
+        cuts them to `num_results`), from a search that stops as soon as the
+        `num_results` best are known. One requested result stops by the best finished
+        hypothesis, as `serving_default` does, not by the worst of `beam` (the n-best's
+        bound: 12 instead of 9 loop steps on the test's batch).
 
         Returns:
             translations string `[batch, beam]`, scores float32 `[batch, beam]`,
             errors string (`[batch]` for a syntax-aware model, else `[0]`).
         """
         exact = tf.minimum(num_results, beam)
-        bound = MAX_BEAM_SIZE if tf.is_tensor(beam) else None
         if self._config.syntax_aware:
             return self._translator.translate_conllu_graph(text, beam, alpha, extra_length, beam,
                                                            patience=patience, exact_results=exact,
-                                                           max_beam_size=bound)
+                                                           max_beam_size=MAX_BEAM_SIZE)
         strings, scores = self._translator.translate_graph(text, beam, alpha, extra_length, beam,
                                                            patience=patience, exact_results=exact,
-                                                           max_beam_size=bound)
+                                                           max_beam_size=MAX_BEAM_SIZE)
         return strings, scores, tf.zeros([0], tf.string)  # errors: not an output of a plain-text model
 
     def signatures(self):

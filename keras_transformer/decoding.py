@@ -802,8 +802,10 @@ def beam_search(
                              f"beam size it may hold), got {max_beam_size!r}")
         if batch_halvings:
             raise ValueError("batch_halvings needs a python int beam_size (static shapes)")
-        if isinstance(num_results, (int, np.integer)) and not 1 <= num_results <= max_beam_size:
-            raise ValueError(f"num_results must be in [1, max_beam_size={max_beam_size}], got {num_results!r}")
+        if isinstance(num_results, (int, np.integer)):
+            if not 1 <= num_results <= max_beam_size:
+                raise ValueError(f"num_results must be in [1, max_beam_size={max_beam_size}], got {num_results!r}")
+            num_results = int(num_results)
         beam_size = ops.cast(beam_size, "int32")
         max_beam_size = int(max_beam_size)
     if isinstance(exact_results, (int, np.integer)):

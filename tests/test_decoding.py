@@ -621,7 +621,8 @@ def test_run_time_beam_size_equals_each_static_beam_size(vocab, max_beam, drop_f
     def search(k, exact, patience):
         static = {"sid": tf.range(8)}
 
-        def step_fn(ids, cache, step, static_cache):  # the beams of a row follow from the shapes
+        # `static_step_fn`'s, with the beams of a row from the shapes (keras' repeat takes no tensor count)
+        def step_fn(ids, cache, step, static_cache):
             sid = tf.repeat(static_cache["sid"], tf.shape(ids)[0] // tf.shape(static_cache["sid"])[0])
             logits, cache = model.step_fn(ids, {**cache, "sid": sid}, step)
             return logits, {"h": cache["h"], "acc": cache["acc"]}
@@ -642,6 +643,7 @@ def test_run_time_beam_size_equals_each_static_beam_size(vocab, max_beam, drop_f
     greedy, greedy_scores = greedy_search(model.step_fn, model.initial_cache(), 8, max_lengths, alpha=0.6)
     got, got_scores = search(tf.constant(1), tf.constant(1), tf.constant(0.0))
     np.testing.assert_array_equal(got.numpy()[:, 0], np.asarray(greedy))
+    np.testing.assert_allclose(got_scores.numpy()[:, 0], np.asarray(greedy_scores), rtol=1e-6)
     with pytest.raises(ValueError, match="a tensor beam_size needs max_beam_size"):
         tf.function(lambda k: beam_search(model.step_fn, model.initial_cache(), 8, max_lengths, beam_size=k,
                                           max_decode_length=12))(tf.constant(2))

@@ -391,8 +391,8 @@ def test_options_signature_searches_as_each_static_beam_size(exported, loaded):
 
 
 def test_options_signature_stops_when_the_requested_results_are_known(exported):
-    """`translate_options`' search for a beam size (`_search_options`, one branch of
-    its `switch_case`) returns `beam` slots and stops as `serving_default` does when
+    """`translate_options`' search (`_search_options`, given the beam size as a tensor, as
+    the signature gives it) returns `beam` slots and stops as `serving_default` does when
     one result is asked (the bound of the best finished hypothesis), not by the worst
     of `beam` (the n-best's bound, which runs more steps): loop steps counted by a
     filter on the step's logits, in-process, with the same translations and scores."""
@@ -409,7 +409,8 @@ def test_options_signature_stops_when_the_requested_results_are_known(exported):
     module._translator.searcher.logits_filter = counting
     text = tf.constant(GOLDEN + ["the woman buys a red book today", "a small cat sees the big man"])
     search = tf.function(lambda text, n: module._search_options(
-        text, config.beam_size, tf.constant(config.length_penalty_alpha), tf.constant(config.decode_extra_length),
+        text, tf.constant(config.beam_size), tf.constant(config.length_penalty_alpha),
+        tf.constant(config.decode_extra_length),
         n, tf.constant(0.0)))
 
     def count(function, *args):
