@@ -387,7 +387,8 @@ class TrainingConfig:
         beam_size: beam for the final BLEU (the preset's, 4).
         bleu_every_sentences: validation sentences for the greedy BLEU curve (0: off).
         jit_compile: compile the train step with XLA.
-        mixed_precision: mixed_float16 on GPUs, mixed_bfloat16 on CPU.
+        mixed_precision: mixed_float16 on GPUs, mixed_bfloat16 on CPU (training only: the
+            final BLEU and the export are float32).
         seed: seed of weights, dropout, shuffling and the embedded corpus.
         allow_data_change: resume a run on data other than it was started on.
         max_minutes: wall-clock budget of this process's training, in minutes
@@ -431,7 +432,10 @@ class TrainingConfig:
     bleu_every_sentences: int = option(BLEU_CURVE_SENTENCES, "validation sentences translated greedily at "
                                                              "every checkpoint for the BLEU curve (0: off)")
     jit_compile: bool = option(False, "compile the train step with XLA")
-    mixed_precision: bool = option(False, "mixed_float16 on GPUs (with loss scaling), mixed_bfloat16 on CPU")
+    mixed_precision: bool = option(False, "mixed_float16 on GPUs (with loss scaling), mixed_bfloat16 on CPU "
+                                     "(faster only on CPUs with bfloat16 instructions: AVX-512 BF16, AMX, "
+                                     "Arm BF16; a warning elsewhere); the final BLEU and the export are "
+                                     "float32")
     seed: int = option(0, "seed of weights, dropout, shuffling and data: two runs from scratch with the same "
                           "seed on one device give identical losses and weights")
     allow_data_change: bool = option(False, "resume a run although its training data changed (run.json "

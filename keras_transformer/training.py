@@ -84,6 +84,41 @@ def mixed_precision_policy() -> str:
     return "mixed_float16" if tf.config.list_logical_devices("GPU") else "mixed_bfloat16"
 
 
+# CPU flags of bfloat16 arithmetic: x86 AVX-512 BF16 and AMX (Linux `flags`), Arm BF16 (`Features`).
+BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_has_bfloat16(cpuinfo: str | None = None) -> bool | None:
+    """Whether the CPU computes in bfloat16, from `/proc/cpuinfo` (or the given
+    text of one): any of `BFLOAT16_CPU_FLAGS` among its `flags` or `Features`.
+    None where that cannot be told (no `/proc/cpuinfo`, as on macOS)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    return any(flag in flags for flag in BFLOAT16_CPU_FLAGS) if flags else None
+
+
+def mixed_precision_warning(policy: str, has_bfloat16: bool | None) -> str | None:
+    """The line `train` logs when `--mixed-precision` will slow training down:
+    mixed_bfloat16 on a CPU without bfloat16 instructions, where TensorFlow
+    converts around every product. There the `multi30k` preset trained at 0.73x
+    the float32 speed and `base` at 0.78x (a 2-vCPU AVX2 AMD EPYC; on AVX-512 BF16
+    CPUs `small` trains 1.4x and `base` 1.6x faster; BENCHMARKS.md)."""
+    if policy != "mixed_bfloat16" or has_bfloat16 is not False:
+        return None
+    return ("--mixed-precision: this CPU has no bfloat16 instructions (none of "
+            f"{', '.join(BFLOAT16_CPU_FLAGS)} in /proc/cpuinfo), so mixed_bfloat16 trains slower than float32 "
+            "here (0.73x for the multi30k preset on an AVX2 CPU, BENCHMARKS.md); it pays on AVX-512 BF16, AMX "
+            "or Arm BF16 CPUs. Drop --mixed-precision on this machine.")
+
+
 def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every, stopped=lambda: False):
     """Runs `fit` from `start_step` to `steps` in rounds ending at multiples of
     `every` (and at `steps`), so checkpoints fall on the same steps whether or
@@ -133,7 +168,11 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     model_dir = run_dir.make_model_dir(run.model_dir)
     keras.utils.set_random_seed(run.seed)
     if run.mixed_precision:
-        keras.mixed_precision.set_global_policy(mixed_precision_policy())
+        policy = mixed_precision_policy()
+        warning = mixed_precision_warning(policy, cpu_has_bfloat16())
+        if warning:
+            log.warning("%s", warning)
+        keras.mixed_precision.set_global_policy(policy)
 
     corpus, tokenizer, config = _prepare_data(run, model_dir, chief)
     strategy = strategy or make_strategy()
@@ -154,6 +193,8 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     if not chief:  # the chief averages, evaluates and exports
         return _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy)
     results = _average(run, model, store, model_dir, started, budget)
+    if run.mixed_precision:
+        model, translator = _float32_model(config, tokenizer, model_dir)
     results.update(_evaluate(run, translator, data, model_dir))
     plot_curves(model_dir)
     results["seconds"] = round(time.time() - started, 1)
@@ -357,6 +398,22 @@ def _average(run, model, store, model_dir, started, budget) -> dict:
     if budget and budget.exhausted:
         results["stopped_by_time_budget"] = run.max_minutes
     return results
+
+
+def _float32_model(config, tokenizer, model_dir):
+    """`(model, translator)` in float32 from the run's final weights, for a run trained
+    under mixed precision, which is a training speed choice: its BLEU and its export
+    are then those of the model `load_trained` and `export.saved_model --model-dir` build
+    from the same weights. (In bfloat16 compute the export's `translate_xla` and
+    `serving_default` round differently and chose other words for 3 of 40 toy
+    sentences, and its BLEU would depend on how it was loaded.) The global policy,
+    which the run set, goes back to float32."""
+    from keras_transformer.model import build_transformer
+
+    keras.mixed_precision.set_global_policy("float32")
+    model = build_transformer(config)
+    model.load_weights(model_dir / run_dir.FINAL_WEIGHTS)
+    return model, Translator(model, config, tokenizer.model_bytes)
 
 
 def _evaluate(run, translator, data, model_dir) -> dict:

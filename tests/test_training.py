@@ -250,3 +250,71 @@ def test_validation_batches_are_the_pipelines_own_with_autotuning_off(toy_data, 
     for batch, expected in zip(got, want):
         tf.nest.map_structure(np.testing.assert_array_equal, batch, expected)
     assert sum(len(target_output) for _, target_output in got) == 40  # every validation pair
+
+
+# /proc/cpuinfo lines of the two kinds of 2-vCPU AMD EPYC VM this project measures on, cut to
+# the flags that matter, and of an Arm CPU with BF16.
+AVX2_FLAGS = ("flags\t\t: fpu vme de pse tsc msr sse sse2 ht syscall nx fma cx16 sse4_1 sse4_2 avx f16c "
+              "avx2 smep bmi2 erms invpcid rdseed adx sha_ni vaes vpclmulqdq rdpid fsrm")
+AVX512_BF16_FLAGS = ("flags\t\t: fpu vme de pse tsc msr sse sse2 fma avx f16c avx2 avx512f avx512dq avx512cd "
+                     "avx512bw avx512vl avx512_vnni avx512_bf16 vaes vpclmulqdq")
+ARM_BF16_FEATURES = "Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp bf16 i8mm"
+
+
+@pytest.mark.parametrize("cpuinfo, has_bfloat16", [
+    ("processor\t: 0\n" + AVX2_FLAGS + "\nbogomips\t: 5000.00\n", False),
+    ("processor\t: 0\n" + AVX512_BF16_FLAGS + "\n", True),
+    ("processor\t: 0\n" + ARM_BF16_FEATURES + "\n", True),
+    ("processor\t: 0\nBogoMIPS\t: 50.00\n", None),  # no flags: cannot tell, no warning
+])
+def test_mixed_precision_warns_on_a_cpu_without_bfloat16(cpuinfo, has_bfloat16):
+    from keras_transformer.training import cpu_has_bfloat16, mixed_precision_warning
+
+    assert cpu_has_bfloat16(cpuinfo) is has_bfloat16
+    warning = mixed_precision_warning("mixed_bfloat16", has_bfloat16)
+    if has_bfloat16 is False:
+        assert warning.startswith("--mixed-precision: this CPU has no bfloat16 instructions (none of "
+                                  "avx512_bf16, amx_bf16, bf16 in /proc/cpuinfo)")
+        assert "Drop --mixed-precision on this machine." in warning and "\n" not in warning
+    else:
+        assert warning is None
+    assert mixed_precision_warning("mixed_float16", has_bfloat16) is None  # GPUs: float16 with loss scaling
+
+
+def test_a_mixed_precision_run_evaluates_and_returns_its_weights_in_float32(toy_data, tmp_path, monkeypatch,
+                                                                              caplog):
+    """`--mixed-precision` speeds training up; what it leaves is the float32 model that
+    `load_trained` (and `export.saved_model --model-dir`) builds from the same weights:
+    train.py exports the returned model, and the BLEU of the run is that model's. A
+    bfloat16 model returned instead fails the policy check, and its hypotheses need not
+    be the float32 ones."""
+    import shutil
+
+    from keras_transformer import training
+    from keras_transformer.run_dir import hypothesis_path, load_trained
+    from keras_transformer.translator import Translator
+
+    data = tmp_path / "data"
+    shutil.copytree(toy_data, data)
+    for lang in ("en", "de"):
+        lines = (toy_data / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        (data / f"valid.{lang}").write_text("\n".join(lines[:12]) + "\n", encoding="utf-8")
+    monkeypatch.setattr(training, "cpu_has_bfloat16", lambda: False)
+    try:
+        with caplog.at_level("WARNING", logger="keras_transformer.training"):
+            trained = train_and_evaluate(run_config(data, tmp_path / "run", steps=4, checkpoint_every=2,
+                                                    mixed_precision=True))
+        policy_after = keras.mixed_precision.global_policy().name
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert "--mixed-precision: this CPU has no bfloat16 instructions" in caplog.text
+    assert policy_after == "float32"
+    assert trained.model.dtype_policy.name == "float32"
+    assert {layer.dtype_policy.name for layer in trained.model.layers} == {"float32"}
+    loaded, config, tokenizer = load_trained(tmp_path / "run")
+    for got, want in zip(trained.model.get_weights(), loaded.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    sources = (data / "valid.en").read_text(encoding="utf-8").splitlines()
+    expected = Translator(loaded, config, tokenizer.model_bytes).translate(sources, beam_size=4)
+    written = hypothesis_path(tmp_path / "run", "valid").read_text(encoding="utf-8").splitlines()
+    assert written == expected
