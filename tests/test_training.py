@@ -285,36 +285,34 @@ def test_a_mixed_precision_run_evaluates_and_returns_its_weights_in_float32(toy_
                                                                               caplog):
     """`--mixed-precision` speeds training up; what it leaves is the float32 model that
     `load_trained` (and `export.saved_model --model-dir`) builds from the same weights:
-    train.py exports the returned model, and the BLEU of the run is that model's. A
-    bfloat16 model returned instead fails the policy check, and its hypotheses need not
-    be the float32 ones."""
-    import shutil
-
+    train.py exports the returned model, and the run's BLEU is the BLEU of the model
+    that `_evaluate` is given. A bfloat16 model returned or evaluated instead fails the
+    policy checks (its searches round in bfloat16: BENCHMARKS.md, mixed precision on a
+    CPU without bfloat16 instructions)."""
     from keras_transformer import training
-    from keras_transformer.run_dir import hypothesis_path, load_trained
-    from keras_transformer.translator import Translator
+    from keras_transformer.run_dir import load_trained
 
-    data = tmp_path / "data"
-    shutil.copytree(toy_data, data)
-    for lang in ("en", "de"):
-        lines = (toy_data / f"train.{lang}").read_text(encoding="utf-8").splitlines()
-        (data / f"valid.{lang}").write_text("\n".join(lines[:12]) + "\n", encoding="utf-8")
+    evaluated = []
+
+    def evaluate(run, translator, data, model_dir):  # toy_data has no valid or test split to score
+        evaluated.append(translator.model)
+        return {}
+
     monkeypatch.setattr(training, "cpu_has_bfloat16", lambda: False)
+    monkeypatch.setattr(training, "_evaluate", evaluate)
     try:
         with caplog.at_level("WARNING", logger="keras_transformer.training"):
-            trained = train_and_evaluate(run_config(data, tmp_path / "run", steps=4, checkpoint_every=2,
+            trained = train_and_evaluate(run_config(toy_data, tmp_path / "run", steps=2, checkpoint_every=2,
                                                     mixed_precision=True))
         policy_after = keras.mixed_precision.global_policy().name
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert "--mixed-precision: this CPU has no bfloat16 instructions" in caplog.text
     assert policy_after == "float32"
+    assert evaluated == [trained.model]
     assert trained.model.dtype_policy.name == "float32"
     assert {layer.dtype_policy.name for layer in trained.model.layers} == {"float32"}
-    loaded, config, tokenizer = load_trained(tmp_path / "run")
+    loaded, _, _ = load_trained(tmp_path / "run")
+    assert len(trained.model.get_weights()) == len(loaded.get_weights())
     for got, want in zip(trained.model.get_weights(), loaded.get_weights()):
         np.testing.assert_array_equal(got, want)
-    sources = (data / "valid.en").read_text(encoding="utf-8").splitlines()
-    expected = Translator(loaded, config, tokenizer.model_bytes).translate(sources, beam_size=4)
-    written = hypothesis_path(tmp_path / "run", "valid").read_text(encoding="utf-8").splitlines()
-    assert written == expected
