@@ -433,9 +433,9 @@ class TrainingConfig:
                                                              "every checkpoint for the BLEU curve (0: off)")
     jit_compile: bool = option(False, "compile the train step with XLA")
     mixed_precision: bool = option(False, "mixed_float16 on GPUs (with loss scaling), mixed_bfloat16 on CPU "
-                                     "(faster only on CPUs with bfloat16 instructions: AVX-512 BF16, AMX, "
-                                     "Arm BF16; a warning elsewhere); the final BLEU and the export are "
-                                     "float32")
+                                     "(measured faster on an AVX-512 BF16 CPU, slower on an AVX2 one: a "
+                                     "warning where the CPU has no bfloat16 instructions); the final BLEU "
+                                     "and the export are float32")
     seed: int = option(0, "seed of weights, dropout, shuffling and data: two runs from scratch with the same "
                           "seed on one device give identical losses and weights")
     allow_data_change: bool = option(False, "resume a run although its training data changed (run.json "

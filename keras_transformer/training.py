@@ -110,13 +110,14 @@ def mixed_precision_warning(policy: str, has_bfloat16: bool | None) -> str | Non
     mixed_bfloat16 on a CPU without bfloat16 instructions, where TensorFlow
     converts around every product. There the `multi30k` preset trained at 0.73x
     the float32 speed and `base` at 0.78x (a 2-vCPU AVX2 AMD EPYC; on AVX-512 BF16
-    CPUs `small` trains 1.4x and `base` 1.6x faster; BENCHMARKS.md)."""
+    CPUs `small` trained 1.4x and `base` 1.6x faster; BENCHMARKS.md). AMX and Arm
+    BF16 CPUs compute in bfloat16 too, so they get no warning (not measured here)."""
     if policy != "mixed_bfloat16" or has_bfloat16 is not False:
         return None
     return ("--mixed-precision: this CPU has no bfloat16 instructions (none of "
             f"{', '.join(BFLOAT16_CPU_FLAGS)} in /proc/cpuinfo), so mixed_bfloat16 trains slower than float32 "
-            "here (0.73x for the multi30k preset on an AVX2 CPU, BENCHMARKS.md); it pays on AVX-512 BF16, AMX "
-            "or Arm BF16 CPUs. Drop --mixed-precision on this machine.")
+            "here (0.73x for the multi30k preset on an AVX2 CPU, 1.4-1.6x faster on an AVX-512 BF16 one; "
+            "BENCHMARKS.md). Drop --mixed-precision on this machine.")
 
 
 def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every, stopped=lambda: False):
