@@ -105,19 +105,31 @@ def cpu_has_bfloat16(cpuinfo: str | None = None) -> bool | None:
     return any(flag in flags for flag in BFLOAT16_CPU_FLAGS) if flags else None
 
 
-def mixed_precision_warning(policy: str, has_bfloat16: bool | None) -> str | None:
-    """The line `train` logs when `--mixed-precision` will slow training down:
-    mixed_bfloat16 on a CPU without bfloat16 instructions, where TensorFlow
-    converts around every product. There the `multi30k` preset trained at 0.73x
-    the float32 speed and `base` at 0.78x (a 2-vCPU AVX2 AMD EPYC; on AVX-512 BF16
-    CPUs `small` trained 1.4x and `base` 1.6x faster; BENCHMARKS.md). AMX and Arm
-    BF16 CPUs compute in bfloat16 too, so they get no warning (not measured here)."""
-    if policy != "mixed_bfloat16" or has_bfloat16 is not False:
-        return None
-    return ("--mixed-precision: this CPU has no bfloat16 instructions (none of "
-            f"{', '.join(BFLOAT16_CPU_FLAGS)} in /proc/cpuinfo), so mixed_bfloat16 trains slower than float32 "
-            "here (0.73x for the multi30k preset on an AVX2 CPU, 1.4-1.6x faster on an AVX-512 BF16 one; "
-            "BENCHMARKS.md). Drop --mixed-precision on this machine.")
+def mixed_precision_warnings(policy: str, has_bfloat16: bool | None, jit_compile: bool = False) -> list[str]:
+    """The lines `train` logs when `--mixed-precision` will not pay on a CPU
+    (`policy` mixed_bfloat16):
+    - on a CPU without bfloat16 instructions, where TensorFlow converts around every
+      product: there the `multi30k` preset trained at 0.73x the float32 speed and
+      `base` at 0.78x (a 2-vCPU AVX2 AMD EPYC; on AVX-512 BF16 CPUs `small` trained
+      1.4x and `base` 1.6x faster). AMX and Arm BF16 CPUs compute in bfloat16 too,
+      so they get no warning (not measured here);
+    - with `--jit-compile`, where XLA undid bfloat16's gain on the AVX-512 BF16 CPU:
+      `small`'s step took 1.06x float32's with both, 0.71x with bfloat16 alone.
+    (BENCHMARKS.md, "Training throughput" and "Mixed precision on a CPU without
+    bfloat16 instructions".)"""
+    if policy != "mixed_bfloat16":
+        return []
+    lines = []
+    if has_bfloat16 is False:
+        lines.append("--mixed-precision: this CPU has no bfloat16 instructions (none of "
+                     f"{', '.join(BFLOAT16_CPU_FLAGS)} in /proc/cpuinfo), so mixed_bfloat16 trains slower than "
+                     "float32 here (0.73x for the multi30k preset on an AVX2 CPU, 1.4-1.6x faster on an AVX-512 "
+                     "BF16 one; BENCHMARKS.md). Drop --mixed-precision on this machine.")
+    if jit_compile:
+        lines.append("--mixed-precision with --jit-compile on a CPU: XLA undid bfloat16's gain (the small preset's "
+                     "step took 1.06x float32's time with both, 0.71x with bfloat16 alone; BENCHMARKS.md). "
+                     "Drop --jit-compile.")
+    return lines
 
 
 def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every, stopped=lambda: False):
@@ -170,8 +182,7 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     keras.utils.set_random_seed(run.seed)
     if run.mixed_precision:
         policy = mixed_precision_policy()
-        warning = mixed_precision_warning(policy, cpu_has_bfloat16())
-        if warning:
+        for warning in mixed_precision_warnings(policy, cpu_has_bfloat16(), run.jit_compile):
             log.warning("%s", warning)
         keras.mixed_precision.set_global_policy(policy)
 

@@ -268,17 +268,23 @@ ARM_BF16_FEATURES = "Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atom
     ("processor\t: 0\nBogoMIPS\t: 50.00\n", None),  # no flags: cannot tell, no warning
 ])
 def test_mixed_precision_warns_on_a_cpu_without_bfloat16(cpuinfo, has_bfloat16):
-    from keras_transformer.training import cpu_has_bfloat16, mixed_precision_warning
+    from keras_transformer.training import cpu_has_bfloat16, mixed_precision_warnings
 
     assert cpu_has_bfloat16(cpuinfo) is has_bfloat16
-    warning = mixed_precision_warning("mixed_bfloat16", has_bfloat16)
+    warnings = mixed_precision_warnings("mixed_bfloat16", has_bfloat16)
     if has_bfloat16 is False:
-        assert warning.startswith("--mixed-precision: this CPU has no bfloat16 instructions (none of "
-                                  "avx512_bf16, amx_bf16, bf16 in /proc/cpuinfo)")
-        assert "Drop --mixed-precision on this machine." in warning and "\n" not in warning
+        assert len(warnings) == 1
+        assert warnings[0].startswith("--mixed-precision: this CPU has no bfloat16 instructions (none of "
+                                      "avx512_bf16, amx_bf16, bf16 in /proc/cpuinfo)")
+        assert "Drop --mixed-precision on this machine." in warnings[0] and "\n" not in warnings[0]
     else:
-        assert warning is None
-    assert mixed_precision_warning("mixed_float16", has_bfloat16) is None  # GPUs: float16 with loss scaling
+        assert warnings == []
+    with_xla = mixed_precision_warnings("mixed_bfloat16", has_bfloat16, jit_compile=True)
+    assert with_xla[:-1] == warnings
+    assert with_xla[-1].startswith("--mixed-precision with --jit-compile on a CPU: XLA undid bfloat16's gain")
+    assert with_xla[-1].endswith("Drop --jit-compile.")
+    # GPUs: float16 with loss scaling, where neither applies
+    assert mixed_precision_warnings("mixed_float16", has_bfloat16, jit_compile=True) == []
 
 
 def test_a_mixed_precision_run_evaluates_and_returns_its_weights_in_float32(toy_data, tmp_path, monkeypatch,
