@@ -177,15 +177,23 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
     started = time.time()
     # Several workers (TF_CONFIG): the collective strategy must exist before any other op.
     strategy = make_strategy() if cluster_tasks() > 1 else None
-    chief = strategy is None or is_chief(strategy)
-    model_dir = run_dir.make_model_dir(run.model_dir)
-    keras.utils.set_random_seed(run.seed)
+    previous_policy = keras.mixed_precision.global_policy()
     if run.mixed_precision:
         policy = mixed_precision_policy()
         for warning in mixed_precision_warnings(policy, cpu_has_bfloat16(), run.jit_compile):
             log.warning("%s", warning)
         keras.mixed_precision.set_global_policy(policy)
+    try:
+        return _train_and_evaluate(run, started, strategy)
+    finally:  # the policy the caller had, whichever way the run ends
+        keras.mixed_precision.set_global_policy(previous_policy)
 
+
+def _train_and_evaluate(run, started, strategy) -> TrainedRun:
+    """`train_and_evaluate` once the global dtype policy is set."""
+    chief = strategy is None or is_chief(strategy)
+    model_dir = run_dir.make_model_dir(run.model_dir)
+    keras.utils.set_random_seed(run.seed)
     corpus, tokenizer, config = _prepare_data(run, model_dir, chief)
     strategy = strategy or make_strategy()
     data = _make_datasets(run, corpus, tokenizer, config, strategy.num_replicas_in_sync)
@@ -418,11 +426,10 @@ def _float32_model(config, tokenizer, model_dir):
     are then those of the model `load_trained` and `export.saved_model --model-dir` build
     from the same weights. (In bfloat16 compute the export's `translate_xla` and
     `serving_default` round differently and chose other words for 3 of 40 toy
-    sentences, and its BLEU would depend on how it was loaded.) The global policy,
-    which the run set, goes back to float32."""
+    sentences, and its BLEU would depend on how it was loaded.)"""
     from keras_transformer.model import build_transformer
 
-    keras.mixed_precision.set_global_policy("float32")
+    keras.mixed_precision.set_global_policy("float32")  # (`train_and_evaluate` restores the caller's)
     model = build_transformer(config)
     model.load_weights(model_dir / run_dir.FINAL_WEIGHTS)
     return model, Translator(model, config, tokenizer.model_bytes)

@@ -294,7 +294,7 @@ def test_a_mixed_precision_run_evaluates_and_returns_its_weights_in_float32(toy_
     train.py exports the returned model, and the run's BLEU is the BLEU of the model
     that `_evaluate` is given. A bfloat16 model returned or evaluated instead fails the
     policy checks (its searches round in bfloat16: BENCHMARKS.md, mixed precision on a
-    CPU without bfloat16 instructions)."""
+    CPU without bfloat16 instructions). The caller's global policy is restored after it."""
     from keras_transformer import training
     from keras_transformer.run_dir import load_trained
 
@@ -306,6 +306,7 @@ def test_a_mixed_precision_run_evaluates_and_returns_its_weights_in_float32(toy_
 
     monkeypatch.setattr(training, "cpu_has_bfloat16", lambda: False)
     monkeypatch.setattr(training, "_evaluate", evaluate)
+    keras.mixed_precision.set_global_policy("bfloat16")  # the caller's own policy, restored after the run
     try:
         with caplog.at_level("WARNING", logger="keras_transformer.training"):
             trained = train_and_evaluate(run_config(toy_data, tmp_path / "run", steps=2, checkpoint_every=2,
@@ -314,7 +315,7 @@ def test_a_mixed_precision_run_evaluates_and_returns_its_weights_in_float32(toy_
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert "--mixed-precision: this CPU has no bfloat16 instructions" in caplog.text
-    assert policy_after == "float32"
+    assert policy_after == "bfloat16"
     assert evaluated == [trained.model]
     assert trained.model.dtype_policy.name == "float32"
     assert {layer.dtype_policy.name for layer in trained.model.layers} == {"float32"}
