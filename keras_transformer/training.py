@@ -106,7 +106,7 @@ def cpu_has_bfloat16(cpuinfo: str | None = None) -> bool | None:
 
 
 def mixed_precision_warnings(policy: str, has_bfloat16: bool | None, jit_compile: bool = False) -> list[str]:
-    """The lines `train` logs when `--mixed-precision` will not pay on a CPU
+    """The lines `train_and_evaluate` logs when `--mixed-precision` will not pay on a CPU
     (`policy` mixed_bfloat16):
     - on a CPU without bfloat16 instructions, where TensorFlow converts around every
       product: there the `multi30k` preset trained at 0.73x the float32 speed and
