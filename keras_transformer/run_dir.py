@@ -180,14 +180,22 @@ def load_trained(model_dir):
     or does not belong to the run.
     """
     from keras_transformer.data import Tokenizer, check_vocab_size, tokenizer_path
-    from keras_transformer.model import build_transformer
 
     model_dir = pathlib.Path(model_dir)
     config = load_config(model_dir)
     tokenizer = Tokenizer.load(tokenizer_path(model_dir))
     check_run_tokenizer(model_dir, tokenizer)
     check_vocab_size(tokenizer, config.vocab_size)
-    weights = model_dir / FINAL_WEIGHTS
+    return final_model(model_dir, config), config, tokenizer
+
+
+def final_model(model_dir, config):
+    """`build_transformer(config)` (in the global dtype policy) with the run's averaged
+    weights, `model_dir/final.weights.h5`; `RunError` in one line when they are missing
+    or do not fit."""
+    from keras_transformer.model import build_transformer
+
+    weights = pathlib.Path(model_dir) / FINAL_WEIGHTS
     if not weights.exists():
         raise RunError(f"{weights} not found: train.py writes it (the averaged checkpoints) when training ends")
     model = build_transformer(config)
@@ -196,7 +204,7 @@ def load_trained(model_dir):
     except (OSError, ValueError) as error:  # h5py: not an HDF5 file; Keras: other shapes or layers
         raise RunError(f"{weights} cannot be loaded into the model run.json describes ({error}); "
                        f"rerun train.py to average the checkpoints again") from None
-    return model, config, tokenizer
+    return model
 
 
 def append_history(model_dir, row: dict) -> None:

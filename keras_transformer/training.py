@@ -427,11 +427,8 @@ def _float32_model(config, tokenizer, model_dir):
     from the same weights. (In bfloat16 compute the export's `translate_xla` and
     `serving_default` round differently and chose other words for 3 of 40 toy
     sentences, and its BLEU would depend on how it was loaded.)"""
-    from keras_transformer.model import build_transformer
-
     keras.mixed_precision.set_global_policy("float32")  # (`train_and_evaluate` restores the caller's)
-    model = build_transformer(config)
-    model.load_weights(model_dir / run_dir.FINAL_WEIGHTS)
+    model = run_dir.final_model(model_dir, config)  # as `load_trained` builds it
     return model, Translator(model, config, tokenizer.model_bytes)
 
 
