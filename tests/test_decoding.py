@@ -262,7 +262,9 @@ def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
     rng = np.random.default_rng(5)
     cases = [(rng.normal(size=(6, 8000)), 8, None), (rng.integers(0, 4, size=(5, 1000)), 8, None),
              (rng.integers(0, 3, size=(4, 333)), 3, 16), (rng.normal(size=(3, 1000)), 1, None),
-             (rng.normal(size=(2, 40)), 8, None)]  # 40: too short for blocks, plain top_k
+             (rng.normal(size=(2, 40)), 8, None),  # 40: too short for blocks, plain top_k
+             (rng.normal(size=(3, 10000)), 10, None),  # blocks of 40, a divisor (no padding)
+             (rng.normal(size=(3, 997)), 8, None)]  # a prime width: blocks of 16, the last one padded
     masked = rng.normal(size=(4, 700))
     masked[:, rng.integers(0, 700, size=650)] = NEG_INF  # a few real entries left per row
     cases.append((masked, 8, None))
@@ -302,6 +304,18 @@ def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
                      key=lambda o: o.dtype.kind)  # float values, then int indices
     np.testing.assert_array_equal(outputs[0], tf.math.top_k(x, 8).values.numpy())
     np.testing.assert_array_equal(outputs[1], tf.math.top_k(x, 8).indices.numpy())
+
+
+def test_top_k_blockwise_cuts_the_row_without_padding_where_a_divisor_is_near():
+    """The power of two near sqrt(V / k) where it divides V, else the divisor of V nearest
+    to it (within a factor of two), else that power of two with the last block padded."""
+    from keras_transformer.decoding import _block_size
+
+    assert _block_size(8000, 8) == 32  # 8000 = 250 x 32: as before
+    assert _block_size(10000, 10) == 40  # 32 would pad 16 entries; 25 and 40 divide, 40 is nearer
+    assert _block_size(1000, 8) == 20  # 16 would pad; 20 and 25 divide
+    assert _block_size(997, 8) == 16  # prime: no divisor, padded
+    assert _block_size(30000, 2) == 125  # 128 would pad; 125 = 30000 / 240
 
 
 def test_large_vocabulary_search_matches_the_reference():
