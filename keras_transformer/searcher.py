@@ -332,7 +332,8 @@ class Searcher:
                                    alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
                                    static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,
                                    resize_cache=self.decoder.resize_self_attention_cache,
-                                   batch_halvings=batch_halvings, gather=tf_gather)
+                                   batch_halvings=batch_halvings, gather=tf_gather,
+                                   normalize_after_top_k=True)
 
             self._compiled[key] = tf.function(search, jit_compile=True, input_signature=[
                 tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),

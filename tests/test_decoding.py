@@ -330,6 +330,35 @@ def test_large_vocabulary_search_matches_the_reference():
         np.testing.assert_allclose(scores[b, : len(ref)], [r[0] for r in ref], rtol=1e-5)
 
 
+@pytest.mark.parametrize("vocab, beam_size", [(300, 4), (8, 3), (8, 1)])
+def test_normalizing_after_the_top_k_finds_the_reference_hypotheses(vocab, beam_size):
+    """`normalize_after_top_k` (the XLA search's order: each beam's best tokens taken from
+    the logits, then only those normalized): the reference n-best and scores, and the same
+    sequences as normalizing every row first, eager and under XLA, with masked tokens (PAD,
+    BOS at NEG_INF), blocks (300 tokens) or plain top_k (8), and greedy (beam 1)."""
+    model = ToyModel(seed=101, vocab=vocab, batch=3, eos_bias=2.0)
+    max_lengths = np.array([3, 7, 5], "int32")
+    kwargs = dict(beam_size=beam_size, num_results=beam_size, alpha=0.6)
+    seqs, scores = run(model, max_lengths, normalize_after_top_k=True, **kwargs)
+    for b, max_len in enumerate(max_lengths):
+        ref = ref_beam(model, b, max_len, beam_size, 0.6)
+        assert [strip(r) for r in seqs[b, : len(ref)]] == [r[1] for r in ref]
+        np.testing.assert_allclose(scores[b, : len(ref)], [r[0] for r in ref], rtol=1e-5)
+    before_seqs, before_scores = run(model, max_lengths, **kwargs)
+    np.testing.assert_array_equal(seqs, before_seqs)
+    np.testing.assert_allclose(scores, before_scores, rtol=1e-5)  # float32 sums of other roundings
+    from keras_transformer.searcher import tf_gather
+
+    @tf.function(jit_compile=True)
+    def compiled(normalize_after_top_k):
+        return beam_search(model.step_fn, model.initial_cache(), 3, tf.constant(max_lengths), max_decode_length=7,
+                           normalize_after_top_k=normalize_after_top_k, gather=tf_gather, **kwargs)
+
+    xla_seqs, xla_scores = (np.asarray(t) for t in compiled(True))
+    np.testing.assert_array_equal(xla_seqs, seqs)
+    np.testing.assert_allclose(xla_scores, scores, rtol=1e-5)
+
+
 @pytest.mark.parametrize("alpha, max_steps", [(0.0, 5), (0.6, 20)])
 def test_early_termination_stops_the_loop(alpha, max_steps):
     # EOS very likely: every sentence is done long before the length limit of
