@@ -419,7 +419,7 @@ def _beam_rows(beam_indices, beam_size, sentences=None):
     return ops.reshape(rows, (-1,))  # [b * new_beam]
 
 
-def _grow_candidates(state, log_probs, spec):
+def _grow_candidates(state, logits, spec):
     """Extends every alive beam by every token and keeps the best candidates.
 
     The best ``C`` of the ``k * V`` (beam, token) pairs by summed log-prob,
@@ -431,11 +431,11 @@ def _grow_candidates(state, log_probs, spec):
 
     Args:
         state: the search state.
-        log_probs: float32 ``[b * k, V]``, log-probabilities of the token
-            after ``alive_last`` for every alive beam (batch-major); with
-            ``spec.normalize_after_top_k`` the logits, each beam's top tokens taken
-            from them and only those normalized (the same order: ``log_softmax``
-            subtracts one value from a row).
+        logits: float32 ``[b * k, V]``, the scores of the token after
+            ``alive_last`` for every alive beam (batch-major). They become
+            log-probabilities before each beam's top tokens are taken, or with
+            ``spec.normalize_after_top_k`` only those tokens' are (the same
+            order: ``log_softmax`` subtracts one value from a row).
         spec: the `_SearchSpec`.
 
     Returns:
@@ -451,7 +451,7 @@ def _grow_candidates(state, log_probs, spec):
     """
     k, num_candidates = spec.beam_size, spec.num_candidates
     step = state["step"]
-    vocab = log_probs.shape[-1]
+    vocab = logits.shape[-1]
     # Each beam's best tokens (a beam never contributes more than C candidates).
     if vocab is None:
         per_beam = num_candidates
@@ -460,9 +460,10 @@ def _grow_candidates(state, log_probs, spec):
     else:  # a run-time beam size
         per_beam = ops.minimum(num_candidates, vocab)
     bound = spec.max_candidates if vocab is None else min(spec.max_candidates, vocab)  # the largest P
-    beam_logp, beam_tok = top_k_blockwise(log_probs, per_beam, gather=spec.gather, max_k=bound)  # [b * k, P] x2
-    if spec.normalize_after_top_k:  # `log_probs` are the logits: normalize only the chosen entries
-        beam_logp = beam_logp - ops.logsumexp(log_probs, axis=-1, keepdims=True)  # [b * k, P]
+    ranked = logits if spec.normalize_after_top_k else ops.log_softmax(logits, axis=-1)  # [b * k, V]
+    beam_logp, beam_tok = top_k_blockwise(ranked, per_beam, gather=spec.gather, max_k=bound)  # [b * k, P] x2
+    if spec.normalize_after_top_k:  # only the chosen entries become log-probabilities
+        beam_logp = beam_logp - ops.logsumexp(logits, axis=-1, keepdims=True)  # [b * k, P]
     beam_logp = ops.reshape(beam_logp, (-1, k, per_beam))  # [b, k, P]
     beam_tok = ops.reshape(ops.cast(beam_tok, "int32"), (-1, k * per_beam))  # [b, k * P]
     valid = ops.logical_and(
@@ -662,10 +663,7 @@ def _search_step(state, logits, cache, spec):
         the new state (with ``cache`` still in the previous beams' order)
         and ``source_beam`` int32 ``[b, k]`` (see `_update_alive`).
     """
-    log_probs = ops.cast(logits, "float32")  # [b * k, V]
-    if not spec.normalize_after_top_k:
-        log_probs = ops.log_softmax(log_probs, axis=-1)
-    candidates = _grow_candidates(state, log_probs, spec)
+    candidates = _grow_candidates(state, ops.cast(logits, "float32"), spec)
     alive = _update_alive(candidates, spec)
     source_beam = alive.pop("source_beam")
     finished = _update_finished(state, candidates, spec)
