@@ -138,16 +138,17 @@ def training_batches(corpus, tokenizer, config, batch_tokens: int, seed: int = 0
                         max_length=config.max_length, shuffle=True, seed=seed, repeat=True)
 
 
-def compiled_model(config, seed: int = 0, jit_compile: bool = False, loss=None, build=None):
+def compiled_model(config, seed: int = 0, jit_compile: bool = False, loss=None, build=None, optimizer=None):
     """`build_transformer(config)` (or `build(config)`) from `seed`, compiled as `train.py`
-    compiles it: the paper's Adam and schedule, the label-smoothed loss (or `loss`)."""
+    compiles it: the paper's Adam and schedule (or `optimizer`), the label-smoothed loss
+    (or `loss`)."""
     import keras
 
     from keras_transformer import LabelSmoothedCrossEntropy, build_transformer, make_optimizer
 
     keras.utils.set_random_seed(seed)
     model = (build or build_transformer)(config)
-    model.compile(optimizer=make_optimizer(config), jit_compile=jit_compile,
+    model.compile(optimizer=optimizer if optimizer is not None else make_optimizer(config), jit_compile=jit_compile,
                   loss=loss if loss is not None else LabelSmoothedCrossEntropy(config.label_smoothing))
     return model
 

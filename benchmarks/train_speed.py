@@ -35,6 +35,10 @@ and batches:
   batches in the same process (the ratio a step-matched recipe search needs,
   `BENCHMARKS.md`, Multi30k recipe search); `ours-set-xla`: the same,
   compiled with XLA (a candidate trained with `--jit-compile`);
+* `ours-keras-adam`: with Keras's own `keras.optimizers.Adam` (same settings
+  and schedule), what `make_optimizer` returned before `FusedAdam` (one
+  TensorFlow kernel per variable instead of ~15 small ops): the step's update
+  and the warm-up pass, which traces the step, against `ours`;
 
 `ours` is always measured; `keras-hub` needs the `bench` extra. Without it
 (`--variants ours,ours-xla,ours-bf16,ours-xla-bf16`) the script is what
@@ -73,7 +77,7 @@ from benchmarks.loss import gather_loss
 from keras_transformer.config import TransformerConfig, model_settings
 
 VARIANTS = ("ours", "keras-hub", "ours-fused", "ours-gather-loss", "ours-xla", "ours-bf16", "ours-xla-bf16",
-            "keras-hub-bf16", "ours-set", "ours-set-xla")
+            "keras-hub-bf16", "ours-set", "ours-set-xla", "ours-keras-adam")
 SET_VARIANTS = ("ours-set", "ours-set-xla")  # the variants that take --set's fields
 SHARED = harness.SHARED_DATA / "multi30k"
 
@@ -151,7 +155,15 @@ def build_variant(name, config, seed):
     keras.mixed_precision.set_global_policy("mixed_bfloat16" if "bf16" in options else "float32")
     try:
         loss = (gather_loss if "gather" in options else LabelSmoothedCrossEntropy)(config.label_smoothing)
-        return harness.compiled_model(config, seed, jit_compile="xla" in options, loss=loss, build=build)
+        optimizer = None
+        if "adam" in options:  # Keras's Adam with make_optimizer's settings and schedule
+            from keras_transformer import make_optimizer
+
+            fused = make_optimizer(config)
+            optimizer = keras.optimizers.Adam(fused._learning_rate, beta_1=fused.beta_1, beta_2=fused.beta_2,
+                                              epsilon=fused.epsilon)
+        return harness.compiled_model(config, seed, jit_compile="xla" in options, loss=loss, build=build,
+                                      optimizer=optimizer)
     finally:
         keras.mixed_precision.set_global_policy("float32")
 

@@ -72,3 +72,68 @@ def test_optimizer_takes_the_configs_learning_rate_scale():
     for bad in (0.0, -1.0, True, "2"):
         with pytest.raises(ConfigError, match="learning_rate_scale"):
             TransformerConfig.from_preset("multi30k", learning_rate_scale=bad)
+
+
+def test_fused_adam_updates_as_keras_adam_in_one_kernel_per_variable(tmp_path):
+    """`make_optimizer`'s FusedAdam against Keras's Adam and the formula in NumPy, on dense
+    and IndexedSlices gradients, eager and under XLA; its graph holds one ResourceApplyAdam
+    per variable; a Keras Adam checkpoint restores into it (runs started before it resume)."""
+    import tensorflow as tf
+
+    from keras_transformer.schedule import FusedAdam
+
+    config = TransformerConfig.from_preset("tiny", warmup_steps=3)
+    rng = np.random.default_rng(0)
+    shapes = [(5, 3), (3,), (7, 2)]
+    initial = [rng.normal(size=s).astype("float32") for s in shapes]
+    gradients = [[rng.normal(size=s).astype("float32") * 10.0 ** -k for k, s in enumerate(shapes)] for _ in range(3)]
+
+    def run(optimizer, jit=False):
+        variables = [keras.Variable(w) for w in initial]
+        optimizer.build(variables)
+        apply = tf.function(lambda grads: optimizer.apply(grads, variables), jit_compile=jit)
+        for step, grads in enumerate(gradients):
+            grads = [tf.constant(g) for g in grads]
+            if step == 1:  # an embedding's gradient: rows 1 and 3 of the first variable
+                rows = tf.constant([1, 3])
+                grads[0] = tf.IndexedSlices(tf.gather(grads[0], rows), rows, tf.constant(shapes[0]))
+            apply(grads)
+        return [v.numpy() for v in variables], apply
+
+    keras_adam = keras.optimizers.Adam(TransformerSchedule(config.d_model, 3), beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    expected, _ = run(keras_adam)
+    fused = make_optimizer(config)
+    assert isinstance(fused, FusedAdam)
+    got, apply = run(fused)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
+    got_xla, _ = run(make_optimizer(config), jit=True)
+    for a, b in zip(got_xla, expected):
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
+
+    # The formula (paper section 5.3), step by step in float64.
+    weights, m, v = [w.astype("float64") for w in initial], [0.0] * 3, [0.0] * 3
+    for step, grads in enumerate(gradients, start=1):
+        lr = paper_rate(step, config.d_model, 3)
+        for i, g in enumerate(grads):
+            g = g.astype("float64")
+            if step == 2 and i == 0:
+                g = np.where(np.isin(np.arange(5), [1, 3])[:, None], g, 0.0)
+            m[i] = 0.9 * m[i] + 0.1 * g
+            v[i] = 0.98 * v[i] + 0.02 * g * g
+            weights[i] = weights[i] - lr * np.sqrt(1 - 0.98 ** step) / (1 - 0.9 ** step) * m[i] / (np.sqrt(v[i]) + 1e-9)
+    for a, b in zip(got, weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+    graph = apply.get_concrete_function([tf.TensorSpec(s, tf.float32) for s in shapes]).graph
+    assert [op.type for op in graph.get_operations()].count("ResourceApplyAdam") == len(shapes)
+
+    # A checkpoint of Keras's Adam (a run started before FusedAdam) restores into it.
+    variables = [keras.Variable(w) for w in got]
+    restored = make_optimizer(config)
+    restored.build(variables)
+    path = tf.train.Checkpoint(optimizer=keras_adam).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(optimizer=restored).read(path).assert_consumed()
+    for a, b in zip(restored.variables, keras_adam.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(restored.iterations.numpy()) == 3
