@@ -360,6 +360,13 @@ def test_train_speed_times_a_recipe_candidate_against_the_preset(capsys):
     small = TransformerConfig.from_preset("tiny", vocab_size=200, d_ff=64)
     assert [train_speed.build_variant(name, small, 0).jit_compile for name in ("ours-set", "ours-set-xla")] \
         == [False, True]
+    # ours-keras-adam: Keras's own Adam with make_optimizer's settings and schedule; ours: FusedAdam
+    from keras_transformer.schedule import FusedAdam
+    keras_adam = train_speed.build_variant("ours-keras-adam", small, 0).optimizer
+    fused = train_speed.build_variant("ours", small, 0).optimizer
+    assert type(keras_adam).__name__ == "Adam" and isinstance(fused, FusedAdam)
+    assert ((keras_adam.beta_1, keras_adam.beta_2, keras_adam.epsilon, float(keras_adam.learning_rate))
+            == (fused.beta_1, fused.beta_2, fused.epsilon, float(fused.learning_rate)))
 
     for argv, message in [(["--variants", "ours,ours-set"], "--set and the ours-set variant go together"),
                           (["--variants", "ours,ours-set-xla"], "--set and the ours-set variant go together"),
