@@ -154,48 +154,102 @@ def start_until_first_checkpoint(command, model_dir, env, stderr):
     return process
 
 
-@pytest.mark.slow
-def test_sigkill_after_first_checkpoint_then_resume(tmp_path):
-    data = write_corpus(tmp_path / "data")
-    model_dir = tmp_path / "run"
-    command = train_command(data, model_dir, "--steps", "60", "--checkpoint-every", "10")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-    process = start_until_first_checkpoint(command, model_dir, env, stderr=subprocess.STDOUT)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    killed_history = read_history(model_dir)
-    killed_at = int(killed_history[-1]["step"])
-    assert 10 <= killed_at < 60
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory):
+    """One `train.py` run stopped twice, as a user's run can be, then finished: SIGTERM after
+    its first checkpoint (it checkpoints and exits 0); the same command again, killed with
+    SIGKILL once it has written a checkpoint of its own; the same command once more, to 15
+    steps past that checkpoint (a last round cut short). Each start pays TensorFlow's start-up,
+    a trace and (the last) the valid BLEU, so the signal, kill and refusal tests share these
+    three starts. A dict of the processes' outputs and the run's paths."""
+    root = tmp_path_factory.mktemp("interrupted_run")
+    data = write_corpus(root / "data")
+    model_dir = root / "run"
+    command = train_command(data, model_dir, "--steps", "400", "--checkpoint-every", "10")
+    quiet_env = dict(os.environ, PYTHONUNBUFFERED="1")
+    quiet_env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the command must be quiet on its own
+    process = start_until_first_checkpoint(command, model_dir, quiet_env, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # somewhere inside the second round
+    process.send_signal(signal.SIGTERM)
+    term_stdout, term_stderr = process.communicate(timeout=120)
+    record = {"data": data, "model_dir": model_dir, "term_returncode": process.returncode,
+              "term_stdout": term_stdout, "term_stderr": term_stderr}
+    stopped = [line for line in term_stdout.splitlines() if line.startswith("stopped at step")]
+    if process.returncode or len(stopped) != 1:
+        return record  # test_sigterm_... reports it
+    record["stopped_at"] = stopped_at = int(stopped[0].split()[3])
 
-    resumed = run_train(*command)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    log = resumed.stdout + resumed.stderr
-    assert f"resuming at step {killed_at}" in log
+    # The same command again, killed once it has written a round checkpoint past the signal's.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    deadline = time.time() + 300
+    while (process.poll() is None and time.time() < deadline
+           and int(read_history(model_dir)[-1]["step"]) <= stopped_at):
+        time.sleep(0.2)
+    record["kill_was_running"] = process.poll() is None
+    process.send_signal(signal.SIGKILL)
+    record["kill_output"] = process.communicate()[0]
+    record["killed_history"] = read_history(model_dir)
+    record["killed_at"] = killed_at = int(record["killed_history"][-1]["step"])
+
+    record["final"] = run_train(*train_command(data, model_dir, "--steps", str(killed_at + 15),
+                                               "--checkpoint-every", "10"))
+    return record
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_exits_0_then_sigkill_and_resume_continue(interrupted_run):
+    run = interrupted_run
+    stdout, stderr = run["term_stdout"], run["term_stderr"]
+    assert run["term_returncode"] == 0, stdout[-2000:] + stderr[-2000:]
+    stopped = [line for line in stdout.splitlines() if line.startswith("stopped at step")]
+    assert len(stopped) == 1, stdout
+    step = run["stopped_at"]
+    assert 10 < step < 400, stopped  # mid-round, or right after a round's own checkpoint
+    assert f"checkpoint ckpt-{step} written. Run the same command again to resume." in stopped[0]
+    assert not [line for line in (stdout + stderr).splitlines() if any(n in line for n in NOISE)]
+    # Non-interactive output: one line per checkpoint.
+    assert stdout.splitlines()[0].startswith("step 10/400, loss ")
+
+    # kill -9 after the resumed process's own checkpoint: the last complete one is kept.
+    assert run["kill_was_running"], run["kill_output"][-3000:]
+    assert f"resuming at step {step}" in run["kill_output"]
+    killed_at = run["killed_at"]
+    assert killed_at > step and killed_at % 10 == 0
+
+    final = run["final"]
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    log = final.stdout + final.stderr
+    assert f"resuming at step {killed_at}" in final.stderr
+    model_dir = run["model_dir"]
     results = json.loads((model_dir / "results.json").read_text())
-    assert results["steps"] == 60
-    steps = [int(row["step"]) for row in read_history(model_dir)]
-    assert steps == list(range(10, 70, 10))  # continues, no step repeated or lost
+    assert results["steps"] == killed_at + 15
+    history = [int(row["step"]) for row in read_history(model_dir)]
+    # continues, no step repeated or lost; rounds stay on multiples of 10, a signal's checkpoint is extra
+    assert history == list(range(10, killed_at + 16, 10)) + [killed_at + 15]
     losses = [float(row["loss"]) for row in read_history(model_dir)]
     # The loss continues from where it was, it does not restart from scratch.
-    assert losses[len(killed_history)] < losses[0]
+    assert losses[len(run["killed_history"])] < losses[0]
     assert (model_dir / "curves.png").stat().st_size > 1000
     assert (model_dir / "final.weights.h5").exists()
     assert "valid BLEU (beam 4, averaged model)" in log
+    if step % 10:  # a signal's mid-round checkpoint is never averaged; a round's own one may be
+        assert f"ckpt-{step}" not in final.stderr.split("averaging")[1].splitlines()[0]
 
 
 @pytest.mark.slow
-def test_resume_refuses_other_tokenizer_or_config(tmp_path):
-    data = write_corpus(tmp_path / "data")
-    model_dir = tmp_path / "run"
-    first = run_train(*train_command(data, model_dir, "--steps", "2", "--checkpoint-every", "2"))
-    assert first.returncode == 0, first.stderr[-3000:]
-
-    # The two refusals side by side, the second on a copy of the run whose tokenizer is replaced.
-    corrupted_dir = tmp_path / "run-corrupted-tokenizer"
-    shutil.copytree(model_dir, corrupted_dir)
+def test_resume_refuses_other_tokenizer_or_config(interrupted_run, tmp_path):
+    """The finished run, copied twice: resumed with another max_length, and with its tokenizer
+    replaced by bytes that are no SentencePiece model; both refused in one line."""
+    assert interrupted_run.get("final") is not None and interrupted_run["final"].returncode == 0
+    data, steps = interrupted_run["data"], str(interrupted_run["killed_at"] + 20)
+    other_dir, corrupted_dir = tmp_path / "run-other-config", tmp_path / "run-corrupted-tokenizer"
+    shutil.copytree(interrupted_run["model_dir"], other_dir)
+    shutil.copytree(interrupted_run["model_dir"], corrupted_dir)
     (corrupted_dir / "tokenizer.model").write_bytes(b"not a sentencepiece model")
-    other = in_background(run_train, *train_command(data, model_dir, "--steps", "4", "--max-length", "32"))
-    corrupt = in_background(run_train, *train_command(data, corrupted_dir, "--steps", "4"))
+    other = in_background(run_train, *train_command(data, other_dir, "--steps", steps, "--max-length", "32"))
+    corrupt = in_background(run_train, *train_command(data, corrupted_dir, "--steps", steps))
     concurrent.futures.wait([other, corrupt])
     other, corrupt = other.result(), corrupt.result()
     assert other.returncode == 2
@@ -251,39 +305,6 @@ def test_the_quiet_rule_knows_our_commands_from_the_interpreters_command_line():
         assert console.running_command(ours), ours
     for theirs in (["-m", "pytest"], ["-c", "import train"], ["serve.py"], ["-m", "exporter.x"]):
         assert not console.running_command(theirs), theirs
-
-
-@pytest.mark.slow
-def test_sigterm_checkpoints_exits_0_and_resumes(tmp_path):
-    data = write_corpus(tmp_path / "data")
-    model_dir = tmp_path / "run"
-    command = train_command(data, model_dir, "--steps", "400", "--checkpoint-every", "10")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the command must be quiet on its own
-    process = start_until_first_checkpoint(command, model_dir, env, stderr=subprocess.PIPE)
-    time.sleep(1.0)  # somewhere inside the second round
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 0, stdout[-2000:] + stderr[-2000:]
-    stopped = [line for line in stdout.splitlines() if line.startswith("stopped at step")]
-    assert len(stopped) == 1, stdout
-    step = int(stopped[0].split()[3])
-    assert 10 < step < 400, stopped  # mid-round, or right after a round's own checkpoint
-    assert f"checkpoint ckpt-{step} written. Run the same command again to resume." in stopped[0]
-    assert not [line for line in (stdout + stderr).splitlines() if any(n in line for n in NOISE)]
-    # Non-interactive output: one line per checkpoint.
-    assert stdout.splitlines()[0].startswith("step 10/400, loss ")
-
-    resumed = run_train(*train_command(data, model_dir, "--steps", str(step + 15), "--checkpoint-every", "10"))
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert f"resuming at step {step}" in resumed.stderr
-    history = [int(row["step"]) for row in read_history(model_dir)]
-    boundaries = list(range(10, step + 16, 10)) + ([step + 15] if (step + 15) % 10 else [])
-    assert history == boundaries  # rounds stay on multiples of 10; a signal's checkpoint is extra
-    results = json.loads((model_dir / "results.json").read_text())
-    assert results["steps"] == step + 15
-    if step % 10:  # a signal's mid-round checkpoint is never averaged; a round's own one may be
-        assert f"ckpt-{step}" not in resumed.stderr.split("averaging")[1].splitlines()[0]
 
 
 @pytest.mark.parametrize("flags, expected", CLI_MISUSE)
