@@ -888,8 +888,13 @@ def test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one(
     # 4.4% (0.059) on the outputs of 4+ words, and 0.077 (13.8%) on the 2-word "Buch Buch",
     # whose score is the mean over only 3 tokens, with the toy model as trained since the
     # logsumexp loss (f026538; with the weights trained before it: up to 4.2%, and the bound
-    # was rtol 0.1 alone). Hence 10% plus 0.05 nats.
-    np.testing.assert_allclose(got["score"], want["score"], rtol=0.1, atol=0.05)
+    # was rtol 0.1 alone). Since the toy is trained with FusedAdam (one ResourceApplyAdam per
+    # variable, the same update to float32 rounding, whose rounding trains other toy weights)
+    # int8 moves the one-word "Buch" by 0.143 nats (34%) and a 6-word output by 0.109 (15%),
+    # all 7 translations still equal. The bound follows the weights; a broken quantization
+    # (wrong scales, a transposed kernel) moves scores by nats and changes the translations.
+    # Hence 10% plus 0.15 nats.
+    np.testing.assert_allclose(got["score"], want["score"], rtol=0.1, atol=0.15)
     with pytest.raises(ValueError, match="quantize must be one of"):
         convert(exported["path"], tmp_path / "x.tflite", "int4")
 
