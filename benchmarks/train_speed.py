@@ -159,9 +159,7 @@ def build_variant(name, config, seed):
         if "adam" in options:  # Keras's Adam with make_optimizer's settings and schedule
             from keras_transformer import make_optimizer
 
-            fused = make_optimizer(config)
-            optimizer = keras.optimizers.Adam(fused._learning_rate, beta_1=fused.beta_1, beta_2=fused.beta_2,
-                                              epsilon=fused.epsilon)
+            optimizer = keras.optimizers.Adam.from_config(make_optimizer(config).get_config())
         return harness.compiled_model(config, seed, jit_compile="xla" in options, loss=loss, build=build,
                                       optimizer=optimizer)
     finally:
