@@ -125,9 +125,10 @@ class TranslationModule(tf.Module):
         # The default signatures' patience stop (None: the exact search).
         self._patience = float(patience) if patience and patience > 0 else None
         source = "conllu" if config.syntax_aware else "text"
-        self.serve = tf.function(self._serve, input_signature=[
+        # autograph=False: the search graph needs no autograph (`searcher.not_converted`).
+        self.serve = tf.function(self._serve, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name=source)])
-        self.serve_with_options = tf.function(self._serve_with_options, input_signature=[
+        self.serve_with_options = tf.function(self._serve_with_options, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name=source),
             tf.TensorSpec([], tf.int32, name="beam_size"),
             tf.TensorSpec([], tf.float32, name="alpha"),
@@ -137,9 +138,9 @@ class TranslationModule(tf.Module):
         ])
         if config.syntax_aware:  # CoNLL-U in: no LiteRT / XLA variants (saving traces every tf.function)
             return
-        self.serve_litert = tf.function(self._serve_litert, input_signature=[
+        self.serve_litert = tf.function(self._serve_litert, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
-        self.serve_xla = tf.function(self._serve_xla, input_signature=[
+        self.serve_xla = tf.function(self._serve_xla, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
 
     def _serve(self, text):

@@ -163,6 +163,18 @@ def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
     return state
 
 
+# The search graph is plain python around explicit loops and branches (`while_loop`,
+# `cond`, `switch`): its python `if`s and `for`s test python values only, so autograph,
+# which rewrites each function a `tf.function` traces and wraps every call in
+# `converted_call`, changes nothing in it but the time the trace takes. Our
+# `tf.function`s trace it with `autograph=False`, and the graph entry points below
+# (`Searcher.search`, `search_xla`, `Translator.translate_graph`, ...) are marked
+# `not_converted`, so that a caller's own `tf.function` (autograph on by default) runs
+# them unconverted too: the same graph, op for op, traced in about half the time (the
+# toy's export 29.3 -> 12.5 s on first use; BENCHMARKS.md, "Tracing without autograph").
+not_converted = tf.autograph.experimental.do_not_convert
+
+
 class Searcher:
     """The model's beam search from source ids to translation ids (plain graph or XLA).
 
@@ -198,6 +210,7 @@ class Searcher:
         self.length_buckets = length_buckets(config.max_length)
         self._compiled = {}
 
+    @not_converted
     def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
                static_buffer=False, source_features=None, patience=None, exact_results=None,
                max_beam_size=None):
@@ -335,7 +348,7 @@ class Searcher:
                                    batch_halvings=batch_halvings, gather=tf_gather,
                                    normalize_after_top_k=True)
 
-            self._compiled[key] = tf.function(search, jit_compile=True, input_signature=[
+            self._compiled[key] = tf.function(search, jit_compile=True, autograph=False, input_signature=[
                 tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
                 tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32)])
         return self._compiled[key]
@@ -350,6 +363,7 @@ class Searcher:
         """`bucketed_shape(batch, width, self.length_buckets)`."""
         return bucketed_shape(batch, width, self.length_buckets)
 
+    @not_converted
     def search_xla(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
                    patience=None, batch_halvings=XLA_BATCH_HALVINGS):
         """`search` through the XLA-compiled function, on inputs padded to a bucket.

@@ -32,7 +32,7 @@ from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.data.annotated import annotated_features
 from keras_transformer.model import source_feature_names
-from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher
+from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted
 
 # `Translator.translate` (train.py's BLEU, in our own process) runs a few batches
 # per shape, not a server's many: the branches' compile time (13.6 s instead of
@@ -77,6 +77,7 @@ class Translator:
         self._functions = {}
 
     # -- pieces ------------------------------------------------------------
+    @not_converted
     def clean_text(self, text):
         """Input hygiene: invalid UTF-8 becomes U+FFFD, overlong text is cut.
 
@@ -91,6 +92,7 @@ class Translator:
         return tf.strings.substr(text, 0, CHARS_PER_TOKEN_BOUND * self.config.max_length,
                                  unit="UTF8_CHAR")
 
+    @not_converted
     def encode_text(self, text):
         """Tokenizes and appends EOS, truncating to `max_length` tokens.
 
@@ -112,6 +114,7 @@ class Translator:
         # EOS right after each input's last token.
         return tf.where(tf.expand_dims(positions, 0) == tf.expand_dims(lengths, 1), EOS_ID, dense), lengths
 
+    @not_converted
     def encode_conllu(self, conllu, strict=True):
         """CoNLL-U sentences -> source ids, lengths and the model's syntax features.
 
@@ -133,6 +136,7 @@ class Translator:
                 {name: features[name] for name in source_feature_names(self.config)}, features["errors"])
 
 
+    @not_converted
     def decode_ids(self, ids, static_batch=None):
         """ids int32 `[n, L]` (text tokens, then EOS and PAD) -> strings `[n]`.
 
@@ -155,6 +159,7 @@ class Translator:
         padded = tf.reshape(padded, [static_batch, self.searcher.max_decode_length])  # [static_batch, L]
         return self.sentencepiece.detokenize(padded)[:count]
 
+    @not_converted
     def translate_graph(self, text, beam_size, alpha, extra_length, num_results, litert_batch=None,
                         xla=False, patience=None, batch_halvings=XLA_BATCH_HALVINGS, exact_results=None,
                         max_beam_size=None):
@@ -215,6 +220,7 @@ class Translator:
                                                exact_results=exact_results, max_beam_size=max_beam_size)
         return self._strings(ids, scores, lengths, num_results, litert_batch)
 
+    @not_converted
     def translate_conllu_graph(self, conllu, beam_size, alpha, extra_length, num_results, patience=None,
                                strict=False, exact_results=None, max_beam_size=None):
         """`translate_graph` for a syntax-aware model, with each sentence's problem.
@@ -270,7 +276,8 @@ class Translator:
             self._functions[key] = tf.function(
                 lambda t, a: self.translate_graph(t, beam_size, a, self.config.decode_extra_length,
                                                   num_results, xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS),
-                input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32)])
+                input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32)],
+                autograph=False)  # see searcher.not_converted
         strings, _ = self._functions[key](tf.constant(texts, tf.string) if not tf.is_tensor(texts) else texts,
                                           tf.constant(alpha, tf.float32))
         decoded = [[s.decode("utf-8") for s in row] for row in strings.numpy()]

@@ -1,8 +1,11 @@
 """The searches of `Searcher`: the plain graph's kernel choice per request, the XLA
 search's programs per batch bucket."""
 
+import traceback
+
 import numpy as np
 import tensorflow as tf
+from helpers import WORDS_EN
 
 from keras_transformer import TransformerConfig, build_transformer
 from keras_transformer import searcher as searcher_module
@@ -10,6 +13,7 @@ from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.layers import attention as attention_module
 from keras_transformer.layers.attention import SMALL_ATTENTION
 from keras_transformer.searcher import Searcher, broadcast_products_suffice
+from keras_transformer.translator import Translator
 
 
 def tiny_model_and_sources(num_layers, seed, width):
@@ -155,3 +159,42 @@ def test_the_plain_loops_large_attention_products_run_out_of_onednn_and_equal_th
     integer_transposes = [node for function in library.function for node in function.node_def
                           if node.op == "Transpose" and node.attr["T"].type == tf.int32.as_datatype_enum]
     assert len(integer_transposes) == 2 * config.num_layers, [node.name for node in integer_transposes]
+
+
+def test_autograph_rewrites_none_of_the_search(tmp_path):
+    """The search graph needs no autograph (`searcher.not_converted`): traced from a
+    caller's `tf.function` with autograph on (the default), through `Translator` (its
+    `translate_graph` and its own in-process function) and as the XLA program, every
+    frame of the package's code between the entry point and the step function runs
+    from the package's source files, none from autograph's rewritten copies (where a
+    converted function's frames live, in `__autograph_generated_file*.py`); and the
+    search gives the same results as in eager mode."""
+    from keras_transformer.data import Tokenizer, train_tokenizer
+
+    config, model, source = tiny_model_and_sources(num_layers=1, seed=3, width=6)
+    stacks = []
+
+    def probe(logits):  # the search's logits_filter: runs inside the step function, at trace time
+        stacks.append([frame.filename for frame in traceback.extract_stack()])
+        return logits
+
+    def rewritten_below_entry(stack):
+        """The frames from the first of the package's on that autograph rewrote."""
+        first = next(i for i, name in enumerate(stack) if "keras_transformer" in name)
+        return [name for name in stack[first:] if "__autograph_generated" in name]
+
+    searcher = Searcher(model, config, logits_filter=probe)
+    lengths = np.array([6, 6, 6], "int32")
+    plain = tf.function(lambda i, n: searcher.search(i, n, 2, 0.6, 6, 1))(source, lengths)  # autograph on
+    eager = searcher.search(source, lengths, 2, 0.6, 6, 1)
+    assert_same_search(*plain, *eager)
+    searcher.compiled_search(2, 1, 0).get_concrete_function()
+    texts = [" ".join(WORDS_EN[i:] + WORDS_EN[:i]) for i in range(len(WORDS_EN))] * 4
+    tokenizer = Tokenizer.load(train_tokenizer(texts, tmp_path / "sp", config.vocab_size))
+    translator = Translator(model, config, tokenizer.model_bytes, logits_filter=probe)
+    tf.function(lambda t: translator.translate_graph(t, 2, 0.6, 6, 1))(tf.constant(texts[:2]))
+    assert translator.translate(texts[:2], beam_size=2, xla=False) is not None  # its own tf.function
+    assert len(stacks) >= 4
+    for stack in stacks:
+        assert any(name.endswith("decoding.py") for name in stack), stack  # beam_search's own frame
+        assert not rewritten_below_entry(stack), stack
