@@ -205,7 +205,7 @@ def test_keras_gather_has_tf_gathers_meaning():
              (y[:, :, 0] > 7, beams, 1, np.stack([(y[:, :, 0] > 7)[b, beams[b]] for b in range(3)])),
              (flat, rows, 0, flat[rows]), (flat, beams, 0, flat[beams])]
     for gather in (keras_gather, tf_gather):
-        graph = tf.function(lambda x, i, b, gather=gather: gather(x, i, b))
+        graph = tf.function(lambda x, i, b, gather=gather: gather(x, i, b), autograph=False)
         for x, indices, batch_dims, expected in cases:
             np.testing.assert_array_equal(np.asarray(gather(x, indices, batch_dims)), expected)
             np.testing.assert_array_equal(graph(x, indices, batch_dims).numpy(), expected)
@@ -275,10 +275,10 @@ def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
         expected_values, expected_indices = (np.asarray(t) for t in tf.math.top_k(x, k))
         eager = top_k_blockwise(ops.convert_to_tensor(x), k, block)
         graph = tf.function(lambda t: top_k_blockwise(t, k, block),
-                            input_signature=[tf.TensorSpec([None, x.shape[1]], tf.float32)])(x)
-        xla = tf.function(lambda t: top_k_blockwise(t, k, block), jit_compile=True)(x)
+                            input_signature=[tf.TensorSpec([None, x.shape[1]], tf.float32)], autograph=False)(x)
+        xla = tf.function(lambda t: top_k_blockwise(t, k, block), jit_compile=True, autograph=False)(x)
         tf_gathers = tf.function(lambda t: top_k_blockwise(t, k, block, gather=tf_gather),
-                                 input_signature=[tf.TensorSpec([None, x.shape[1]], tf.float32)])(x)
+                                 input_signature=[tf.TensorSpec([None, x.shape[1]], tf.float32)], autograph=False)(x)
         for values, indices in (eager, graph, xla, tf_gathers):
             np.testing.assert_array_equal(np.asarray(values), expected_values)
             np.testing.assert_array_equal(np.asarray(indices), expected_indices)
@@ -286,14 +286,15 @@ def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
     x = cases[0][0].astype("float32")
     run_time_k = tf.function(lambda t, k: top_k_blockwise(t, k, gather=tf_gather, max_k=16),
                              input_signature=[tf.TensorSpec([None, x.shape[1]], tf.float32),
-                                              tf.TensorSpec([], tf.int32)])
+                                              tf.TensorSpec([], tf.int32)], autograph=False)
     for k in (1, 5, 16):
         values, indices = run_time_k(x, tf.constant(k))
         np.testing.assert_array_equal(values.numpy(), tf.math.top_k(x, k).values.numpy())
         np.testing.assert_array_equal(indices.numpy(), tf.math.top_k(x, k).indices.numpy())
     interpreter_lib = pytest.importorskip("ai_edge_litert.interpreter")
     x = cases[1][0].astype("float32")
-    litert_fn = tf.function(lambda t: top_k_blockwise(t, 8), input_signature=[tf.TensorSpec(x.shape, tf.float32)])
+    litert_fn = tf.function(lambda t: top_k_blockwise(t, 8), input_signature=[tf.TensorSpec(x.shape, tf.float32)],
+                            autograph=False)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([litert_fn.get_concrete_function()], litert_fn)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     interpreter = interpreter_lib.Interpreter(model_content=converter.convert())
@@ -349,7 +350,7 @@ def test_normalizing_after_the_top_k_finds_the_reference_hypotheses(vocab, beam_
     np.testing.assert_allclose(scores, before_scores, rtol=1e-5)  # float32 sums of other roundings
     from keras_transformer.searcher import tf_gather
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def compiled(normalize_after_top_k):
         return beam_search(model.step_fn, model.initial_cache(), 3, tf.constant(max_lengths), max_decode_length=7,
                            normalize_after_top_k=normalize_after_top_k, gather=tf_gather, **kwargs)
@@ -478,7 +479,7 @@ def test_tf_function_graph_and_xla():
     # Dynamic batch and alpha as a tensor input (a SavedModel signature).
     graph_fn = tf.function(decode, jit_compile=False, input_signature=[
         tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, *EMB], tf.float32),
-        tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float32)])
+        tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float32)], autograph=False)
     args = (model.h0, model.acc0, max_lengths, np.float32(0.6))
     graph = [np.asarray(t) for t in graph_fn(*args)]
     np.testing.assert_array_equal(graph[0], eager[0])
@@ -486,7 +487,7 @@ def test_tf_function_graph_and_xla():
 
     xla_fn = tf.function(lambda h, acc, m, a: beam_search(
         model.step_fn, {"sid": tf.range(3), "h": h, "acc": acc}, 3, m, beam_size=4, num_results=2, alpha=a,
-        max_decode_length=9), jit_compile=True)
+        max_decode_length=9), jit_compile=True, autograph=False)
     xla = [np.asarray(t) for t in xla_fn(*args)]
     np.testing.assert_array_equal(xla[0], eager[0])
     np.testing.assert_allclose(xla[1], eager[1], rtol=1e-5)
@@ -498,7 +499,7 @@ def test_argument_validation():
         beam_search(model.step_fn, model.initial_cache(), 1, np.array([3], "int32"),
                     beam_size=2, num_results=3)
     with pytest.raises(ValueError):
-        tf.function(lambda m: beam_search(model.step_fn, model.initial_cache(), 1, m))(
+        tf.function(lambda m: beam_search(model.step_fn, model.initial_cache(), 1, m), autograph=False)(
             tf.constant([3]))
 
 
@@ -512,7 +513,7 @@ def test_converts_to_litert_builtins():
 
     @tf.function(input_signature=[
         tf.TensorSpec([3], tf.int32), tf.TensorSpec([3, *EMB], tf.float32),
-        tf.TensorSpec([3], tf.int32), tf.TensorSpec([], tf.float32)])
+        tf.TensorSpec([3], tf.int32), tf.TensorSpec([], tf.float32)], autograph=False)
     def decode(h, acc, lengths, alpha):
         cache = {"sid": tf.range(3), "h": h, "acc": acc}
         return beam_search(model.step_fn, cache, 3, lengths, beam_size=4, num_results=2,
@@ -581,7 +582,7 @@ def test_drop_finished_equals_the_full_batch_loop(beam_size, num_results):
     for gather in (None, tf_gather):  # keras.ops' gathers, and the plain graph's one-node ones
         graph = tf.function(lambda h, a, m, gather=gather: decode(h, a, m, gather), input_signature=[
             tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, *EMB], tf.float32),
-            tf.TensorSpec([None], tf.int32)])(model.h0, model.acc0, max_lengths)
+            tf.TensorSpec([None], tf.int32)], autograph=False)(model.h0, model.acc0, max_lengths)
         np.testing.assert_array_equal(graph[0].numpy(), seqs)
         np.testing.assert_allclose(graph[1].numpy(), scores, rtol=1e-6)
 
@@ -660,7 +661,7 @@ def test_run_time_beam_size_equals_each_static_beam_size(vocab, max_beam, drop_f
     loop = dict(drop_finished=True, while_loop=relaxed_while_loop, gather=tf_gather) if drop_finished else {}
 
     @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
-                                  tf.TensorSpec([], tf.float32)])
+                                  tf.TensorSpec([], tf.float32)], autograph=False)
     def search(k, exact, patience):
         static = {"sid": tf.range(8)}
 
@@ -689,7 +690,7 @@ def test_run_time_beam_size_equals_each_static_beam_size(vocab, max_beam, drop_f
     np.testing.assert_allclose(got_scores.numpy()[:, 0], np.asarray(greedy_scores), rtol=1e-6)
     with pytest.raises(ValueError, match="a tensor beam_size needs max_beam_size"):
         tf.function(lambda k: beam_search(model.step_fn, model.initial_cache(), 8, max_lengths, beam_size=k,
-                                          max_decode_length=12))(tf.constant(2))
+                                          max_decode_length=12), autograph=False)(tf.constant(2))
 
 
 def test_dropped_sentences_leave_the_step_function():
@@ -750,7 +751,7 @@ def test_batch_halvings_equal_the_full_batch_loop(beam_size, num_results):
         np.testing.assert_allclose(plain[1], scores, rtol=1e-6)
     xla = tf.function(lambda h, a, m: search(h, a, m, 2, False), jit_compile=True, input_signature=[
         tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, *EMB], tf.float32),
-        tf.TensorSpec([None], tf.int32)])
+        tf.TensorSpec([None], tf.int32)], autograph=False)
     compiled = [t.numpy() for t in xla(model.h0, model.acc0, max_lengths)]
     np.testing.assert_array_equal(compiled[0], want[0])
     np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5)
@@ -842,7 +843,7 @@ def test_cache_stages_equal_one_buffer_eager_and_xla():
     staged = [np.asarray(t) for t in search(model.h0, model.acc0, max_lengths, staged=True)]
     np.testing.assert_array_equal(staged[0], want[0])
     np.testing.assert_allclose(staged[1], want[1], rtol=1e-6)
-    xla = tf.function(lambda h, a, m: search(h, a, m, staged=True), jit_compile=True)
+    xla = tf.function(lambda h, a, m: search(h, a, m, staged=True), jit_compile=True, autograph=False)
     compiled = [t.numpy() for t in xla(model.h0, model.acc0, max_lengths)]
     np.testing.assert_array_equal(compiled[0], want[0])
     np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5)
