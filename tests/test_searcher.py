@@ -163,8 +163,8 @@ def test_the_plain_loops_large_attention_products_run_out_of_onednn_and_equal_th
 
 def test_autograph_rewrites_none_of_the_search(tmp_path):
     """The search graph needs no autograph (`searcher.not_converted`): traced from a
-    caller's `tf.function` with autograph on (the default), through `Translator` (its
-    `translate_graph` and its own in-process function) and as the XLA program, every
+    caller's `tf.function` with autograph on (the default), through
+    `Translator.translate_graph` and as the XLA program, every
     frame of the package's code between the entry point and the step function runs
     from the package's source files, none from autograph's rewritten copies (where a
     converted function's frames live, in `__autograph_generated_file*.py`); and the
@@ -193,8 +193,7 @@ def test_autograph_rewrites_none_of_the_search(tmp_path):
     tokenizer = Tokenizer.load(train_tokenizer(texts, tmp_path / "sp", config.vocab_size))
     translator = Translator(model, config, tokenizer.model_bytes, logits_filter=probe)
     tf.function(lambda t: translator.translate_graph(t, 2, 0.6, 6, 1))(tf.constant(texts[:2]))
-    assert translator.translate(texts[:2], beam_size=2, xla=False) is not None  # its own tf.function
-    assert len(stacks) >= 4
+    assert len(stacks) >= 3  # (the eager search calls its step function at every step)
     for stack in stacks:
         assert any(name.endswith("decoding.py") for name in stack), stack  # beam_search's own frame
         assert not rewritten_below_entry(stack), stack
