@@ -170,8 +170,8 @@ def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
 # `tf.function`s trace it with `autograph=False`, and the graph entry points below
 # (`Searcher.search`, `search_xla`, `Translator.translate_graph`, ...) are marked
 # `not_converted`, so that a caller's own `tf.function` (autograph on by default) runs
-# them unconverted too: the same graph, op for op, traced in about half the time (the
-# toy's export 29.3 -> 12.5 s on first use; BENCHMARKS.md, "Tracing without autograph").
+# them unconverted too: the same graph, op for op, traced faster (a `multi30k`-shape
+# export in 16.3-19.0 s instead of 28.4-28.5; BENCHMARKS.md, "Tracing without autograph").
 not_converted = tf.autograph.experimental.do_not_convert
 
 
@@ -184,7 +184,8 @@ class Searcher:
         logits_filter: None, or a function `logits [rows, vocab] -> logits`
             applied to the decoder's output at every step before the search
             scores it (e.g. `NEG_INF` on tokens that must never be produced,
-            or a probe that counts the rows each step runs).
+            or a probe that counts the rows each step runs). It is traced without
+            autograph (`not_converted`): a branch on a tensor must be a tensor op.
         output_kernel: None, or a stored `[d_model, vocab]` copy of the output
             projection's matrix (a `tf.Variable` holding `decoder.output_kernel()`,
             which the export makes once: `TranslationModule`), read by every search
