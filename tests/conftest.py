@@ -10,15 +10,6 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # suite asks for MKL everywhere (read at CTranslate2's first GEMM, after this import;
 # worker processes inherit it).
 os.environ.setdefault("CT2_USE_MKL", "1")
-# Two xdist workers on two cores: each TensorFlow (a worker's, and the subprocesses it
-# starts, which inherit this) gets one intra-op thread, cores // workers, instead of one per
-# core. Two pools of two threads on two cores spin against each other: test_decoding.py and
-# test_searcher.py in two workers took 0.89x the time with one thread each (155 / 160 s
-# against 185 / 167 s, alternating; BENCHMARKS.md "The suite with one TensorFlow thread
-# per worker"). `-n 0` (one process) keeps TensorFlow's default, a thread per core.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if _WORKERS > 1:
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 import pytest  # noqa: E402
 
