@@ -520,8 +520,16 @@ def test_xla_warmup_requests_cover_every_bucket(exported, loaded, tmp_path):
         shapes.add(tuple(int(v) for v in translator.searcher.bucketed_shape(*tf.shape(source_ids))))
         assert len(text) in XLA_BATCH_BUCKETS
     assert shapes == {(b, w) for b in XLA_BATCH_BUCKETS for w in (16, 24)}
-    out = loaded.signatures["translate_xla"](**requests[-1][1])
-    assert out["translation"].shape == (XLA_BATCH_BUCKETS[-1],) and np.isfinite(out["score"].numpy()).all()
+    # One request runs through the signature: the (4, 24) bucket's, whose program
+    # test_xla_signature_translates_like_serving_default (before this test in the file)
+    # has compiled in this process, rather than compiling the 64-row one for this call only
+    # (15 s of this test's 30 in the suite); the padding rule is checked above for every bucket.
+    (text,) = [inputs["text"] for _, inputs in requests[1:] if len(inputs["text"]) == 4
+               and int(translator.searcher.bucketed_shape(*tf.shape(translator.encode_text(inputs["text"])[0]))[1]) == 24]
+    out = loaded.signatures["translate_xla"](text=text)
+    want = loaded.signatures["serving_default"](text=text)
+    assert out["translation"].numpy().tolist() == want["translation"].numpy().tolist()
+    np.testing.assert_allclose(out["score"].numpy(), want["score"].numpy(), rtol=0, atol=1e-5)
 
 
 @pytest.mark.slow
