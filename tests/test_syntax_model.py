@@ -609,23 +609,25 @@ def test_served_signatures_name_a_malformed_sentence_in_its_own_row(syntax_run, 
         translator.translate([blocks[0], malformed[0]])
 
 
-def test_translate_command_names_a_malformed_conllu_sentence_in_one_line(syntax_run, monkeypatch, capsys):
+def test_translate_command_names_a_malformed_conllu_sentence_in_one_line(syntax_run, syntax_served, monkeypatch,
+                                                                        capsys):
     """Issue #19: a malformed CoNLL-U sentence made export.translate print a traceback, then
     failed its whole request. Now: every other sentence is translated, the malformed one gets
     an empty line, stderr names it and its problem in one line (plus a closing count), exit 1."""
     import io
 
     from export import translate
-    from keras_transformer.translator import Translator
 
-    trained, export, data = syntax_run
+    _, export, data = syntax_run
+    loaded, translator = syntax_served  # the export loaded once for the module, its in-process Translator
     blocks = (data / "valid.en.conllu").read_text().strip().split("\n\n")[:3]
     cycle = list(MALFORMED)[0]
     stdin = "\n\n".join(blocks[:2] + [blocks[2], cycle]) + "\n"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+    monkeypatch.setattr(tf.saved_model, "load", lambda path: loaded if pathlib.Path(path) == export else None)
     assert translate.main(["--saved-model", str(export), "--batch-size", "2"]) == 1
     out, err = capsys.readouterr()
-    expected = Translator(trained.model, trained.config, trained.tokenizer.model_bytes).translate(blocks)
+    expected = translator.translate(blocks)
     assert out.splitlines() == expected + [""]
     lines = err.strip().splitlines()
     assert "Traceback" not in err, err
