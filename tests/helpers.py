@@ -49,6 +49,7 @@ def train_toy_translator(directory, steps=250, seed=0):
                            shuffle=True, seed=seed, repeat=True)
     model = build_transformer(config)
     model.compile(optimizer=make_optimizer(config), loss=LabelSmoothedCrossEntropy(0.1))
+    model.optimizer.build(model.trainable_variables)  # eagerly, as train.py does: 12x faster than in the trace
     model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
     return model, config, tokenizer, corpus
 
