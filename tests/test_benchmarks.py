@@ -424,3 +424,20 @@ def test_every_multi30k_sweep_candidate_is_a_command_train_py_accepts():
     assert (preset.vocab_size, runs["vocab-8000"].vocab_size, runs["vocab-4000"].vocab_size) == (10_000, 8000, 4000)
     assert runs["subword-0.1-dropout-0.1"].subword_alpha == 0.1
     assert runs["subword-0.1-dropout-0.1"].model_config(10_000).dropout == 0.1
+
+
+def test_optimizer_build_benchmark_reports_the_ratio_of_its_own_medians(capsys):
+    """benchmarks/optimizer_build.py in process, tiny, one round: one row per preset with
+    the model's variable count, and the last line is its in-trace over eager seconds."""
+    from benchmarks import optimizer_build
+    from keras_transformer import TransformerConfig, build_transformer
+
+    assert optimizer_build.main(["--presets", "tiny", "--vocab-size", "40", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    (row,) = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| tiny |")]
+    variables = len(build_transformer(TransformerConfig.from_preset("tiny", vocab_size=40)).trainable_variables)
+    assert int(row[1]) == variables
+    eager, trace, ratio = float(row[2].split()[0]), float(row[3].split()[0]), float(row[4])
+    assert ratio == pytest.approx(trace / eager, rel=0.02)  # seconds to 3 decimals, the ratio to 2
+    name, value = out.strip().splitlines()[-1].split(": ")
+    assert name == "trace_over_eager" and value == row[4].strip()
