@@ -512,22 +512,19 @@ def test_xla_warmup_requests_cover_every_bucket(exported, loaded, tmp_path):
     requests = warmup_requests(path)
     assert [name for name, _ in requests] == (
         ["serving_default"] + ["translate_xla"] * len(texts) * len(XLA_BATCH_BUCKETS))
-    shapes = set()
+    by_shape = {}  # each request's text by the (batch, width) bucket it pads to
     for _, inputs in requests[1:]:
         text = inputs["text"]
         source_ids, _ = translator.encode_text(text)
-        shapes.add(tuple(int(v) for v in translator.searcher.bucketed_shape(*tf.shape(source_ids))))
+        by_shape[tuple(int(v) for v in translator.searcher.bucketed_shape(*tf.shape(source_ids)))] = text
         assert len(text) in XLA_BATCH_BUCKETS
-    assert shapes == {(b, w) for b in XLA_BATCH_BUCKETS for w in (16, 24)}
+    assert set(by_shape) == {(b, w) for b in XLA_BATCH_BUCKETS for w in (16, 24)}
     # One request runs through the signature: the (4, 24) bucket's, whose program
     # test_xla_signature_translates_like_serving_default (before this test in the file)
     # has compiled in this process, rather than compiling the 64-row one for this call only
     # (the test took 14.6 s alone with that compile, 3.5 s without); the padding rule is
     # checked above for every bucket.
-    def bucket(text):
-        return tuple(int(v) for v in translator.searcher.bucketed_shape(*tf.shape(translator.encode_text(text)[0])))
-
-    (text,) = [inputs["text"] for _, inputs in requests[1:] if bucket(inputs["text"]) == (4, 24)]
+    text = by_shape[(4, 24)]
     out = loaded.signatures["translate_xla"](text=text)
     want = loaded.signatures["serving_default"](text=text)
     assert out["translation"].numpy().tolist() == want["translation"].numpy().tolist()
