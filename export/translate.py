@@ -13,14 +13,24 @@ stdin instead (sentences separated by blank lines) and prints one
 translation per sentence; a malformed sentence gets an empty line, one
 line on stderr naming it and its problem, and exit status 1, while the
 sentences around it are translated.
+
+`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR` in the environment keeps
+`translate_xla`'s compiled programs in DIR, so that a later run skips compiling
+each (length, batch) bucket an earlier one compiled (TensorFlow reads the
+variable once, at start-up).
 """
 
 import argparse
+import os
 import sys
 
 from export.errors import missing_saved_model
 from keras_transformer.config import TransformerConfig
-from keras_transformer.console import OneLineArgumentParser
+from keras_transformer.console import HARMLESS_CACHE_LINES, OneLineArgumentParser, quiet_requested, stderr_without
+
+# TensorFlow's persistent XLA cache, asked for in the environment before the process starts
+# (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
+XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory="
 
 # Exports made before `assets.extra/keras_transformer.json` recorded their config were all
 # built with the paper's decoding options (beam 4, alpha 0.6, +50).
@@ -69,6 +79,12 @@ def main(argv=None) -> int:
     # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
     # sentences separated by blank lines, one translation printed per sentence.
     source = "conllu" if "conllu" in default.structured_input_signature[1] else "text"
+    if xla and XLA_CACHE_FLAG in os.environ.get("TF_XLA_FLAGS", "") and quiet_requested():
+        signature = default  # each hit of the cache logs a harmless parse error (console.HARMLESS_CACHE_LINES)
+
+        def default(**inputs):
+            with stderr_without(HARMLESS_CACHE_LINES):
+                return signature(**inputs)
     # Exports older than the patience input have none (and only the exact search).
     has_patience = "patience" in options.structured_input_signature[1]
     if args.patience is not None and not has_patience:

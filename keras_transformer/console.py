@@ -95,23 +95,57 @@ def quiet_requested() -> bool:
 
 
 @contextlib.contextmanager
+def _fd2_sent_to(file):
+    """File descriptor 2 (C++ logging included) sent to `file` for the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _lines(file):
+    file.seek(0)
+    return file.read().decode("utf-8", "replace").splitlines(keepends=True)
+
+
+@contextlib.contextmanager
 def _stderr_captured():
     """Sends file descriptor 2 (C++ logging included) to a temporary file;
     replays it if the block raises."""
-    sys.stderr.flush()
-    saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as captured:
-        os.dup2(captured.fileno(), 2)
         try:
-            yield
+            with _fd2_sent_to(captured):
+                yield
         except BaseException:
-            os.dup2(saved, 2)
-            captured.seek(0)
-            sys.stderr.write(captured.read().decode("utf-8", "replace"))
+            sys.stderr.write("".join(_lines(captured)))
             raise
+
+
+# Lines TensorFlow's C++ side prints that ask nothing of the user, for `stderr_without`.
+# Each hit of the persistent XLA cache (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory`)
+# logs one: TensorFlow reads the binary entry it wrote as text first
+# (`ReadTextOrBinaryProto`), logs that parse's failure as an error, then reads it as binary.
+HARMLESS_CACHE_LINES = ("Error parsing text-format tensorflow.XlaSerializedCacheEntry",)
+
+
+@contextlib.contextmanager
+def stderr_without(fragments):
+    """Runs the block with file descriptor 2 (C++ logging included) sent to a temporary
+    file, then writes back every line that contains none of `fragments`, also when the
+    block raises."""
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        try:
+            with _fd2_sent_to(captured):
+                yield
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            sys.stderr.write("".join(line for line in _lines(captured)
+                                     if not any(fragment in line for fragment in fragments)))
+            sys.stderr.flush()
 
 
 class _AbslFilter(logging.Filter):

@@ -52,10 +52,11 @@ def run_python(code, *args, stdin=None):
     return result.stdout
 
 
-def run_module(module, *args, stdin=None):
-    """`python -m module args` in the repository (quiet TensorFlow): the CompletedProcess."""
+def run_module(module, *args, stdin=None, env=None):
+    """`python -m module args` in the repository (quiet TensorFlow, `env` added to the
+    environment): the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
-                          input=stdin, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+                          input=stdin, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {})))
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,7 @@ def export_processes(exported, tmp_path_factory, request):
     core): `{test name: Future}`, only for the tests selected in this session. Each test
     awaits its own and checks it; the processes and their arguments are the tests' own."""
     path = str(exported["path"])
+    xla_cache = tmp_path_factory.mktemp("xla_cache")  # TensorFlow's persistent XLA cache (README)
     multi30k_run = tmp_path_factory.mktemp("multi30k") / "run"  # a finished run: results.json + history.csv
     multi30k_run.mkdir()
     (multi30k_run / "results.json").write_text(json.dumps(
@@ -77,8 +79,9 @@ def export_processes(exported, tmp_path_factory, request):
             run_python(TF1, path, json.dumps(GOLDEN)),
             run_module("export.saved_model_cli", "run", "--dir", path, "--tag_set", "serve",
                        "--signature_def", "serving_default", "--input_exprs", f"text={GOLDEN[:2]!r}")),
-        "test_translate_command_reads_stdin":
-            lambda: run_module("export.translate", "--saved-model", path, stdin="\n".join(GOLDEN) + "\n"),
+        "test_translate_command_reads_stdin": lambda: (xla_cache, run_module(
+            "export.translate", "--saved-model", path, stdin="\n".join(GOLDEN) + "\n",
+            env={"TF_XLA_FLAGS": f"--tf_xla_persistent_cache_directory={xla_cache}"})),
         "test_multi30k_benchmark_scores_a_finished_runs_export": lambda: (multi30k_run, subprocess.run(
             [sys.executable, "-m", "benchmarks.multi30k", "--model-dir", str(multi30k_run),
              "--data", str(exported["data"]), "--test", "valid", "--patience", "0.25"], cwd=ROOT,
@@ -181,10 +184,13 @@ def test_every_signature_is_traced_once_into_the_saved_model(exported):
 
 
 def test_translate_command_reads_stdin(exported, export_processes):
-    # python -m export.translate --saved-model PATH < GOLDEN
-    out = export_processes["test_translate_command_reads_stdin"].result()
+    # TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=CACHE python -m export.translate --saved-model PATH < GOLDEN
+    cache, out = export_processes["test_translate_command_reads_stdin"].result()
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines() == in_process(exported["translator"], GOLDEN)[0]
+    # translate_xla's program, compiled once for GOLDEN's (length, batch) bucket, is in the
+    # cache that a later run reads instead of compiling it again
+    assert [p.name.endswith("__XLA_CPU_JIT.pb") for p in cache.iterdir()] == [True], sorted(cache.iterdir())
 
 
 def test_translate_command_takes_its_defaults_from_the_export(exported, loaded, tmp_path, monkeypatch, capsys):
