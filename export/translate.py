@@ -74,6 +74,10 @@ def main(argv=None) -> int:
         return 2
     xla = not args.no_xla and "translate_xla" in loaded.signatures
     default = loaded.signatures["translate_xla" if xla else "serving_default"]
+    problem = xla and _xla_cache_problem(os.environ.get("TF_XLA_FLAGS", ""))
+    if problem:  # (TensorFlow would fail the first request with a graph traceback)
+        print(f"export.translate: error: {problem}", file=sys.stderr)
+        return 2
     options = loaded.signatures["translate_options"]
 
     # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
@@ -157,6 +161,27 @@ def main(argv=None) -> int:
               f"(named above); the others were translated", file=sys.stderr)
         return 1
     return 0
+
+
+def _xla_cache_problem(flags):
+    """What keeps the persistent XLA cache that `flags` (TF_XLA_FLAGS) names from being
+    used, as a one-line error; None when it can be, or when none is named. A missing
+    directory is created, as TensorFlow would."""
+    read_only = any(flag.startswith("--tf_xla_persistent_cache_read_only") and not flag.endswith(("=false", "=0"))
+                    for flag in flags.split())
+    for path in (flag.split("=", 1)[1] for flag in flags.split() if flag.startswith(XLA_CACHE_FLAG)):
+        named = f"TF_XLA_FLAGS names {path} as the persistent XLA cache ({XLA_CACHE_FLAG.rstrip('=')})"
+        if not path:
+            continue  # (no cache)
+        if os.path.exists(path) and not os.path.isdir(path):
+            return f"{named}, which is not a directory"
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as error:
+            return f"{named}, which cannot be created ({error.strerror})"
+        if not read_only and not os.access(path, os.W_OK | os.X_OK):
+            return f"{named}, which is not writable (or add --tf_xla_persistent_cache_read_only=true)"
+    return None
 
 
 def _conllu_blocks(lines):

@@ -235,6 +235,33 @@ def test_translate_command_takes_its_defaults_from_the_export(exported, loaded, 
     assert len(lines) == len(GOLDEN) and all(len(line.split("\t")) == 4 for line in lines)  # 2 x (text, score)
 
 
+def test_translate_command_names_a_persistent_xla_cache_it_cannot_use(exported, loaded, tmp_path, monkeypatch,
+                                                                      capsys):
+    """TF_XLA_FLAGS naming a cache directory that cannot be made failed the first request with
+    a graph traceback ("No such file or directory [[{{node cond/StatefulPartitionedCall}}]]"):
+    now one line names the variable, the path and the problem, before any request."""
+    import io
+
+    from export import translate
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    monkeypatch.setattr(tf.saved_model, "load", lambda path: loaded)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the man sees the dog\n")))
+    for path, problem in ((afile, "which is not a directory"),
+                          (afile / "cache", "which cannot be created (Not a directory)")):
+        monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_min_cluster_size=2 --tf_xla_persistent_cache_directory={path}")
+        assert translate.main(["--saved-model", str(exported["path"])]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err == (
+            f"export.translate: error: TF_XLA_FLAGS names {path} as the persistent XLA cache "
+            f"(--tf_xla_persistent_cache_directory), {problem}\n")
+    # a directory that can be made is made (as TensorFlow would); an empty value names no cache
+    fresh = tmp_path / "a" / "cache"
+    assert translate._xla_cache_problem(f"--tf_xla_persistent_cache_directory={fresh}") is None and fresh.is_dir()
+    assert translate._xla_cache_problem("--tf_xla_persistent_cache_directory= --tf_xla_min_cluster_size=2") is None
+
+
 @pytest.fixture(scope="module")
 def loaded(exported):
     return tf.saved_model.load(str(exported["path"]))
