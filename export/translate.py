@@ -170,9 +170,9 @@ def _xla_cache_problem(flags):
     read_only = any(flag.startswith("--tf_xla_persistent_cache_read_only") and not flag.endswith(("=false", "=0"))
                     for flag in flags.split())
     for path in (flag.split("=", 1)[1] for flag in flags.split() if flag.startswith(XLA_CACHE_FLAG)):
-        named = f"TF_XLA_FLAGS names {path} as the persistent XLA cache ({XLA_CACHE_FLAG.rstrip('=')})"
         if not path:
             continue  # (no cache)
+        named = f"TF_XLA_FLAGS names {path} as the persistent XLA cache ({XLA_CACHE_FLAG.rstrip('=')})"
         if os.path.exists(path) and not os.path.isdir(path):
             return f"{named}, which is not a directory"
         try:
