@@ -102,6 +102,14 @@ def main(argv=None) -> int:
     patience_value = default_patience if args.patience is None else args.patience
     patience = {"patience": tf.constant(patience_value, tf.float32)} if has_patience else {}
 
+    # Without options every request goes to `default`; with any, to translate_options.
+    plain_request = args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None
+    if xla and plain_request:
+        # Grappler would optimize translate_xla's graph before XLA compiles it: 2-3 s more per
+        # bucket's first request on the multi30k preset's shape, for the same program speed and
+        # translations (BENCHMARKS.md, serving speed part 30). This process calls nothing else.
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+
     failed = []  # (sentence number, problem) of the malformed CoNLL-U sentences
 
     def report(errors, first):
@@ -116,7 +124,7 @@ def main(argv=None) -> int:
         if not batch:
             return
         text = tf.constant(batch)
-        if args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None:
+        if plain_request:
             out = default(**{source: text})
             for line in out["translation"].numpy():
                 print(line.decode("utf-8"))

@@ -227,12 +227,40 @@ def test_translate_command_takes_its_defaults_from_the_export(exported, loaded, 
         signatures["translate_options"] = Recorded(signatures["translate_options"])
         return type("Loaded", (), {"signatures": signatures})()
 
+    optimizer_options = []  # (Grappler stays on for translate_options' plain graph)
+    monkeypatch.setattr(tf.config.optimizer, "set_experimental_options", optimizer_options.append)
     monkeypatch.setattr(tf.saved_model, "load", load)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
     assert translate.main(["--saved-model", str(other), "--n-best", "2"]) == 0
     assert calls == [{"beam_size": 2, "alpha": 1.5, "extra_length": 7, "num_results": 2, "patience": 0.5}]
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(GOLDEN) and all(len(line.split("\t")) == 4 for line in lines)  # 2 x (text, score)
+    assert optimizer_options == []
+
+
+def test_translate_command_turns_grappler_off_before_its_first_xla_request(exported, loaded, monkeypatch, capsys):
+    """Without options every request goes to translate_xla, which XLA compiles: Grappler,
+    which would optimize its graph first (2-3 s a bucket, BENCHMARKS.md part 30), is off
+    before the first request; the process calls nothing else."""
+    import io
+
+    from export import translate
+
+    events = []
+
+    def translate_xla(text):
+        events.append(("translate_xla", text.numpy().tolist()))
+        return {"translation": tf.constant([b"x"] * int(text.shape[0]))}
+
+    translate_xla.structured_input_signature = loaded.signatures["translate_xla"].structured_input_signature
+    signatures = {**loaded.signatures, "translate_xla": translate_xla}
+    monkeypatch.setattr(tf.saved_model, "load", lambda path: type("Loaded", (), {"signatures": signatures})())
+    monkeypatch.setattr(tf.config.optimizer, "set_experimental_options", lambda options: events.append(options))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the man sees the dog\na red house today\n")))
+    assert translate.main(["--saved-model", str(exported["path"]), "--batch-size", "1"]) == 0
+    assert events == [{"disable_meta_optimizer": True}, ("translate_xla", [b"the man sees the dog"]),
+                      ("translate_xla", [b"a red house today"])]
+    assert capsys.readouterr().out == "x\nx\n"
 
 
 def test_translate_command_names_a_persistent_xla_cache_it_cannot_use(exported, loaded, tmp_path, monkeypatch,
