@@ -17,7 +17,8 @@ sentences around it are translated.
 `TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR` in the environment keeps
 `translate_xla`'s compiled programs in DIR, so that a later run skips compiling
 each (length, batch) bucket an earlier one compiled (TensorFlow reads the
-variable once, when it first lists its devices: before this module's imports end).
+variable once, when it first lists its devices, which the command's quiet
+import does: set it before the process starts).
 """
 
 import argparse
