@@ -75,7 +75,8 @@ def main(argv=None) -> int:
         return 2
     xla = not args.no_xla and "translate_xla" in loaded.signatures
     default = loaded.signatures["translate_xla" if xla else "serving_default"]
-    problem = xla and _xla_cache_problem(os.environ.get("TF_XLA_FLAGS", ""))
+    xla_flags = os.environ.get("TF_XLA_FLAGS", "")
+    problem = xla and _xla_cache_problem(xla_flags)
     if problem:  # (TensorFlow would fail the first request with a graph traceback)
         print(f"export.translate: error: {problem}", file=sys.stderr)
         return 2
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
     # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
     # sentences separated by blank lines, one translation printed per sentence.
     source = "conllu" if "conllu" in default.structured_input_signature[1] else "text"
-    if xla and XLA_CACHE_FLAG in os.environ.get("TF_XLA_FLAGS", "") and quiet_requested():
+    if xla and _xla_cache_dirs(xla_flags) and quiet_requested():
         signature = default  # each hit of the cache logs a harmless parse error (console.HARMLESS_CACHE_LINES)
 
         def default(**inputs):
@@ -172,15 +173,20 @@ def main(argv=None) -> int:
     return 0
 
 
+def _xla_cache_dirs(flags):
+    """The persistent XLA cache directories that `flags` (TF_XLA_FLAGS) names (an empty
+    value names none)."""
+    return [flag[len(XLA_CACHE_FLAG):] for flag in flags.split() if flag.startswith(XLA_CACHE_FLAG)
+            and flag != XLA_CACHE_FLAG]
+
+
 def _xla_cache_problem(flags):
     """What keeps the persistent XLA cache that `flags` (TF_XLA_FLAGS) names from being
     used, as a one-line error; None when it can be, or when none is named. A missing
     directory is created, as TensorFlow would."""
     read_only = any(flag.startswith("--tf_xla_persistent_cache_read_only") and not flag.endswith(("=false", "=0"))
                     for flag in flags.split())
-    for path in (flag.split("=", 1)[1] for flag in flags.split() if flag.startswith(XLA_CACHE_FLAG)):
-        if not path:
-            continue  # (no cache)
+    for path in _xla_cache_dirs(flags):
         named = f"TF_XLA_FLAGS names {path} as the persistent XLA cache ({XLA_CACHE_FLAG.rstrip('=')})"
         if os.path.exists(path) and not os.path.isdir(path):
             return f"{named}, which is not a directory"
