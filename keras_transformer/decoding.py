@@ -773,7 +773,8 @@ def beam_search(
             signature ``(cond, body, loop_vars, maximum_iterations)``.
         cache_stages: None, or increasing python ints: the loop runs in
             stages, the first until step ``cache_stages[0]``, the next until
-            ``cache_stages[1]``, ..., the last until `max_decode_length`, and
+            ``cache_stages[1]``, ..., the last until `max_decode_length` (an end
+            with few or no steps after it is left out: `_stage_ends`), and
             before each stage the cache is resized by
             ``resize_cache(cache, stage_end)`` (from the `initial_cache` as
             given: e.g. self-attention buffers of 0 positions, padded to the
@@ -923,6 +924,7 @@ def beam_search(
         if cache_stages is None:
             state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
         else:
+            previous_end = 0
             for index, stage_end in enumerate(_stage_ends(cache_stages, max_decode_length)):
                 state["cache"] = resize_cache(state["cache"], stage_end)
 
@@ -930,7 +932,20 @@ def beam_search(
                     return ops.logical_and(cond(state), state["step"] < stage_end)
 
                 stage_body = first_stage_body if index == 0 and first_stage_body is not None else body
-                state = while_loop(stage_cond, stage_body, state, maximum_iterations=stage_end)
+
+                def run_stage(state, stage_cond=stage_cond, stage_body=stage_body, stage_end=stage_end):
+                    return while_loop(stage_cond, stage_body, state, maximum_iterations=stage_end)
+
+                if index == 0 or isinstance(stage_end, int):  # (python ints: no stage is empty)
+                    state = run_stage(state)
+                else:
+                    # A stage that ends where the one before did (a buffer shorter than the given
+                    # ends) runs no step. Under XLA the shapes make this condition a constant, and
+                    # the optimized program keeps no loop for the stage (one more copy of the step
+                    # per batch halving; BENCHMARKS.md, serving speed part 31).
+                    state = ops.cond(stage_end > previous_end, lambda state=state, run=run_stage: run(state),
+                                     lambda state=state: state)
+                previous_end = stage_end
         seqs, scores = _best_results(state, num_results, spec)
         if batch_halvings:  # rows back in the sentences' order
             order = ops.argsort(state["sentence"])  # [batch]
@@ -1054,10 +1069,17 @@ def _halving_body(search_body, batch_size, beam_size, halvings, static_cache, ga
 
 def _stage_ends(cache_stages, max_decode_length):
     """The steps at which the stages of `beam_search(cache_stages=...)` end: the given
-    ones below `max_decode_length` (all of them, capped, when it is a tensor), then it."""
+    ones below `max_decode_length`, then it. A given end `e` with at most ``e // 8``
+    steps after it (`e + e // 8 >= max_decode_length`) is left out too: the
+    last stage's steps join the stage before, whose buffer grows by at most 1/8,
+    instead of a stage of its own (one more compiled copy of the step per batch
+    halving; the width-16 bucket's buffer of 15 + 50 positions ran its last stage
+    for one step). When `max_decode_length` is a tensor every given end is kept,
+    as `max_decode_length` where it is left out (a stage of no steps)."""
     if isinstance(max_decode_length, int):
-        return [end for end in cache_stages if end < max_decode_length] + [max_decode_length]
-    return [ops.minimum(end, max_decode_length) for end in cache_stages] + [max_decode_length]
+        return [end for end in cache_stages if end + end // 8 < max_decode_length] + [max_decode_length]
+    return [ops.where(end + end // 8 < max_decode_length, end, max_decode_length)
+            for end in cache_stages] + [max_decode_length]
 
 
 # The state's per-sentence entries (leading dimension b), which `drop_finished` gathers.
