@@ -694,6 +694,7 @@ def beam_search(
     while_loop=None,
     cache_stages=None,
     resize_cache=None,
+    min_decode_length=0,
     batch_halvings=0,
     gather=None,
     max_beam_size=None,
@@ -773,8 +774,7 @@ def beam_search(
             signature ``(cond, body, loop_vars, maximum_iterations)``.
         cache_stages: None, or increasing python ints: the loop runs in
             stages, the first until step ``cache_stages[0]``, the next until
-            ``cache_stages[1]``, ..., the last until `max_decode_length` (an end
-            with few or no steps after it is left out: `_stage_ends`), and
+            ``cache_stages[1]``, ..., the last until `max_decode_length`, and
             before each stage the cache is resized by
             ``resize_cache(cache, stage_end)`` (from the `initial_cache` as
             given: e.g. self-attention buffers of 0 positions, padded to the
@@ -782,6 +782,14 @@ def beam_search(
             reorders a buffer of its stage's size instead of the largest
             one. Same results.
         resize_cache: ``(cache, length) -> cache``, with `cache_stages`.
+        min_decode_length: python int, with `cache_stages` and a tensor
+            `max_decode_length`: a bound it never goes below (the XLA search's
+            shortest buffer). A stage may be empty (the buffer ends before its
+            given start) only after a given end ``>= min_decode_length``; only
+            such stages are traced inside the `cond` that leaves an empty stage
+            out of the compiled program (a `cond` around a stage cost ~1.5 s of
+            tracing). 0: every stage after the first. Same results with any
+            bound: an empty stage outside the `cond` runs no step.
         batch_halvings: python int >= 0, for static shapes (XLA) where
             `drop_finished` cannot shrink the loop's tensors: the loop keeps
             the sentences not done first (a permutation of every per-sentence
@@ -925,6 +933,7 @@ def beam_search(
             state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
         else:
             previous_end = 0
+            given_ends = [0] + list(cache_stages)  # the given end before each stage
             for index, stage_end in enumerate(_stage_ends(cache_stages, max_decode_length)):
                 state["cache"] = resize_cache(state["cache"], stage_end)
 
@@ -936,13 +945,13 @@ def beam_search(
                 def run_stage(state, stage_cond=stage_cond, stage_body=stage_body, stage_end=stage_end):
                     return while_loop(stage_cond, stage_body, state, maximum_iterations=stage_end)
 
-                if index == 0 or isinstance(stage_end, int):  # (python ints: no stage is empty)
-                    state = run_stage(state)
+                if index == 0 or isinstance(stage_end, int) or given_ends[index] < min_decode_length:
+                    state = run_stage(state)  # (never empty: python ints leave empty stages out)
                 else:
                     # A stage that ends where the one before did (a buffer shorter than the given
-                    # ends) runs no step. Under XLA the shapes make this condition a constant, and
-                    # the optimized program keeps no loop for the stage (one more copy of the step
-                    # per batch halving; BENCHMARKS.md, serving speed part 31).
+                    # end before it) runs no step. Under XLA the shapes make this condition a
+                    # constant, and the optimized program keeps no loop for the stage (one more
+                    # copy of the step per batch halving; BENCHMARKS.md, serving speed part 31).
                     state = ops.cond(stage_end > previous_end, lambda state=state, run=run_stage: run(state),
                                      lambda state=state: state)
                 previous_end = stage_end
@@ -1069,17 +1078,10 @@ def _halving_body(search_body, batch_size, beam_size, halvings, static_cache, ga
 
 def _stage_ends(cache_stages, max_decode_length):
     """The steps at which the stages of `beam_search(cache_stages=...)` end: the given
-    ones below `max_decode_length`, then it. A given end `e` with at most ``e // 8``
-    steps after it (`e + e // 8 >= max_decode_length`) is left out too: the
-    last stage's steps join the stage before, whose buffer grows by at most 1/8,
-    instead of a stage of its own (one more compiled copy of the step per batch
-    halving; the width-16 bucket's buffer of 15 + 50 positions ran its last stage
-    for one step). When `max_decode_length` is a tensor every given end is kept,
-    as `max_decode_length` where it is left out (a stage of no steps)."""
+    ones below `max_decode_length` (all of them, capped, when it is a tensor), then it."""
     if isinstance(max_decode_length, int):
-        return [end for end in cache_stages if end + end // 8 < max_decode_length] + [max_decode_length]
-    return [ops.where(end + end // 8 < max_decode_length, end, max_decode_length)
-            for end in cache_stages] + [max_decode_length]
+        return [end for end in cache_stages if end < max_decode_length] + [max_decode_length]
+    return [ops.minimum(end, max_decode_length) for end in cache_stages] + [max_decode_length]
 
 
 # The state's per-sentence entries (leading dimension b), which `drop_finished` gathers.

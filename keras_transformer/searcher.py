@@ -346,6 +346,7 @@ class Searcher:
                                    alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
                                    static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,
                                    resize_cache=self.decoder.resize_self_attention_cache,
+                                   min_decode_length=self.length_buckets[0] - 1 + extra,
                                    batch_halvings=batch_halvings, gather=tf_gather,
                                    normalize_after_top_k=True)
 

@@ -30,7 +30,6 @@ from keras_transformer.decoding import (
     top_k_blockwise,
     unflatten_beams,
 )
-from keras_transformer.decoding import _stage_ends as stage_ends
 
 NUM_STATES = 7
 EMB = (2, 3)
@@ -859,23 +858,13 @@ def test_cache_stages_equal_one_buffer_eager_and_xla():
     np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5)
 
 
-def test_stage_ends_leave_out_stages_of_few_or_no_steps():
-    """A given end with fewer than end // 8 steps after it joins the last stage (the
-    width-16 bucket's buffer of 15 + 50 positions runs [32, 65) rather than [32, 64) and
-    a one-step [64, 65)); with a tensor buffer length such an end becomes that length."""
-    assert stage_ends((16, 32, 64), 65) == [16, 32, 65]
-    assert stage_ends((16, 32, 64), 81) == [16, 32, 64, 81]
-    assert stage_ends((16, 32, 64), 17) == [17] and stage_ends((2, 5), 12) == [2, 5, 12]
-    for length, want in ((65, [16, 32, 65, 65]), (81, [16, 32, 64, 81]), (25, [16, 25, 25, 25])):
-        assert [int(end) for end in stage_ends((16, 32, 64), tf.constant(length))] == want
-
-
 def test_xla_compiles_no_loop_for_a_stage_of_no_steps():
     """With the buffer's length a tensor (one trace for every source width, as in
     `Searcher.compiled_search`) the given stages past the buffer run no step; XLA, for
     which the length is a constant, compiles no loop for them: the program of stages
     (2, 5, 16, 32) over a 12-position buffer has three loops (those of (2, 5); five
-    before), and gives the one-buffer search's results."""
+    before), and gives the one-buffer search's results. With `min_decode_length` 12
+    only the stages after the given ends 16 and 32 are traced inside a `cond`."""
     model = ToyModel(seed=17, vocab=9, batch=5, eos_bias=-0.5)
     max_lengths = np.array([1, 3, 12, 7, 5], "int32")
 
@@ -883,7 +872,7 @@ def test_xla_compiles_no_loop_for_a_stage_of_no_steps():
         start = {"sid": tf.range(5), "h": h, "acc": acc, "hist": tf.zeros([5, 0])}
         return beam_search(history_step_fn(model), start, 5, lengths, beam_size=4, num_results=2,
                            max_decode_length=tf.shape(template)[0], cache_stages=(2, 5, 16, 32),
-                           resize_cache=resize_history)
+                           resize_cache=resize_history, min_decode_length=12)
 
     want = [np.asarray(t) for t in beam_search(
         history_step_fn(model), {"sid": tf.range(5), "h": model.h0, "acc": model.acc0, "hist": tf.zeros([5, 12])},
@@ -892,6 +881,8 @@ def test_xla_compiles_no_loop_for_a_stage_of_no_steps():
         tf.TensorSpec(model.h0.shape, tf.int32), tf.TensorSpec(model.acc0.shape, tf.float32),
         tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.float32)])
     args = (model.h0, model.acc0, max_lengths, tf.zeros([12]))
+    graph = xla.get_concrete_function(*args).graph
+    assert sum(op.type in ("If", "StatelessIf") for op in graph.get_operations()) == 2
     assert xla.experimental_get_compiler_ir(*args)(stage="optimized_hlo").count(" while(") == 3
     compiled = [t.numpy() for t in xla(*args)]
     np.testing.assert_array_equal(compiled[0], want[0])
