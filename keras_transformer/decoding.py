@@ -946,7 +946,7 @@ def beam_search(
                     return while_loop(stage_cond, stage_body, state, maximum_iterations=stage_end)
 
                 if index == 0 or isinstance(stage_end, int) or given_ends[index] < min_decode_length:
-                    state = run_stage(state)  # (not empty: python ints leave those out, min_decode_length bounds the rest)
+                    state = run_stage(state)  # (not empty: ints leave those out, min_decode_length bounds the rest)
                 else:
                     # A stage that ends where the one before did (a buffer shorter than the given
                     # end before it) runs no step. Under XLA the shapes make this condition a
