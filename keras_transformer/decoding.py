@@ -933,7 +933,6 @@ def beam_search(
             state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
         else:
             previous_end = 0
-            given_ends = [0] + list(cache_stages)  # the given end before each stage
             for index, stage_end in enumerate(_stage_ends(cache_stages, max_decode_length)):
                 state["cache"] = resize_cache(state["cache"], stage_end)
 
@@ -942,18 +941,20 @@ def beam_search(
 
                 stage_body = first_stage_body if index == 0 and first_stage_body is not None else body
 
-                def run_stage(state, stage_cond=stage_cond, stage_body=stage_body, stage_end=stage_end):
+                def run_stage(state):
                     return while_loop(stage_cond, stage_body, state, maximum_iterations=stage_end)
 
-                if index == 0 or isinstance(stage_end, int) or given_ends[index] < min_decode_length:
-                    state = run_stage(state)  # (not empty: ints leave those out, min_decode_length bounds the rest)
+                # (a stage after a given end below min_decode_length is not empty; with python
+                # ints, _stage_ends leaves the empty ones out)
+                if index == 0 or isinstance(stage_end, int) or cache_stages[index - 1] < min_decode_length:
+                    state = run_stage(state)
                 else:
                     # A stage that ends where the one before did (a buffer shorter than the given
                     # end before it) runs no step. Under XLA the shapes make this condition a
                     # constant, and the optimized program keeps no loop for the stage (one more
                     # copy of the step per batch halving; BENCHMARKS.md, serving speed part 31).
-                    state = ops.cond(stage_end > previous_end, lambda state=state, run=run_stage: run(state),
-                                     lambda state=state: state)
+                    # (`cond` traces both branches at once: no late binding of `state`.)
+                    state = ops.cond(stage_end > previous_end, lambda: run_stage(state), lambda: state)
                 previous_end = stage_end
         seqs, scores = _best_results(state, num_results, spec)
         if batch_halvings:  # rows back in the sentences' order
