@@ -331,6 +331,13 @@ class Searcher:
         `S - 1 + decode_extra_length` positions (a constant for XLA, which
         sees the shape of `source_ids`): the longest source `S` can hold
         (`S - 1` tokens, then EOS) plus the most extra length a request may ask.
+
+        The decoder step is a `tf.function` of its own, traced once and called by
+        every copy of the step in the program (each cache stage, each batch halving:
+        13 with 3 halvings), whose shapes differ only in sizes unknown when tracing.
+        XLA inlines the calls and compiles each copy at its own sizes, as before
+        (the same optimized program, results and run time); the graph holds one step
+        instead of 13 (BENCHMARKS.md, serving speed part 32).
         """
         key = (beam_size, num_results, batch_halvings, fold_projection)
         if key not in self._compiled:
@@ -341,7 +348,9 @@ class Searcher:
                 buffer_length = tf.shape(source_ids)[1] - 1 + extra
                 static = self.decoder.static_cache(source_ids)
                 cache = self.decoder.initial_self_attention_cache(batch, 0)
-                return beam_search(self._step_fn(grow=False, fold_projection=fold_projection), cache, batch,
+                step_fn = tf.function(self._step_fn(grow=False, fold_projection=fold_projection),
+                                      autograph=False, reduce_retracing=True)
+                return beam_search(step_fn, cache, batch,
                                    max_lengths, beam_size=beam_size,
                                    alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
                                    static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,

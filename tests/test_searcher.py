@@ -73,7 +73,8 @@ def test_one_loop_of_broadcast_products_equals_the_choice_per_call(monkeypatch):
 def test_a_batch_of_one_runs_the_xla_search_without_halvings():
     """A batch bucket of one sentence cannot shrink, so `search_xla` runs (and
     compiles) the program without batch halvings there, and the halving one for
-    larger buckets: each gives the plain search's ids and scores."""
+    larger buckets: each gives the plain search's ids and scores, and traces the
+    decoder step once."""
     config, model, source = tiny_model_and_sources(num_layers=1, seed=5, width=6)
     lengths = np.array([6, 6, 6], "int32")
     searcher = Searcher(model, config)
@@ -83,6 +84,17 @@ def test_a_batch_of_one_runs_the_xla_search_without_halvings():
         traced = {key[2] for key, f in searcher._compiled.items() if f.experimental_get_tracing_count()}
         assert halvings in traced and (batch > 1 or traced == {0}), (batch, traced)
         assert_same_search(ids, scores, *plain(source[:batch], lengths[:batch]))
+    # Each program traces the decoder step once, a function its copies call (4 cache stages,
+    # times 4 batch sizes after the first stage with halvings): the two programs' graphs hold
+    # the same products, where a copy traced per call would give 13 steps' against 4.
+    def products(halvings):
+        graph = searcher.compiled_search(3, 1, halvings).get_concrete_function().graph.as_graph_def()
+        steps = [f for f in graph.library.function if "step_fn" in f.signature.name]
+        nodes = [*graph.node, *(node for f in graph.library.function for node in f.node_def)]
+        return len(steps), sum(node.op in ("MatMul", "BatchMatMulV3", "Einsum") for node in nodes)
+
+    assert products(searcher_module.XLA_BATCH_HALVINGS) == products(0)
+    assert products(0)[0] == 1 and products(0)[1] > 0
 
 
 def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(monkeypatch):
