@@ -93,8 +93,9 @@ def test_a_batch_of_one_runs_the_xla_search_without_halvings():
         nodes = [*graph.node, *(node for f in graph.library.function for node in f.node_def)]
         return len(steps), sum(node.op in ("MatMul", "BatchMatMulV3", "Einsum") for node in nodes)
 
-    assert products(searcher_module.XLA_BATCH_HALVINGS) == products(0)
-    assert products(0)[0] == 1 and products(0)[1] > 0
+    no_halvings = products(0)
+    assert products(searcher_module.XLA_BATCH_HALVINGS) == no_halvings
+    assert no_halvings[0] == 1 and no_halvings[1] > 0
 
 
 def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(monkeypatch):
