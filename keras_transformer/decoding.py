@@ -699,6 +699,7 @@ def beam_search(
     gather=None,
     max_beam_size=None,
     normalize_after_top_k=False,
+    trace_once=None,
 ):
     """Batched beam search with GNMT length penalty and early termination.
 
@@ -819,6 +820,12 @@ def beam_search(
             time, `BENCHMARKS.md` serving speed part 29); in a TensorFlow graph
             ``logsumexp``'s nodes cost more than they save (1.01-1.07x), so
             only the XLA search sets it.
+        trace_once: None, or a function that wraps the loop's body (a step and
+            the search's bookkeeping for it) so that it is traced once for every
+            copy of it in the graph (each cache stage, each batch halving), e.g.
+            ``tf.function(body, autograph=False, reduce_retracing=True)`` when
+            the search itself is traced with unknown sizes. Same results. Not
+            with `drop_finished`, whose loop has a body of its own.
 
     Returns:
         ``(sequences, scores)``:
@@ -911,6 +918,9 @@ def beam_search(
             else:
                 state["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
             return state
+
+        if trace_once is not None:
+            search_body = trace_once(search_body)
 
         first_stage_body = None
         if batch_halvings:

@@ -23,6 +23,8 @@ concern: `Translator` wraps one `Searcher`.
 
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
 
 from keras_transformer.config import TransformerConfig
@@ -348,8 +350,8 @@ class Searcher:
                 buffer_length = tf.shape(source_ids)[1] - 1 + extra
                 static = self.decoder.static_cache(source_ids)
                 cache = self.decoder.initial_self_attention_cache(batch, 0)
-                step_fn = tf.function(self._step_fn(grow=False, fold_projection=fold_projection),
-                                      autograph=False, reduce_retracing=True)
+                trace_once = functools.partial(tf.function, autograph=False, reduce_retracing=True)
+                step_fn = trace_once(self._step_fn(grow=False, fold_projection=fold_projection))
                 return beam_search(step_fn, cache, batch,
                                    max_lengths, beam_size=beam_size,
                                    alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
@@ -357,7 +359,7 @@ class Searcher:
                                    resize_cache=self.decoder.resize_self_attention_cache,
                                    min_decode_length=self.length_buckets[0] - 1 + extra,
                                    batch_halvings=batch_halvings, gather=tf_gather,
-                                   normalize_after_top_k=True)
+                                   normalize_after_top_k=True, trace_once=trace_once)
 
             self._compiled[key] = tf.function(search, jit_compile=True, autograph=False, input_signature=[
                 tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),

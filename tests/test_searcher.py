@@ -74,7 +74,7 @@ def test_a_batch_of_one_runs_the_xla_search_without_halvings():
     """A batch bucket of one sentence cannot shrink, so `search_xla` runs (and
     compiles) the program without batch halvings there, and the halving one for
     larger buckets: each gives the plain search's ids and scores, and traces the
-    decoder step once."""
+    loop's body once."""
     config, model, source = tiny_model_and_sources(num_layers=1, seed=5, width=6)
     lengths = np.array([6, 6, 6], "int32")
     searcher = Searcher(model, config)
@@ -84,18 +84,19 @@ def test_a_batch_of_one_runs_the_xla_search_without_halvings():
         traced = {key[2] for key, f in searcher._compiled.items() if f.experimental_get_tracing_count()}
         assert halvings in traced and (batch > 1 or traced == {0}), (batch, traced)
         assert_same_search(ids, scores, *plain(source[:batch], lengths[:batch]))
-    # Each program traces the decoder step once, a function its copies call (4 cache stages,
-    # times 4 batch sizes after the first stage with halvings): the two programs' graphs hold
-    # the same products, where a copy traced per call would give 13 steps' against 4.
-    def products(halvings):
+    # Each program traces the loop's body once (the decoder step and the search's bookkeeping
+    # for it), a function its copies call (4 cache stages, times 4 batch sizes after the first
+    # stage with halvings): the two programs' graphs hold the same products, where a copy
+    # traced per call would give 13 steps' against 4.
+    def counts(halvings):
         graph = searcher.compiled_search(3, 1, halvings).get_concrete_function().graph.as_graph_def()
-        steps = [f for f in graph.library.function if "step_fn" in f.signature.name]
+        traced = [sum(name in f.signature.name for f in graph.library.function) for name in ("step_fn", "search_body")]
         nodes = [*graph.node, *(node for f in graph.library.function for node in f.node_def)]
-        return len(steps), sum(node.op in ("MatMul", "BatchMatMulV3", "Einsum") for node in nodes)
+        return (*traced, sum(node.op in ("MatMul", "BatchMatMulV3", "Einsum") for node in nodes))
 
-    no_halvings = products(0)
-    assert products(searcher_module.XLA_BATCH_HALVINGS) == no_halvings
-    assert no_halvings[0] == 1 and no_halvings[1] > 0
+    no_halvings = counts(0)
+    assert counts(searcher_module.XLA_BATCH_HALVINGS) == no_halvings
+    assert no_halvings[:2] == (1, 1) and no_halvings[2] > 0, no_halvings
 
 
 def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(monkeypatch):
