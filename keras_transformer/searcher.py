@@ -334,12 +334,13 @@ class Searcher:
         sees the shape of `source_ids`): the longest source `S` can hold
         (`S - 1` tokens, then EOS) plus the most extra length a request may ask.
 
-        The decoder step is a `tf.function` of its own, traced once and called by
-        every copy of the step in the program (each cache stage, each batch halving:
-        13 with 3 halvings), whose shapes differ only in sizes unknown when tracing.
+        The loop's body (the decoder step and the search's bookkeeping for it) is a
+        `tf.function` of its own, traced once and called by every copy of it in the
+        program (each cache stage, each batch halving: 13 with 3 halvings), whose
+        shapes differ only in sizes unknown when tracing; so is the step inside it.
         XLA inlines the calls and compiles each copy at its own sizes, as before
-        (the same optimized program, results and run time); the graph holds one step
-        instead of 13 (BENCHMARKS.md, serving speed part 32).
+        (the same optimized program, results and run time); the graph holds one body
+        instead of 13 (BENCHMARKS.md, serving speed parts 32 and 33).
         """
         key = (beam_size, num_results, batch_halvings, fold_projection)
         if key not in self._compiled:
