@@ -12,7 +12,9 @@ machine move by tens of percent between runs; the nodes a step runs do not.
 
 The script saves `Searcher.search` (source ids in, ids out; beam 4, the
 config's alpha, +50) as a SavedModel, loads it in a TF1 session as TF Serving
-loads a model (Grappler, control flow lowered to Switch/Merge), runs each
+loads a model (Grappler, control flow lowered to Switch/Merge; the small-request
+loop too, which serving runs by TensorFlow's single-threaded executor
+instead: `Searcher(single_threaded_loop=False)`), runs each
 batch once untraced and once with `RunOptions.FULL_TRACE`, and divides the
 nodes run inside the loop by its steps (the executions of its `LoopCond`,
 less the last one). Per batch size it prints the steps and the nodes per
@@ -108,7 +110,10 @@ def save_search(model, config, beam_size, path, options=False):
 
     from keras_transformer.searcher import Searcher
 
-    searcher = Searcher(model, config)
+    # The small-request loop lowered into the graph as the other is (`single_threaded_loop=False`):
+    # run by the single-threaded executor, as serving runs it, the session's step stats show
+    # it as one `While` node. The same ops a step, up to Grappler's rewrites.
+    searcher = Searcher(model, config, single_threaded_loop=False)
     module = tf.Module()
     # The tf.Variables themselves (a Keras model held by a tf.Module saves wrapper variables
     # that a TF1 session never restores; see export.saved_model.TranslationModule).

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
@@ -148,11 +149,28 @@ def broadcast_products_suffice(rows, d_model, keys):
     return tf.cast(rows, tf.int64) * d_model * tf.cast(keys, tf.int64) <= SMALL_ATTENTION
 
 
-def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
+# TensorFlow's executor of a graph's functions that runs their nodes one after the other on
+# the calling thread, with no scheduling across threads (`executor_type`, as TensorFlow names it).
+SINGLE_THREADED_EXECUTOR = "SINGLE_THREADED_EXECUTOR"
+
+
+def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None, single_threaded=False):
     """`tf.while_loop` whose loop variables may change shape from one iteration
     to the next (every dimension is relaxed): what `beam_search(...,
     drop_finished=True)` and caches that grow by concatenation need in a
-    TensorFlow graph (not XLA, which needs static shapes)."""
+    TensorFlow graph (not XLA, which needs static shapes).
+
+    `single_threaded`: the loop's body and condition run as functions of their own,
+    each call by TensorFlow's `SINGLE_THREADED_EXECUTOR`, instead of being lowered
+    into the caller's graph (Switch/Merge frames), whose executor schedules every
+    node of every step across its inter-op threads. For a loop of many small nodes
+    (a step on a few rows: its cost is its ~480 nodes) that scheduling is most of a
+    node's cost: a batch-1 search of the `multi30k` preset's model took 0.76x the time;
+    a batch-32 one, whose independent nodes the default executor runs side by side,
+    1.19x (BENCHMARKS.md, serving speed part 34). The body must hold no branch or
+    loop that TensorFlow lowers (that executor runs no control-flow frames). The
+    attributes are the graph's (`_lower_using_switch_merge` on the `While` node,
+    `_executor` on its functions), so a SavedModel keeps them for TF Serving."""
     def relax(tensor):
         rank = tensor.shape.rank
         return tensor.shape if not rank else tf.TensorShape([None] * rank)
@@ -162,7 +180,22 @@ def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None):
     invariants = tf.nest.map_structure(relax, loop_vars)
     (state,) = tf.while_loop(cond, lambda s: (body(s),), loop_vars, shape_invariants=invariants,
                              maximum_iterations=maximum_iterations)
+    if single_threaded and not tf.executing_eagerly():  # (eagerly the loop is python's)
+        _run_single_threaded(tf.nest.flatten(state)[0].op)
     return state
+
+
+def _run_single_threaded(loop):
+    """Marks the `While` node `loop` (not yet run) to stay a `While` node whose functions run
+    by `SINGLE_THREADED_EXECUTOR` (`relaxed_while_loop`). TensorFlow's own while_v2 sets
+    `_lower_using_switch_merge` the same way (`op._set_attr`); there is no public API for it."""
+    if loop.type not in ("While", "StatelessWhile"):
+        raise TypeError(f"expected the outputs of a While node, got a {loop.type} node ({loop.name})")
+    loop._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+    for name in ("body", "cond"):
+        function = loop.get_attr(name)  # NameAttrList: the function and the attributes of its calls
+        function.attr["_executor"].s = SINGLE_THREADED_EXECUTOR.encode()
+        loop._set_attr(name, attr_value_pb2.AttrValue(func=function))
 
 
 # The search graph is plain python around explicit loops and branches (`while_loop`,
@@ -196,6 +229,13 @@ class Searcher:
             took 0.87-0.89x the time on the 10,000-piece preset: BENCHMARKS.md,
             serving speed part 25).
             Only for weights that no longer change: a copy does not follow training.
+        single_threaded_loop: the plain graph's small-request loop (`search`) runs by
+            TensorFlow's single-threaded executor (`relaxed_while_loop(single_threaded=True)`:
+            a batch-1 search of the `multi30k` preset's model in 0.76x the time). False
+            lowers it into the caller's graph as the other loop is, where a TF1 session's
+            step stats show each of its nodes (`benchmarks/step_nodes.py`); the same
+            ids, and the same scores up to float32 rounding (Grappler folds constants
+            into a lowered loop's nodes, not into a function's).
 
     Example:
         >>> searcher = Searcher(model, config)
@@ -203,8 +243,10 @@ class Searcher:
         ...                               extra_length=50, num_results=1)
     """
 
-    def __init__(self, model, config: TransformerConfig, logits_filter=None, output_kernel=None):
+    def __init__(self, model, config: TransformerConfig, logits_filter=None, output_kernel=None,
+                 single_threaded_loop=True):
         self.config = config
+        self.single_threaded_loop = single_threaded_loop
         self.decoder = IncrementalDecoder(model, config)
         self.logits_filter = logits_filter
         self.output_kernel = output_kernel
@@ -277,8 +319,10 @@ class Searcher:
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
                                num_results=num_results, exact_results=exact_results, static_cache=static,
                                patience=patience, max_beam_size=max_beam_size,
-                               drop_finished=small_kernels != "always", while_loop=relaxed_while_loop,
-                               gather=tf_gather)
+                               drop_finished=small_kernels != "always", gather=tf_gather,
+                               while_loop=functools.partial(
+                                   relaxed_while_loop,
+                                   single_threaded=self.single_threaded_loop and small_kernels == "always"))
 
         # Each attention of a step picks oneDNN's batched matmuls or broadcast products
         # by the size of its product (`MultiHeadAttention(small_kernels=True)`), a `cond`
@@ -290,7 +334,11 @@ class Searcher:
         # batch 1 on the Multi30k model). The graph holds both loops; one runs. That
         # loop keeps every sentence to the end (no `drop_finished`): its rows are few
         # and a step's cost is its nodes, which the drop's bookkeeping adds to
-        # (`benchmarks/step_nodes.py`: 521.6 -> 477.4 nodes a batch-1 step).
+        # (`benchmarks/step_nodes.py`: 521.6 -> 477.4 nodes a batch-1 step), and its body,
+        # with no branch in it, runs by the single-threaded executor (`single_threaded_loop`).
+        # The other loop keeps TensorFlow's default executor, which runs a step's
+        # independent nodes side by side: a batch-32 search took 1.19x the time with the
+        # single-threaded one (BENCHMARKS.md, serving speed part 34).
         keys = tf.maximum(buffer_length, tf.shape(source_ids)[1])
         return tf.cond(broadcast_products_suffice(batch * beam_size, self.config.d_model, keys),
                        lambda: search("always"), lambda: search(True))

@@ -147,8 +147,11 @@ TF1 = """
         feed = {signature.inputs["text"].name: json.loads(sys.argv[2])}
         fetch = {k: v.name for k, v in signature.outputs.items()}
         out = session.run(fetch, feed)
+        # one sentence a request: the small-request loop (run by the single-threaded executor)
+        single = [session.run(fetch["translation"], {signature.inputs["text"].name: [text]})[0].decode()
+                  for text in json.loads(sys.argv[2])]
     print(json.dumps({"translation": [t.decode() for t in out["translation"]],
-                      "score": out["score"].tolist()}))
+                      "score": out["score"].tolist(), "single": single}))
 """
 
 
@@ -158,6 +161,7 @@ def test_tf1_session_loader_and_saved_model_cli(exported, export_processes):
     got = json.loads(tf1)
     assert got["translation"] == want
     np.testing.assert_allclose(got["score"], want_scores, atol=1e-5)
+    assert got["single"] == want
 
     # python -m export.saved_model_cli run --dir PATH --tag_set serve --signature_def serving_default
     #     --input_exprs "text=GOLDEN[:2]"
@@ -165,6 +169,57 @@ def test_tf1_session_loader_and_saved_model_cli(exported, export_processes):
     translations = result.stdout.split("Result for output key translation:")[1]
     for sentence in want[:2]:
         assert repr(sentence.encode())[1:] in translations
+
+
+def test_single_request_loops_keep_the_single_threaded_executor_in_the_saved_model(exported):
+    """TF Serving runs what `saved_model.pb` says: the small-request loop of `serving_default`
+    and of `translate_options` is a `While` node kept out of TensorFlow's lowering whose body
+    and condition run by `SINGLE_THREADED_EXECUTOR` (`Searcher(single_threaded_loop=True)`),
+    and holds no branch or loop (that executor runs no control-flow frames); every other
+    loop (the large-request, XLA and LiteRT searches) is lowered as before, with no executor
+    of its own. The TF1 session test runs single sentences through it."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from keras_transformer.searcher import SINGLE_THREADED_EXECUTOR
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((exported["path"] / "saved_model.pb").read_bytes())
+    functions = {f.signature.name: f for f in saved.meta_graphs[0].graph_def.library.function}
+
+    def nodes(function_name):  # the nodes of a function and of every function it calls
+        seen, stack, found = set(), [function_name], []
+        while stack:
+            name = stack.pop()
+            if name in seen or name not in functions:
+                continue
+            seen.add(name)
+            for node in functions[name].node_def:
+                found.append(node)
+                stack += [value.func.name for value in node.attr.values() if value.func.name]
+                stack += [node.op] if node.op in functions else []
+        return found
+
+    def loops(function_name):
+        return [node for node in nodes(function_name) if node.op in ("While", "StatelessWhile")]
+
+    def serving(prefix):
+        return next(name for name in functions if re.fullmatch(rf"__inference_{prefix}_\d+", name))
+
+    control_flow = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase", "Switch", "Merge")
+    for prefix, single_threaded_loops in (("_serve", 1), ("_serve_with_options", 1), ("_serve_xla", 0),
+                                          ("_serve_litert", 0)):
+        found = loops(serving(prefix))
+        marked = [node for node in found if "_lower_using_switch_merge" in node.attr
+                  and not node.attr["_lower_using_switch_merge"].b]
+        assert len(marked) == single_threaded_loops, (prefix, [node.name for node in marked])
+        for node in found:
+            executors = {node.attr[name].func.attr["_executor"].s.decode() for name in ("body", "cond")}
+            assert executors == ({SINGLE_THREADED_EXECUTOR} if node in marked else {""}), (prefix, node.name)
+        for node in marked:
+            inner = [n.op for name in ("body", "cond") for n in nodes(node.attr[name].func.name)
+                     if n.op in control_flow]
+            assert not inner, (prefix, inner)
+    assert len(loops(serving("_serve"))) >= 2  # the large-request loop is there too, lowered
 
 
 def test_every_signature_is_traced_once_into_the_saved_model(exported):
@@ -1028,17 +1083,23 @@ def test_output_without_eos_stops_at_source_length_plus_extra(exported):
 def test_request_sized_buffer_equals_the_static_buffer(exported, beam_size, num_results):
     """The graph's search buffer holds the request's longest source + extra
     positions, not max_length + 50: same ids and scores as the static buffer
-    XLA and LiteRT use, for trained outputs and for ones cut at the limit."""
+    XLA and LiteRT use, for trained outputs and for ones cut at the limit.
+    Both loops lowered into the graph (`single_threaded_loop=False`): the n-best of
+    the repeated word holds two hypotheses whose scores differ by ~1e-7, whose order
+    the single-threaded loop's other rounding swaps (test_searcher.py compares the
+    two executors)."""
     from keras_transformer.constants import PAD_ID
+    from keras_transformer.searcher import Searcher
 
     translator = exported["translator"]
+    searcher = Searcher(exported["model"], exported["config"], single_threaded_loop=False)
     texts = tf.constant(GOLDEN + ["the man", "cat cat cat cat cat cat cat cat cat cat cat cat"])
     source_ids, lengths = translator.encode_text(texts)
-    static_length = translator.searcher.max_decode_length
+    static_length = searcher.max_decode_length
     for extra in (0, 2, translator.config.decode_extra_length):
-        request = tf.function(lambda i, l: translator.searcher.search(i, l, beam_size, 0.6, extra, num_results))
-        static = tf.function(lambda i, l: translator.searcher.search(i, l, beam_size, 0.6, extra, num_results,
-                                                            static_buffer=True))
+        request = tf.function(lambda i, l: searcher.search(i, l, beam_size, 0.6, extra, num_results))
+        static = tf.function(lambda i, l: searcher.search(i, l, beam_size, 0.6, extra, num_results,
+                                                          static_buffer=True))
         ids, scores = request(source_ids, lengths)
         static_ids, static_scores = static(source_ids, lengths)
         width = int(lengths.numpy().max()) + extra
