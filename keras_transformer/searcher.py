@@ -189,7 +189,7 @@ def _run_single_threaded(loop):
     """Marks the `While` node `loop` (not yet run) to stay a `While` node whose functions run
     by `SINGLE_THREADED_EXECUTOR` (`relaxed_while_loop`). TensorFlow's own while_v2 sets
     `_lower_using_switch_merge` the same way (`op._set_attr`, leaving a loop unlowered under XLA
-    or when an eager context runs functions by that executor); there is no public API for it.
+    or when an eager context runs functions by that executor); there is no public API for it."""
     if loop.type not in ("While", "StatelessWhile"):
         raise TypeError(f"expected the outputs of a While node, got a {loop.type} node ({loop.name})")
     loop._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
