@@ -56,19 +56,20 @@ def test_one_loop_of_broadcast_products_equals_the_choice_per_call(monkeypatch):
     source[1, 3] = EOS_ID
     lengths = np.array([7, 4, 7], "int32")
 
-    def run(searcher, batch, num_results):
-        search = tf.function(lambda i, n: searcher.search(i, n, 4, 0.6, 6, num_results))
-        ids, scores = search(source[:batch], lengths[:batch])
-        return ids.numpy(), scores.numpy()
-
     requests = ((1, 1), (3, 1), (3, 2))
-    single_threaded = [run(Searcher(model, config), batch, n) for batch, n in requests]
+    spec = [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)]
+
+    def run(searcher):  # every request, one trace per num_results
+        searches = {n: tf.function(lambda i, l, n=n: searcher.search(i, l, 4, 0.6, 6, n), input_signature=spec)
+                    for n in {n for _, n in requests}}
+        return [tuple(x.numpy() for x in searches[n](source[:batch], lengths[:batch])) for batch, n in requests]
+
+    single_threaded = run(Searcher(model, config))
     results = {}
     for forced in (False, True):
         if forced:  # no request qualifies: every attention chooses per call (and picks broadcast)
             monkeypatch.setattr(searcher_module, "SMALL_ATTENTION", -1)
-        searcher = Searcher(model, config, single_threaded_loop=False)
-        results[forced] = [run(searcher, batch, n) for batch, n in requests]
+        results[forced] = run(Searcher(model, config, single_threaded_loop=False))
     for (ids, scores), (want_ids, want_scores) in zip(results[False], results[True]):
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_array_equal(scores, want_scores)
