@@ -164,8 +164,8 @@ def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None, single_th
     each call by TensorFlow's `SINGLE_THREADED_EXECUTOR`, instead of being lowered
     into the caller's graph (Switch/Merge frames), whose executor schedules every
     node of every step across its inter-op threads. For a loop of many small nodes
-    (a step on a few rows: its cost is its ~480 nodes) that scheduling is most of a
-    node's cost: a batch-1 search of the `multi30k` preset's model took 0.76x the time;
+    (a step on a few rows: its cost is its ~480 nodes) that scheduling is a large part
+    of a step's cost: a batch-1 search of the `multi30k` preset's model took 0.76x the time;
     a batch-32 one, whose independent nodes the default executor runs side by side,
     1.19x (BENCHMARKS.md, serving speed part 34). The body must hold no branch or
     loop that TensorFlow lowers (that executor runs no control-flow frames). The

@@ -1085,9 +1085,9 @@ def test_request_sized_buffer_equals_the_static_buffer(exported, beam_size, num_
     positions, not max_length + 50: same ids and scores as the static buffer
     XLA and LiteRT use, for trained outputs and for ones cut at the limit.
     Both loops lowered into the graph (`single_threaded_loop=False`): the n-best of
-    the repeated word holds two hypotheses whose scores differ by ~1e-7, whose order
-    the single-threaded loop's other rounding swaps (test_searcher.py compares the
-    two executors)."""
+    the repeated word holds two hypotheses whose scores differ in the 7th digit
+    (-4.0787725 and -4.078772), whose order the single-threaded loop's other rounding
+    swaps (test_searcher.py compares the two executors)."""
     from keras_transformer.constants import PAD_ID
     from keras_transformer.searcher import Searcher
 
