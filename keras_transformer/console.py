@@ -182,6 +182,19 @@ def quiet_tensorflow() -> None:
         pass
 
 
+def onednn_state() -> str:
+    """`"on"` or `"off"`: whether this process's TensorFlow runs its oneDNN kernels, which
+    it decides when it loads (`TF_ENABLE_ONEDNN_OPTS`, else on only for CPUs with AVX-512
+    VNNI or BF16, or AMX); `"unknown"` where this TensorFlow does not say. Imports
+    TensorFlow."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port  # TensorFlow's own test utilities ask it so
+    except ImportError:  # pragma: no cover - another TensorFlow layout
+        return "unknown"
+    is_enabled = getattr(_pywrap_util_port, "IsMklEnabled", None)
+    return "unknown" if is_enabled is None else ("on" if is_enabled() else "off")
+
+
 def setup_logging(verbose: bool = False) -> None:
     """Our own progress messages (`INFO`), timestamped, on stderr."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",

@@ -28,7 +28,7 @@ import time
 import keras
 import tensorflow as tf
 
-from keras_transformer import run_dir
+from keras_transformer import console, run_dir
 from keras_transformer.callbacks import CheckpointAndBleu, NonFiniteLossError, Progress, StepGuard, TimeBudget
 from keras_transformer.config import TrainingConfig, TransformerConfig
 from keras_transformer.distribute import (any_worker, cluster_tasks, enable_multi_worker_fit, is_chief,
@@ -199,8 +199,8 @@ def _train_and_evaluate(run, started, strategy) -> TrainedRun:
     data = _make_datasets(run, corpus, tokenizer, config, strategy.num_replicas_in_sync)
     model = _compile_model(run, config, strategy)
     store, start_step, worker_dir = _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run)
-    log.info("%d replica(s); %d steps in rounds of %d; resuming at step %d",
-             strategy.num_replicas_in_sync, run.steps, run.checkpoint_every, start_step)
+    log.info("%d replica(s); %d steps in rounds of %d; resuming at step %d; TensorFlow's oneDNN kernels %s",
+             strategy.num_replicas_in_sync, run.steps, run.checkpoint_every, start_step, console.onednn_state())
 
     translator = Translator(model, config, tokenizer.model_bytes)
     progress, signals = Progress(run.steps), StopSignals()

@@ -22,8 +22,8 @@ def train_command(data, model_dir, *extra):
             "--no-export", *extra]
 
 
-def run_train(*args, timeout=600):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+def run_train(*args, timeout=600, env=None):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -179,8 +179,10 @@ def interrupted_run(tmp_path_factory):
         return record  # test_sigterm_... reports it
     record["stopped_at"] = stopped_at = int(stopped[0].split()[3])
 
-    # The same command again, killed once it has written a round checkpoint past the signal's.
+    # The same command again, killed once it has written a round checkpoint past the signal's;
+    # oneDNN left to train.py's default (on).
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    env.pop("TF_ENABLE_ONEDNN_OPTS", None)
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     deadline = time.time() + 300
@@ -193,8 +195,9 @@ def interrupted_run(tmp_path_factory):
     record["killed_history"] = read_history(model_dir)
     record["killed_at"] = killed_at = int(record["killed_history"][-1]["step"])
 
+    # The last start with the user's choice of oneDNN off: train.py keeps it.
     record["final"] = run_train(*train_command(data, model_dir, "--steps", str(killed_at + 15),
-                                               "--checkpoint-every", "10"))
+                                               "--checkpoint-every", "10"), env={"TF_ENABLE_ONEDNN_OPTS": "0"})
     return record
 
 
@@ -215,13 +218,16 @@ def test_sigterm_checkpoints_exits_0_then_sigkill_and_resume_continue(interrupte
     # kill -9 after the resumed process's own checkpoint: the last complete one is kept.
     assert run["kill_was_running"], run["kill_output"][-3000:]
     assert f"resuming at step {step}" in run["kill_output"]
+    # train.py turns TensorFlow's oneDNN kernels on (TensorFlow itself does only on CPUs with
+    # AVX-512 VNNI/BF16 or AMX) unless the environment says otherwise, as the last start does.
+    assert f"resuming at step {step}; TensorFlow's oneDNN kernels on" in run["kill_output"]
     killed_at = run["killed_at"]
     assert killed_at > step and killed_at % 10 == 0
 
     final = run["final"]
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     log = final.stdout + final.stderr
-    assert f"resuming at step {killed_at}" in final.stderr
+    assert f"resuming at step {killed_at}; TensorFlow's oneDNN kernels off" in final.stderr
     model_dir = run["model_dir"]
     results = json.loads((model_dir / "results.json").read_text())
     assert results["steps"] == killed_at + 15
@@ -261,6 +267,20 @@ def test_resume_refuses_other_tokenizer_or_config(interrupted_run, tmp_path):
     assert "tokenizer.model" in last and "Traceback" not in corrupt.stderr
 
 
+def test_train_py_turns_onednn_on_unless_the_environment_chose():
+    """`train.default_onednn`: an unset or empty `TF_ENABLE_ONEDNN_OPTS` becomes "1"; "0" or
+    "1" stay. Importing `train` (as here) sets nothing; its runs are checked in
+    `test_sigterm_checkpoints_exits_0_then_sigkill_and_resume_continue`."""
+    before = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    import train
+
+    assert os.environ.get("TF_ENABLE_ONEDNN_OPTS") == before
+    for given, expected in ((None, "1"), ("", "1"), ("0", "0"), ("1", "1")):
+        environ = {"PATH": "/bin"} if given is None else {"PATH": "/bin", "TF_ENABLE_ONEDNN_OPTS": given}
+        train.default_onednn(environ)
+        assert environ == {"PATH": "/bin", "TF_ENABLE_ONEDNN_OPTS": expected}, given
+
+
 def test_help_explains_every_flag(short_commands):
     result = short_commands["test_help_explains_every_flag"].result()  # train.py --help
     assert result.returncode == 0
@@ -288,8 +308,9 @@ def test_run_file_refuses_a_replaced_tokenizer(tmp_path):
 
 
 # Lines TensorFlow, absl and Keras print on their own that a normal run must not show.
-NOISE = ("absl::InitializeLog", "oneDNN", "cuda", "cuInit", "cpu_feature_guard", "WARNING", "Warning",
-         "Sharding callback", "contains input name", "ran out of data", "shuffle=True", "Traceback",
+# ("oneDNN custom operations are on ...": TensorFlow's own line; our log says whether they are.)
+NOISE = ("absl::InitializeLog", "oneDNN custom operations", "cuda", "cuInit", "cpu_feature_guard", "WARNING",
+         "Warning", "Sharding callback", "contains input name", "ran out of data", "shuffle=True", "Traceback",
          "INFO:tensorflow")
 
 
