@@ -43,10 +43,21 @@ def header(title: str, *facts: str) -> str:
 
 
 def versions(*modules) -> str:
-    """`TF 2.21.0, Keras 3.12.0, ...` for the given imported modules."""
+    """`TF 2.21.0 (oneDNN off), Keras 3.12.0, ...` for the given imported modules: with
+    TensorFlow, whether its oneDNN kernels run in this process (the CPU or
+    `TF_ENABLE_ONEDNN_OPTS` decides; `train.py` turns them on)."""
     names = {"tensorflow": "TF", "keras": "Keras", "keras_hub": "keras-hub", "ctranslate2": "CTranslate2",
              "jax": "JAX"}
-    return ", ".join(f"{names.get(m.__name__, m.__name__)} {m.__version__}" for m in modules)
+
+    def version(module):
+        text = f"{names.get(module.__name__, module.__name__)} {module.__version__}"
+        if module.__name__ == "tensorflow":
+            from keras_transformer.console import onednn_state
+
+            text += f" (oneDNN {onednn_state()})"
+        return text
+
+    return ", ".join(version(m) for m in modules)
 
 
 def finish(name: str, value: str, started: float | None = None) -> str:

@@ -56,6 +56,12 @@ def test_harness_rounds_rotate_the_order_and_keep_each_calls_seconds():
     assert harness.table(["x", "y"], [[1, "2"]]) == "| x | y |\n|---|---|\n| 1 | 2 |"
     assert harness.finish("speedup", "1.23").splitlines()[-1] == "speedup: 1.23"
     assert harness.header("t", "fact").startswith("# t: ") and harness.header("t", "fact").endswith("; fact")
+    import tensorflow as tf
+
+    from keras_transformer.console import onednn_state
+
+    # TensorFlow's oneDNN kernels named beside its version (train.py turns them on; the CPU decides otherwise)
+    assert harness.versions(tf) == f"TF {tf.__version__} (oneDNN {onednn_state()})" and onednn_state() in ("on", "off")
 
 
 def test_gpu_step_counts_the_flops_of_the_model_it_times(capsys):
