@@ -25,33 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 
-ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
-
-
-def default_onednn(environ=os.environ) -> None:
-    """TensorFlow's oneDNN kernels on for this run unless `environ` already says (0 or 1).
-
-    TensorFlow turns them on by itself only on CPUs with AVX-512 VNNI or BF16, or AMX. On
-    a 2-vCPU AMD EPYC with AVX2 they trained the `multi30k` preset 1.4-1.8x and `base`
-    1.1-1.2x as fast, with the same losses up to float rounding (README, "Flags";
-    BENCHMARKS.md, "Training with oneDNN on an AVX2 CPU"). TensorFlow reads the variable
-    when it loads, so `python train.py` sets it before its first import of the package;
-    imported as a module (tests), `train` changes nothing.
-    """
-    if not environ.get(ONEDNN_VARIABLE):
-        environ[ONEDNN_VARIABLE] = "1"
-
-
-if __name__ == "__main__":
-    default_onednn()
-
-from keras_transformer import console  # noqa: E402  (after the oneDNN default: this loads TensorFlow)
-from keras_transformer.config import (  # noqa: E402
+from keras_transformer import console
+from keras_transformer.config import (
     MODEL_OVERRIDE_FIELDS, SYNTAX_FIELDS, ConfigError, TrainingConfig, command_line_options, model_settings)
-from keras_transformer.console import OneLineArgumentParser  # noqa: E402
+from keras_transformer.console import OneLineArgumentParser
 
 log = logging.getLogger("train")
 

@@ -45,7 +45,7 @@ def header(title: str, *facts: str) -> str:
 def versions(*modules) -> str:
     """`TF 2.21.0 (oneDNN off), Keras 3.12.0, ...` for the given imported modules: with
     TensorFlow, whether its oneDNN kernels run in this process (the CPU or
-    `TF_ENABLE_ONEDNN_OPTS` decides; `train.py` turns them on)."""
+    `TF_ENABLE_ONEDNN_OPTS` decides; `train.py` and `export.translate` turn them on)."""
     names = {"tensorflow": "TF", "keras": "Keras", "keras_hub": "keras-hub", "ctranslate2": "CTranslate2",
              "jax": "JAX"}
 

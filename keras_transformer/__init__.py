@@ -2,6 +2,8 @@
 
 from keras_transformer import console as _console
 
+if _console.onednn_requested():  # train.py, export.translate: oneDNN kernels (before TensorFlow loads)
+    _console.request_onednn()
 if _console.quiet_requested():  # a command asked for quiet output (before TensorFlow loads)
     _console.quiet_tensorflow()
 

@@ -86,6 +86,38 @@ def running_command(argv=None) -> bool:
     return os.path.basename(name) in COMMAND_SCRIPTS
 
 
+# Commands that turn TensorFlow's oneDNN kernels on where the environment does not choose
+# (`TF_ENABLE_ONEDNN_OPTS` unset or empty): `python train.py` and `python -m export.translate`.
+ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+ONEDNN_COMMANDS = ("train.py", "export.translate")
+
+
+def onednn_requested(argv=None, environ=None) -> bool:
+    """Whether to turn TensorFlow's oneDNN kernels on before it loads: the main program is
+    one of `ONEDNN_COMMANDS` and `environ` (default `os.environ`) leaves `TF_ENABLE_ONEDNN_OPTS`
+    unset or empty (`0` or `1` there is the user's choice, kept).
+
+    TensorFlow turns them on by itself only on CPUs with AVX-512 VNNI or BF16, or AMX. On a
+    2-vCPU AMD EPYC with AVX2 they trained the `multi30k` preset 1.4-1.8x and `base` 1.1-1.2x
+    as fast, with the same losses up to float rounding, and the export's XLA search
+    (`translate_xla`, which `export.translate` and `train.py`'s BLEU call) translated batches
+    of 32 1.25-1.35x as fast and single sentences about as fast (README "Flags";
+    BENCHMARKS.md, "Training with oneDNN on an AVX2 CPU").
+    """
+    environ = os.environ if environ is None else environ
+    program = main_program(argv)
+    if environ.get(ONEDNN_ENV) or program is None:
+        return False
+    kind, name = program
+    return (name if kind == "module" else os.path.basename(name)) in ONEDNN_COMMANDS
+
+
+def request_onednn() -> None:
+    """`TF_ENABLE_ONEDNN_OPTS=1` for this process and its children (`onednn_requested`);
+    the package's `__init__` calls it before TensorFlow loads."""
+    os.environ[ONEDNN_ENV] = "1"
+
+
 def quiet_requested() -> bool:
     """`KERAS_TRANSFORMER_QUIET` when set (`1`: quiet); otherwise quiet for the project's
     commands unless `--verbose` is among their arguments."""

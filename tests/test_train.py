@@ -219,7 +219,7 @@ def test_sigterm_checkpoints_exits_0_then_sigkill_and_resume_continue(interrupte
     assert run["kill_was_running"], run["kill_output"][-3000:]
     assert f"resuming at step {step}" in run["kill_output"]
     # train.py turns TensorFlow's oneDNN kernels on (TensorFlow itself does only on CPUs with
-    # AVX-512 VNNI/BF16 or AMX) unless the environment says otherwise, as the last start does.
+    # AVX-512 VNNI or BF16, or AMX) unless the environment says otherwise, as the last start does.
     assert f"resuming at step {step}; TensorFlow's oneDNN kernels on" in run["kill_output"]
     killed_at = run["killed_at"]
     assert killed_at > step and killed_at % 10 == 0
@@ -267,18 +267,23 @@ def test_resume_refuses_other_tokenizer_or_config(interrupted_run, tmp_path):
     assert "tokenizer.model" in last and "Traceback" not in corrupt.stderr
 
 
-def test_train_py_turns_onednn_on_unless_the_environment_chose():
-    """`train.default_onednn`: an unset or empty `TF_ENABLE_ONEDNN_OPTS` becomes "1"; "0" or
-    "1" stay. Importing `train` (as here) sets nothing; its runs are checked in
-    `test_sigterm_checkpoints_exits_0_then_sigkill_and_resume_continue`."""
-    before = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
-    import train
+def test_train_py_and_export_translate_turn_onednn_on_unless_the_environment_chose():
+    """`console.onednn_requested`: for `train.py` and `python -m export.translate`, an unset
+    or empty `TF_ENABLE_ONEDNN_OPTS` asks for TensorFlow's oneDNN kernels, "0" or "1" is kept,
+    other programs are left alone. The runs of `interrupted_run` check what TensorFlow then
+    does: `test_sigterm_checkpoints_exits_0_then_sigkill_and_resume_continue`."""
+    from keras_transformer import console
 
-    assert os.environ.get("TF_ENABLE_ONEDNN_OPTS") == before
-    for given, expected in ((None, "1"), ("", "1"), ("0", "0"), ("1", "1")):
-        environ = {"PATH": "/bin"} if given is None else {"PATH": "/bin", "TF_ENABLE_ONEDNN_OPTS": given}
-        train.default_onednn(environ)
-        assert environ == {"PATH": "/bin", "TF_ENABLE_ONEDNN_OPTS": expected}, given
+    ours = (["train.py", "--config", "tiny"], ["-u", "/repo/train.py"],
+            ["-m", "export.translate", "--saved-model", "x"])
+    others = (["-m", "pytest"], ["-c", "import train"], ["-m", "export.saved_model"], ["-m", "benchmarks.train_speed"],
+              ["serve.py"], [])
+    for argv in ours:
+        assert console.onednn_requested(argv, {}) and console.onednn_requested(argv, {"TF_ENABLE_ONEDNN_OPTS": ""})
+        for chosen in ("0", "1"):
+            assert not console.onednn_requested(argv, {"TF_ENABLE_ONEDNN_OPTS": chosen}), (argv, chosen)
+    for argv in others:
+        assert not console.onednn_requested(argv, {}), argv
 
 
 def test_help_explains_every_flag(short_commands):
