@@ -27,7 +27,7 @@ import sys
 
 from export.errors import missing_saved_model
 from keras_transformer.config import TransformerConfig
-from keras_transformer.console import HARMLESS_CACHE_LINES, OneLineArgumentParser, quiet_requested, stderr_without
+from keras_transformer.console import HARMLESS_LINES, OneLineArgumentParser, quiet_requested, stderr_without
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
@@ -85,14 +85,13 @@ def main(argv=None) -> int:
     # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
     # sentences separated by blank lines, one translation printed per sentence.
     source = "conllu" if "conllu" in default.structured_input_signature[1] else "text"
-    if xla and _xla_cache_dirs(xla_flags) and quiet_requested():
-        signature = default  # each hit of the cache logs a harmless parse error (console.HARMLESS_CACHE_LINES)
-
-        def default(**inputs):
-            with stderr_without(HARMLESS_CACHE_LINES):
-                return signature(**inputs)
     # Exports older than the patience input have none (and only the exact search).
     has_patience = "patience" in options.structured_input_signature[1]
+    if quiet_requested():
+        # Lines TensorFlow logs as errors that ask nothing of the user (console.HARMLESS_LINES):
+        # each hit of the persistent XLA cache, and with oneDNN on (this command's default) on a
+        # CPU without AVX-512, its fallback to TensorFlow's own kernels in the plain searches.
+        default, options = _without_harmless_lines(default), _without_harmless_lines(options)
     if args.patience is not None and not has_patience:
         print(f"export.translate: error: {args.saved_model} predates --patience (its translate_options "
               f"has no patience input); export the model again", file=sys.stderr)
@@ -171,6 +170,14 @@ def main(argv=None) -> int:
               f"(named above); the others were translated", file=sys.stderr)
         return 1
     return 0
+
+
+def _without_harmless_lines(signature):
+    """`signature`, called with file descriptor 2 filtered (`console.stderr_without`)."""
+    def call(**inputs):
+        with stderr_without(HARMLESS_LINES):
+            return signature(**inputs)
+    return call
 
 
 def _xla_cache_dirs(flags):

@@ -4,6 +4,16 @@ WORDS_EN = "the a man woman dog cat sees buys red big small house book today".sp
 WORDS_DE = "der die Mann Frau Hund Katze sieht kauft rot groß klein Haus Buch heute".split()
 
 
+# What TensorFlow 2.21 logs on each hit of its persistent XLA cache (export.translate, README).
+CACHE_HIT = ("E0000 00:00:1795929083.036984    9037 text_format.cc:378] Error parsing text-format "
+             "tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 5\n")
+# What TensorFlow 2.21 logs with oneDNN on, on a CPU without AVX-512, when a plain search first
+# runs an int32 op that its graph rewrite gave to oneDNN (export.translate --n-best or --no-xla on
+# a 2-vCPU AVX2 EPYC, 2026-11-29).
+ONEDNN_FALLBACK = ("E0000 00:00:1795975060.214005   24496 util.cc:131] oneDNN supports DT_INT32 only on "
+                   "platforms with AVX-512. Falling back to the default Eigen-based implementation if present.\n")
+
+
 def write_corpus(directory, pairs=240, valid=12, seed=0):
     """A toy word-for-word corpus in the text-directory layout."""
     import random

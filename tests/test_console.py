@@ -4,11 +4,9 @@ import os
 
 import pytest
 
-from keras_transformer.console import HARMLESS_CACHE_LINES, stderr_without
+from helpers import CACHE_HIT, ONEDNN_FALLBACK
 
-# What TensorFlow 2.21 logs on each hit of its persistent XLA cache (export.translate, README).
-CACHE_HIT = ("E0000 00:00:1795929083.036984    9037 text_format.cc:378] Error parsing text-format "
-             "tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 5\n")
+from keras_transformer.console import HARMLESS_CACHE_LINES, HARMLESS_LINES, stderr_without
 
 
 def test_stderr_without_drops_only_the_named_lines_from_file_descriptor_2(capfd):
@@ -28,3 +26,10 @@ def test_stderr_without_gives_back_the_lines_and_the_error_when_the_block_raises
     assert capfd.readouterr().err == "E0000 why it failed\n"
     os.write(2, b"after\n")  # file descriptor 2 is the terminal's again
     assert capfd.readouterr().err == "after\n"
+
+
+def test_export_translate_drops_the_cache_hits_and_onednns_fallback_notice_only(capfd):
+    with stderr_without(HARMLESS_LINES):
+        os.write(2, (ONEDNN_FALLBACK + "E0000 util.cc:131] oneDNN supports DT_INT32, a line of another text\n"
+                     + CACHE_HIT).encode())
+    assert capfd.readouterr().err == "E0000 util.cc:131] oneDNN supports DT_INT32, a line of another text\n"

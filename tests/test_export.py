@@ -16,7 +16,7 @@ import hypothesis.strategies
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import in_background, warmup_requests
+from helpers import CACHE_HIT, ONEDNN_FALLBACK, in_background, warmup_requests
 
 from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
 from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
@@ -316,6 +316,40 @@ def test_translate_command_turns_grappler_off_before_its_first_xla_request(expor
     assert events == [{"disable_meta_optimizer": True}, ("translate_xla", [b"the man sees the dog"]),
                       ("translate_xla", [b"a red house today"])]
     assert capsys.readouterr().out == "x\nx\n"
+
+
+def test_translate_command_keeps_tensorflows_harmless_lines_off_the_terminal(exported, loaded, monkeypatch,
+                                                                              capfd):
+    """export.translate turns oneDNN on (console.onednn_requested). On a CPU without AVX-512,
+    TensorFlow then logged, as an error, its fallback to its own int32 kernels when the plain
+    search of `--n-best` or `--no-xla` first ran (`E0000 ... util.cc:131] oneDNN supports
+    DT_INT32 only on platforms with AVX-512. Falling back ...`): its quiet mode drops that line,
+    and a cache hit's, around every signature call; other lines stay, in order."""
+    import io
+
+    from export import translate
+
+    def logging(function):  # the signature, logging from C++ (file descriptor 2) as TensorFlow does
+        def call(**inputs):
+            os.write(2, (ONEDNN_FALLBACK + "E0000 a real error\n" + CACHE_HIT).encode())
+            return function(**inputs)
+        call.structured_input_signature = function.structured_input_signature
+        return call
+
+    signatures = {name: logging(function) for name, function in loaded.signatures.items()}
+    monkeypatch.setattr(tf.saved_model, "load", lambda path: type("Loaded", (), {"signatures": signatures})())
+    expected = {}
+    for quiet in ("1", "0"):
+        monkeypatch.setenv("KERAS_TRANSFORMER_QUIET", quiet)
+        for flags in (["--n-best", "2"], ["--no-xla"], []):
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN[:2]) + "\n").encode())))
+            assert translate.main(["--saved-model", str(exported["path"]), *flags]) == 0
+            out = capfd.readouterr()
+            assert out.err == ("E0000 a real error\n" if quiet == "1" else ONEDNN_FALLBACK + "E0000 a real error\n"
+                               + CACHE_HIT), flags
+            expected.setdefault(tuple(flags), out.out)
+            assert out.out == expected[tuple(flags)] and len(out.out.splitlines()) == 2  # the same translations
+    assert expected[()] == expected[("--no-xla",)] == "\n".join(in_process(exported["translator"], GOLDEN[:2])[0]) + "\n"
 
 
 def test_translate_command_names_a_persistent_xla_cache_it_cannot_use(exported, loaded, tmp_path, monkeypatch,
