@@ -14,8 +14,38 @@ import sys
 
 import keras_transformer  # noqa: F401  (a command: TensorFlow imported without its start-up lines)
 import tensorflow_text  # noqa: F401  (registers the TFText ops)
+from tensorflow.python.platform import tf_logging
 from tensorflow.python.tools import saved_model_cli
 
+from keras_transformer.console import quiet_requested
+
+
+def quiet_stock_tool():
+    """The stock tool's `main` sets TensorFlow's logger to INFO before it runs, so the quiet
+    console's level did not hold: its own call of the deprecated TF1 loader and the loader's
+    "Restoring parameters from ..." printed twice each (TensorFlow's handler, then absl's) above
+    the results. Unless `--verbose`, the logger stays at ERROR."""
+    tf_logging.set_verbosity(tf_logging.ERROR)
+    saved_model_cli.logging = _KeepVerbosity(tf_logging)
+
+
+class _KeepVerbosity:
+    """`tf_logging` as the stock tool sees it, less `set_verbosity`."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def set_verbosity(self, level):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
 if __name__ == "__main__":
+    if "--verbose" in sys.argv[1:]:
+        sys.argv.remove("--verbose")  # ours (console.quiet_requested), not the stock tool's
+    elif quiet_requested():
+        quiet_stock_tool()
     sys.argv[0] = "saved_model_cli"
     sys.exit(saved_model_cli.main())

@@ -169,6 +169,9 @@ def test_tf1_session_loader_and_saved_model_cli(exported, export_processes):
     translations = result.stdout.split("Result for output key translation:")[1]
     for sentence in want[:2]:
         assert repr(sentence.encode())[1:] in translations
+    # A command of ours is quiet: the stock tool set TensorFlow's logger to INFO, and its
+    # deprecated TF1 load and "Restoring parameters from ..." printed twice each.
+    assert result.stderr == ""
 
 
 def test_single_request_loops_keep_the_single_threaded_executor_in_the_saved_model(exported):
