@@ -366,7 +366,8 @@ def translation_options(config: TransformerConfig, source_length: int, beam_size
 
 
 def main(argv=None) -> int:
-    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog="export.ctranslate2", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", required=True, help="a model directory written by train.py")
     parser.add_argument("--output", required=True, help="the CTranslate2 model directory to write")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,

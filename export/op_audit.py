@@ -125,7 +125,8 @@ def audit_tflite(model) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog="export.op_audit", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("saved_model", nargs="?", help="an export version directory")
     parser.add_argument("--tflite", help="a .tflite file")
     parser.add_argument("--verbose", action="store_true",

@@ -363,7 +363,8 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
 
 
 def main(argv=None) -> int:
-    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog="export.saved_model", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", required=True, help="a model directory written by train.py")
     parser.add_argument("--output", required=True, help="export base directory; the version goes below it")
     parser.add_argument("--version", type=int, default=None, help="version number (default: next free)")

@@ -17,6 +17,7 @@ import tensorflow_text  # noqa: F401  (registers the TFText ops)
 from tensorflow.python.platform import tf_logging
 from tensorflow.python.tools import saved_model_cli
 
+from export.errors import missing_saved_model
 from keras_transformer.console import quiet_requested
 
 
@@ -42,10 +43,23 @@ class _KeepVerbosity:
         return getattr(self._module, name)
 
 
-if __name__ == "__main__":
-    if "--verbose" in sys.argv[1:]:
-        sys.argv.remove("--verbose")  # ours (console.quiet_requested), not the stock tool's
+def main(argv=None) -> int:
+    """Checks `--dir` (one line, exit 2, where the stock tool raised a traceback), then runs
+    the stock tool on the arguments (`sys.argv[1:]`), less our `--verbose`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for index, arg in enumerate(argv):
+        path = argv[index + 1] if arg == "--dir" and index + 1 < len(argv) else arg.partition("--dir=")[2]
+        missing = path and missing_saved_model(path)
+        if missing:
+            print(f"export.saved_model_cli: error: --dir {missing}", file=sys.stderr)
+            return 2
+    if "--verbose" in argv:
+        argv.remove("--verbose")  # ours (console.quiet_requested), not the stock tool's
     elif quiet_requested():
         quiet_stock_tool()
-    sys.argv[0] = "saved_model_cli"
-    sys.exit(saved_model_cli.main())
+    sys.argv[:] = ["saved_model_cli", *argv]  # the stock tool parses sys.argv
+    return saved_model_cli.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -104,7 +104,8 @@ def translate_lines(interpreter, lines):
 
 
 def main(argv=None) -> int:
-    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog="export.tflite", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
     parser.add_argument("--output", required=True, help="the .tflite file to write")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, default="none",

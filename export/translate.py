@@ -39,7 +39,8 @@ PAPER = TransformerConfig()
 
 
 def main(argv=None) -> int:
-    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog="export.translate", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
     parser.add_argument("--beam-size", type=int, default=None,
                         help="1..8 (default: the export's own, recorded in its assets.extra/keras_transformer.json; "

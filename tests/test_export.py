@@ -852,7 +852,7 @@ def test_export_commands_refuse_bad_paths_in_one_line(tmp_path, capsys):
     """A missing or non-SavedModel path for op_audit, a SavedModel that is not ours for
     export.translate, and a directory as export.tflite's --output were tracebacks
     (FileNotFoundError, KeyError, IsADirectoryError after the conversion's minutes)."""
-    from export import op_audit, tflite, translate
+    from export import op_audit, saved_model_cli, tflite, translate
 
     class Foreign(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
@@ -867,6 +867,9 @@ def test_export_commands_refuse_bad_paths_in_one_line(tmp_path, capsys):
     calls = [
         (op_audit.main, [], "give an export version directory"),
         (op_audit.main, [str(tmp_path / "missing")], "no saved_model.pb there"),
+        (saved_model_cli.main, ["run", "--dir", str(tmp_path / "missing"), "--tag_set", "serve"],
+         f"--dir {tmp_path / 'missing'}: no saved_model.pb there"),  # the stock tool: an OSError traceback
+        (saved_model_cli.main, ["show", f"--dir={tmp_path}"], f"--dir {tmp_path}: no saved_model.pb there"),
         (translate.main, ["--saved-model", str(tmp_path)], f"{tmp_path}: no saved_model.pb there; give an "
                                                             "export version directory"),
         (tflite.main, ["--saved-model", str(tmp_path), "--output", str(tmp_path / "m.tflite")],
@@ -885,7 +888,8 @@ def test_export_commands_refuse_bad_paths_in_one_line(tmp_path, capsys):
             code = exit_.code
         assert code == 2, (argv, code)
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and ": error: " in err[0] and message in err[0], (argv, err)
+        # one line, named by the command (`python -m export.op_audit` said `op_audit.py: error: ...`)
+        assert len(err) == 1 and err[0].startswith(f"{main.__module__}: error: ") and message in err[0], (argv, err)
 
 
 def test_op_audit_accepts_the_export_and_flags_foreign_ops(exported, tmp_path):
