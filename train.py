@@ -39,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The flags, made from the config fields' option definitions
     (`keras_transformer.config.command_line_options`), as a `TrainingConfig` in `args.run`."""
     parser = OneLineArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options = command_line_options()
     syntax_group = parser.add_argument_group(
         "syntax-aware models (survey section 3; README 'Syntax-aware models'): the source side must be "
@@ -82,7 +82,10 @@ def _flag_message(error: ConfigError, options, model) -> str:
         return f"syntax-aware options: {message}"
     if error.field == "model" or error.field in model:
         return f"--set: {message}"
-    flag = next((item.flag for item in options if item.field == error.field), "--" + error.field)
+    flag = next((item.flag for item in options if item.field == error.field), None)
+    if flag is None and error.field in MODEL_OVERRIDE_FIELDS:  # e.g. num_heads, which --set d_model=130 broke
+        return f"--set: {message}"
+    flag = flag or "--" + error.field
     if message.startswith(error.field):  # "batch_tokens=32 cannot ..." -> "--batch-tokens=32 cannot ..."
         return flag + message[len(error.field):]
     return f"{flag}: {message}"

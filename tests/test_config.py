@@ -67,6 +67,8 @@ def test_set_flag_changes_model_fields_and_names_bad_ones(capsys):
             (["--set", "dropout=high"], "--set 'dropout=high': dropout takes a float"),
             (["--set", "vocab_size=9"], "--set 'vocab_size=9': expected FIELD=VALUE with FIELD one of num_layers"),
             (["--set", "num_heads=3"], "--set: num_heads=3 does not divide d_model=128"),
+            # the field in error is not the one set, and has no flag of its own ("--num_heads=4 ...")
+            (["--set", "d_model=130"], "train.py: error: --set: num_heads=4 does not divide d_model=130"),
             (["--set", "norm_first=maybe"], "--set 'norm_first=maybe': norm_first takes a bool")]:
         with pytest.raises(SystemExit) as exit_:
             train.parse_args(flags)
