@@ -60,6 +60,9 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
+    for flag, value in (("--batch-size", args.batch_size), ("--n-best", args.n_best)):
+        if value < 1:  # --batch-size 0 sent the whole input as one request
+            parser.error(f"{flag} must be a positive integer, got {value}")
 
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops)

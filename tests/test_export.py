@@ -848,7 +848,7 @@ def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch)
         export_model(model, config, tokenizer, output, version=1)
 
 
-def test_export_commands_refuse_bad_paths_in_one_line(tmp_path, capsys):
+def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsys):
     """A missing or non-SavedModel path for op_audit, a SavedModel that is not ours for
     export.translate, and a directory as export.tflite's --output were tracebacks
     (FileNotFoundError, KeyError, IsADirectoryError after the conversion's minutes)."""
@@ -867,6 +867,9 @@ def test_export_commands_refuse_bad_paths_in_one_line(tmp_path, capsys):
     calls = [
         (op_audit.main, [], "give an export version directory"),
         (op_audit.main, [str(tmp_path / "missing")], "no saved_model.pb there"),
+        (translate.main, ["--saved-model", str(tmp_path), "--batch-size", "0"],
+         "--batch-size must be a positive integer, got 0"),  # it sent all of stdin as one request
+        (translate.main, ["--saved-model", str(tmp_path), "--n-best", "-1"], "--n-best must be a positive integer"),
         (saved_model_cli.main, ["run", "--dir", str(tmp_path / "missing"), "--tag_set", "serve"],
          f"--dir {tmp_path / 'missing'}: no saved_model.pb there"),  # the stock tool: an OSError traceback
         (saved_model_cli.main, ["show", f"--dir={tmp_path}"], f"--dir {tmp_path}: no saved_model.pb there"),
