@@ -18,3 +18,19 @@ def missing_saved_model(path) -> str | None:
     if os.path.isfile(os.path.join(path, "saved_model.pb")):
         return None
     return f"{path}: no saved_model.pb there; give an export version directory such as MODEL_DIR/export/1"
+
+
+def output_problem(path, directory: bool) -> str | None:
+    """Why `path` cannot be written, in one line for a command's error, or None: checked
+    before a conversion's seconds or minutes, which were spent before `[Errno 17] File
+    exists` or a permission error came. `directory`: `path` is a directory to make or fill
+    (an export base); otherwise a file, whose directory is made if missing."""
+    target = os.path.abspath(path if directory else os.path.dirname(os.path.abspath(path)))
+    existing = target
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{path}: {existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{path}: {existing} is not writable"
+    return None

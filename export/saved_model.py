@@ -68,6 +68,7 @@ import pathlib
 import shutil
 import sys
 
+from export.errors import output_problem
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import OneLineArgumentParser
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
@@ -379,6 +380,12 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
+    if args.patience < 0:
+        parser.error(f"--patience must be >= 0 (0: the exact search), got {args.patience}")
+    unwritable = output_problem(args.output, directory=True)  # before loading and tracing, not after
+    if unwritable:
+        print(f"export.saved_model: error: --output {unwritable}", file=sys.stderr)
+        return 2
     from keras_transformer.data import TokenizerError
     from keras_transformer.run_dir import RunError, load_trained
 

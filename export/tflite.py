@@ -29,7 +29,7 @@ import os
 import pathlib
 import sys
 
-from export.errors import ConversionError, missing_saved_model
+from export.errors import ConversionError, missing_saved_model, output_problem
 from export.op_audit import audit_tflite
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
 from keras_transformer.console import OneLineArgumentParser
@@ -123,6 +123,10 @@ def main(argv=None) -> int:
     if os.path.isdir(args.output):  # checked before the conversion's minutes, not after
         print(f"export.tflite: error: --output {args.output} is a directory; give the .tflite file to write",
               file=sys.stderr)
+        return 2
+    unwritable = output_problem(args.output, directory=False)
+    if unwritable:
+        print(f"export.tflite: error: --output {unwritable}", file=sys.stderr)
         return 2
     try:
         path = convert(args.saved_model, args.output, args.quantize)

@@ -852,7 +852,7 @@ def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsy
     """A missing or non-SavedModel path for op_audit, a SavedModel that is not ours for
     export.translate, and a directory as export.tflite's --output were tracebacks
     (FileNotFoundError, KeyError, IsADirectoryError after the conversion's minutes)."""
-    from export import op_audit, saved_model_cli, tflite, translate
+    from export import op_audit, saved_model, saved_model_cli, tflite, translate
 
     class Foreign(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
@@ -870,6 +870,13 @@ def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsy
         (translate.main, ["--saved-model", str(tmp_path), "--batch-size", "0"],
          "--batch-size must be a positive integer, got 0"),  # it sent all of stdin as one request
         (translate.main, ["--saved-model", str(tmp_path), "--n-best", "-1"], "--n-best must be a positive integer"),
+        # an output that cannot be written, refused before the conversion (it failed after it, "[Errno 17] File exists")
+        (tflite.main, ["--saved-model", str(foreign), "--output", str(tmp_path / "model.tflite" / "m.tflite")],
+         f"--output {tmp_path / 'model.tflite' / 'm.tflite'}: {tmp_path / 'model.tflite'} is a file, not a directory"),
+        (saved_model.main, ["--model-dir", str(tmp_path), "--output", str(tmp_path / "model.tflite" / "export")],
+         f"--output {tmp_path / 'model.tflite' / 'export'}: {tmp_path / 'model.tflite'} is a file, not a directory"),
+        (saved_model.main, ["--model-dir", str(tmp_path), "--output", str(tmp_path), "--patience", "-1"],
+         "--patience must be >= 0 (0: the exact search), got -1.0"),
         (saved_model_cli.main, ["run", "--dir", str(tmp_path / "missing"), "--tag_set", "serve"],
          f"--dir {tmp_path / 'missing'}: no saved_model.pb there"),  # the stock tool: an OSError traceback
         (saved_model_cli.main, ["show", f"--dir={tmp_path}"], f"--dir {tmp_path}: no saved_model.pb there"),
