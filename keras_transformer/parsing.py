@@ -47,6 +47,7 @@ import shutil
 import sys
 import time
 
+from keras_transformer.console import OneLineArgumentParser
 from keras_transformer.data.syntax import AnnotatedSentence, AnnotationError, read_conllu, to_conllu
 
 # spaCy's recipe for a UD treebank: its components and the config preset.
@@ -330,8 +331,10 @@ def write_parsed_corpus(nlp, data: str | os.PathLike, output: str | os.PathLike,
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keras_transformer.parsing", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    # One line per error, named by the command, as the other commands do (argparse printed its
+    # usage block first; `python -m keras_transformer.parsing train` without flags: 6 lines).
+    parser = OneLineArgumentParser(prog="keras_transformer.parsing", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train the parser on a UD treebank directory")
     train.add_argument("--treebank", required=True, help="directory with *-ud-train.conllu and *-ud-dev.conllu")
@@ -377,7 +380,7 @@ def main(argv=None) -> int:
             for sentence in parse_text(load_parser(args.parser), lines):
                 sys.stdout.write(to_conllu(sentence) + "\n\n")
     except (ParserError, AnnotationError, conllu_exceptions.ParseException, OSError) as error:  # bad trees, unreadable files
-        print(f"error: {error}", file=sys.stderr)
+        print(f"keras_transformer.parsing: error: {error}", file=sys.stderr)
         return 2
     return 0
 

@@ -158,7 +158,8 @@ def test_evaluate_on_a_bad_conllu_file_is_a_one_line_error(embedded_parser, tmp_
         argv = ["evaluate", "--parser", str(root / "parser"), "--conllu", str(tmp_path / name)]
         assert parsing.main(argv) == 2, name
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (name, err)
+        assert len(err) == 1 and err[0].startswith("keras_transformer.parsing: error: ") and message in err[0], (
+            name, err)
 
 
 def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
@@ -167,7 +168,17 @@ def test_bad_input_gets_a_one_line_error(tmp_path, capsys):
     with pytest.raises(parsing.ParserError, match="no \\*-ud-dev.conllu"):
         parsing.treebank_files(treebank)
     assert parsing.main(["train", "--treebank", str(tmp_path / "nowhere"), "--output", str(tmp_path / "p")]) == 2
-    assert "error:" in capsys.readouterr().err
+    assert capsys.readouterr().err == (f"keras_transformer.parsing: error: {tmp_path / 'nowhere'}: not a directory "
+                                       f"(a UD treebank with *-ud-train.conllu and *-ud-dev.conllu)\n")
+    # a misused flag: one line naming the subcommand (argparse printed its usage block first)
+    for argv, message in ((["train"], "the following arguments are required: --treebank, --output"),
+                          (["bogus"], "argument command: invalid choice: 'bogus'"),
+                          (["evaluate", "--parser", "p", "--conllu", "c", "--extra"], "unrecognized arguments: --extra")):
+        with pytest.raises(SystemExit) as exit_info:
+            parsing.main(argv)
+        err = capsys.readouterr().err.splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("keras_transformer.parsing") \
+            and ": error: " in err[0] and message in err[0], (argv, err)
     with pytest.raises(parsing.ParserError, match="no trained parser here"):
         parsing.load_parser(tmp_path)
     (tmp_path / "data").mkdir()
