@@ -33,6 +33,8 @@ from keras_transformer.console import HARMLESS_LINES, OneLineArgumentParser, qui
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
 XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory="
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
 # Exports made before `assets.extra/keras_transformer.json` recorded their config were all
 # built with the paper's decoding options (beam 4, alpha 0.6, +50).
 PAPER = TransformerConfig()
@@ -148,9 +150,12 @@ def main(argv=None) -> int:
         report(out.get("errors"), done + 1)
 
     batch, done = [], 0
+    stdin = sys.stdin.buffer
+    if hasattr(stdin, "peek") and stdin.peek(len(UTF8_BOM))[:len(UTF8_BOM)] == UTF8_BOM:
+        stdin.read(len(UTF8_BOM))  # a byte order mark (a file saved on Windows) is no part of the first line
     try:
-        for item in (_conllu_blocks(sys.stdin.buffer) if source == "conllu"
-                     else (line.rstrip(b"\r\n") for line in sys.stdin.buffer)):
+        for item in (_conllu_blocks(stdin) if source == "conllu"
+                     else (line.rstrip(b"\r\n") for line in stdin)):
             batch.append(item)
             if len(batch) == args.batch_size:
                 flush(batch)

@@ -376,7 +376,7 @@ def main(argv=None) -> int:
                                          args.target_lang, log=lambda line: print(line, file=sys.stderr))
             print(json.dumps(counts))
         else:
-            lines = sys.stdin.read().splitlines()
+            lines = sys.stdin.read().removeprefix("\ufeff").splitlines()  # less a byte order mark
             for sentence in parse_text(load_parser(args.parser), lines):
                 sys.stdout.write(to_conllu(sentence) + "\n\n")
     except (ParserError, AnnotationError, conllu_exceptions.ParseException, OSError) as error:  # bad trees, unreadable files

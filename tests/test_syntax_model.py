@@ -635,6 +635,13 @@ def test_translate_command_names_a_malformed_conllu_sentence_in_one_line(syntax_
                      "(an empty line printed for it)",
                      "export.translate: error: 1 of 4 sentences were malformed CoNLL-U (named above); "
                      "the others were translated"]
+    # A byte order mark before the first sentence (a file saved on Windows) made its first line
+    # "\\ufeff# sent_id ...", not a comment: the sentence was named malformed. Now it is skipped.
+    stdin = io.BufferedReader(io.BytesIO(b"\xef\xbb\xbf" + "\n\n".join(blocks[:2]).encode() + b"\n"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(stdin))
+    assert translate.main(["--saved-model", str(export), "--batch-size", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == expected[:2] and err == ""
 
 
 def test_linearised_trees_as_a_target_side(tmp_path):

@@ -471,6 +471,22 @@ def _file_fingerprint(path: str, directory: pathlib.Path) -> dict:
     return {"file": name, "bytes": size, "sha256": digest.hexdigest()}
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _text_lines(path: pathlib.Path) -> tf.data.Dataset:
+    """``tf.data.TextLineDataset`` of ``path`` (line ends, ``\\r\\n`` too, removed), less a UTF-8
+    byte order mark before its first line: Windows editors write one, and it stayed glued to
+    the first sentence, a source the tokenizer and the model learned from or a reference
+    that BLEU scored against."""
+    lines = tf.data.TextLineDataset(str(path))
+    with open(path, "rb") as f:
+        if f.read(len(UTF8_BOM)) != UTF8_BOM:
+            return lines
+    return lines.take(1).map(lambda line: tf.strings.substr(line, len(UTF8_BOM), tf.strings.length(line))
+                             ).concatenate(lines.skip(1))
+
+
 def _aligned_pair_dataset(source: pathlib.Path, target: pathlib.Path) -> tuple[tf.data.Dataset, int]:
     """Checks two files are aligned and zips their lines."""
     n_source, n_target = count_lines(source), count_lines(target)
@@ -480,7 +496,7 @@ def _aligned_pair_dataset(source: pathlib.Path, target: pathlib.Path) -> tuple[t
             f"parallel files must be aligned line by line")
     if n_source == 0:
         raise CorpusError(f"{source} and {target} are empty")
-    ds = tf.data.Dataset.zip((tf.data.TextLineDataset(str(source)), tf.data.TextLineDataset(str(target))))
+    ds = tf.data.Dataset.zip((_text_lines(source), _text_lines(target)))
     return ds.apply(tf.data.experimental.assert_cardinality(n_source)), n_source
 
 
@@ -536,7 +552,7 @@ def _load_directory(directory: pathlib.Path, source_lang: str, target_lang: str)
             if len(plain) != n_target:
                 raise CorpusError(f"{conllu(stem)} has {len(plain)} sentences but {target} has {n_target} "
                                   f"lines: parallel files must be aligned sentence by line")
-            targets = tf.data.TextLineDataset(str(target))
+            targets = _text_lines(target)
             splits[split] = tf.data.Dataset.zip((tf.data.Dataset.from_tensor_slices(tf.constant(plain)), targets))
             sizes[split] = len(plain)
             files[split] = (str(conllu(stem)), str(target))

@@ -62,7 +62,7 @@ def read_conllu(path: str | os.PathLike) -> list[AnnotatedSentence]:
     """Reads a CoNLL-U file; raises `AnnotationError` naming the file and sentence on a bad tree."""
     import conllu
 
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # -sig: less a byte order mark, if the file starts with one
         sentences = conllu.parse(f.read())
     out = []
     for number, sentence in enumerate(sentences, 1):

@@ -93,6 +93,19 @@ def test_count_lines_agrees_with_text_line_dataset(tmp_path, content):
     assert count_lines(path) == len(list(tf.data.TextLineDataset(str(path))))
 
 
+def test_a_byte_order_mark_and_crlf_line_ends_are_not_part_of_the_sentences(corpus_dir):
+    """Files saved by Windows editors: a UTF-8 byte order mark before the first line stayed
+    glued to the first sentence, a reference that sacreBLEU then scored against
+    ('\\ufeffthe' is not 'the'). CR LF line ends were already removed."""
+    for name in ("train.en", "test2016.de"):
+        path = corpus_dir / name
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
+    corpus = load_corpus(str(corpus_dir), "en", "de")
+    assert pairs_of(corpus.splits["train"]) == list(zip(english(7, "train"), german(7, "train")))
+    assert pairs_of(corpus.splits["test"]) == list(zip(english(2, "test2016"), german(2, "test2016")))
+    assert corpus.sizes["train"] == 7 and next(corpus.texts("train")) == "train sentence 0 in English ."
+
+
 def test_misaligned_files_name_both_files_and_counts(tmp_path):
     write(tmp_path, "train.en", english(5, "train"))
     write(tmp_path, "train.de", german(4, "train"))

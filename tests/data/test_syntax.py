@@ -74,6 +74,8 @@ def test_read_conllu_skips_ranges_and_empty_nodes(tmp_path):
     path.write_text(CONLLU.replace("3\tdog\tdog\tNOUN\tNN\t_\t4", "3\tdog\tdog\tNOUN\tNN\t_\t9"), encoding="utf-8")
     with pytest.raises(AnnotationError, match=r"x.conllu: sentence 1 \(s1\): word 3 'dog' has head 9"):
         read_conllu(path)
+    path.write_text(CONLLU, encoding="utf-8-sig")  # a byte order mark first (Windows editors)
+    assert read_conllu(path) == [first, second]
 
 
 @pytest.mark.skipif(not PUD.is_dir(), reason="../shared/data/pud is absent")
