@@ -157,9 +157,10 @@ class CheckpointAndBleu(keras.callbacks.Callback):
             if logs and key in logs:
                 row[key] = f"{float(logs[key]):.4f}"
         if self.valid_pairs is not None and self.bleu_sentences:
-            score, _, _ = compute_bleu(self.translator, self.valid_pairs,
-                                       limit=self.bleu_sentences, beam_size=1)
+            score, _, hypotheses = compute_bleu(self.translator, self.valid_pairs,
+                                                limit=self.bleu_sentences, beam_size=1)
             row["bleu"] = f"{score.score:.2f}"
+            scored = len(hypotheses)  # fewer than bleu_sentences when the valid split is smaller
         if self.started is not None:
             row["minutes"] = f"{(time.time() - self.started) / 60:.2f}"
         run_dir.append_history(self.model_dir, row)
@@ -171,7 +172,7 @@ class CheckpointAndBleu(keras.callbacks.Callback):
             parts.append(f"{self.progress.tokens_per_second:,.0f} tok/s")
         parts.append(f"checkpoint {os.path.basename(path)}")
         if "bleu" in row:
-            parts.append(f"greedy BLEU on {self.bleu_sentences} valid sentences {row['bleu']}")
+            parts.append(f"greedy BLEU on {scored} valid sentences {row['bleu']}")
         eta = self.progress.eta_seconds() if self.progress else None
         if eta is not None and step < self.progress.total_steps:
             parts.append(f"ETA {_clock(eta)}")

@@ -6,7 +6,7 @@ import time
 import keras
 import pytest
 
-from keras_transformer.callbacks import Progress, TimeBudget
+from keras_transformer.callbacks import CheckpointAndBleu, Progress, TimeBudget
 
 
 def _rounds(monkeypatch, seconds, first_step, rounds, steps_per_round):
@@ -74,3 +74,30 @@ def test_progress_figures(monkeypatch):
     last = text.rsplit("\r", 1)[1]
     # 3 steps in 5 s (t=100 -> 105), 7 steps to go -> ETA 11.7 s.
     assert last.startswith("step 3/10 [=======                 ]  loss 2.5000  500 tok/s  ETA 0:11")
+
+
+def test_the_checkpoint_line_counts_the_valid_sentences_it_scored(tmp_path, capsys):
+    """`--bleu-every-sentences 100` on a valid split of 3 sentences scored 3, and the line
+    said 'greedy BLEU on 100 valid sentences'. The count is the sentences translated."""
+    import tensorflow as tf
+
+    class Store:
+        def save(self, step):
+            return str(tmp_path / f"ckpt-{step}")
+
+    class Copier:  # translates each source to its reference: BLEU 100
+        def translate(self, sources, beam_size):
+            assert beam_size == 1
+            known = {"ein rotes Haus heute": "a red house today"}
+            return [known.get(s, s) for s in (x.decode() for x in sources.numpy())]
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    pairs = tf.data.Dataset.from_tensor_slices((["the dog sees the cat", "a cat sees a bird", "ein rotes Haus heute"],
+                                                ["the dog sees the cat", "a cat sees a bird", "a red house today"]))
+    for limit, scored in ((100, 3), (2, 2)):
+        callback = CheckpointAndBleu(Store(), Copier(), pairs, limit, tmp_path)
+        callback.set_model(model)
+        callback.on_epoch_end(0, {"loss": 1.0})
+        assert capsys.readouterr().out == f"step 0, loss 1.0000, checkpoint ckpt-0, greedy BLEU on {scored} valid " \
+                                          f"sentences 100.00\n"
