@@ -278,7 +278,25 @@ class Translator:
                                                   num_results, xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS),
                 input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32)],
                 autograph=False)  # see searcher.not_converted
-        strings, _ = self._functions[key](tf.constant(texts, tf.string) if not tf.is_tensor(texts) else texts,
-                                          tf.constant(alpha, tf.float32))
+        strings, _ = self._functions[key](_string_batch(texts), tf.constant(alpha, tf.float32))
         decoded = [[s.decode("utf-8") for s in row] for row in strings.numpy()]
         return [row[0] for row in decoded] if num_results == 1 else decoded
+
+
+def _string_batch(texts):
+    """`texts` (a list of str or bytes, or a 1-D string tensor) as a `[batch]` string tensor;
+    a `TypeError` naming what was given otherwise (a lone string bound to the
+    `tf.function`'s `[None]` signature as a deep TensorFlow error)."""
+    if tf.is_tensor(texts):
+        if texts.dtype != tf.string or texts.shape.rank != 1:
+            raise TypeError(f"translate takes a 1-D string tensor, got {texts.dtype.name} of shape {texts.shape}")
+        return texts
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"translate takes a list of sentences, got one {type(texts).__name__}: pass [{texts!r:.40}]")
+    texts = list(texts)
+    for index, text in enumerate(texts):
+        if not isinstance(text, (str, bytes)):
+            raise TypeError(f"translate takes a list of sentences (str or bytes); item {index} is "
+                            f"{type(text).__name__} {text!r:.40}")
+    return tf.constant(texts, tf.string, shape=[len(texts)])
+

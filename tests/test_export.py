@@ -128,6 +128,23 @@ FRESH = """
 """
 
 
+def test_translate_takes_a_list_of_sentences_and_names_anything_else(exported):
+    """`Translator.translate("one sentence")` failed deep in TensorFlow ("Binding inputs to
+    tf.function failed ... Can not cast TensorSpec(shape=()...)"), and a None or a number
+    in the list with a conversion error naming no item. Now a TypeError says what to pass."""
+    translator = exported["translator"]
+    want = in_process(translator, GOLDEN[:2])[0]
+    assert translator.translate(GOLDEN[:2], xla=False) == want
+    assert translator.translate([s.encode() for s in GOLDEN[:2]], xla=False) == want  # bytes too
+    assert translator.translate(tf.constant(GOLDEN[:2]), xla=False) == want
+    assert translator.translate([], xla=False) == []
+    for bad, message in (("the man sees the dog", "got one str: pass ['the man sees the dog']"),
+                         ([None], "item 0 is NoneType None"), (["a house", 3], "item 1 is int 3"),
+                         (tf.constant("a house"), "a 1-D string tensor, got string of shape ()")):
+        with pytest.raises(TypeError, match=re.escape(message)):
+            translator.translate(bad)
+
+
 def test_fresh_process_with_only_tensorflow_translates_as_in_process(exported, export_processes):
     want, want_scores = in_process(exported["translator"], GOLDEN)
     got = json.loads(export_processes["test_fresh_process_with_only_tensorflow_translates_as_in_process"].result())
