@@ -377,9 +377,15 @@ def main(argv=None) -> int:
                         help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
                              "does, in serving_default, translate_xla and translate_litert (default 0: the exact "
                              "search; translate_options takes it per request)")
+    parser.add_argument("--average", type=int, default=None, metavar="K",
+                        help="export the mean of the run's newest K checkpoints instead of its final.weights.h5: a "
+                             "run still training, or another K than train.py averaged (a checkpoint written at a "
+                             "stop signal counts too)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
+    if args.average is not None and args.average < 1:
+        parser.error(f"--average must be a positive integer, got {args.average}")
     if args.patience < 0:
         parser.error(f"--patience must be >= 0 (0: the exact search), got {args.patience}")
     unwritable = output_problem(args.output, directory=True)  # before loading and tracing, not after
@@ -390,7 +396,7 @@ def main(argv=None) -> int:
     from keras_transformer.run_dir import RunError, load_trained
 
     try:
-        model, config, tokenizer = load_trained(args.model_dir)
+        model, config, tokenizer = load_trained(args.model_dir, average=args.average)
         path = export_model(model, config, tokenizer, args.output, args.version, xla_warmup=args.xla_warmup,
                             patience=args.patience)
     except (RunError, TokenizerError, OSError, ValueError) as error:  # OSError: FileExistsError, permissions

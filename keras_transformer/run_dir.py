@@ -173,8 +173,10 @@ def check_run_tokenizer(model_dir, tokenizer) -> None:
                        f"restore the run's tokenizer.model or use a new --model-dir")
 
 
-def load_trained(model_dir):
-    """Model, config and tokenizer of a `train.py` model directory (averaged weights).
+def load_trained(model_dir, average=None):
+    """Model, config and tokenizer of a `train.py` model directory: its averaged weights
+    (`final.weights.h5`), or with `average=K` the mean of its newest K checkpoints
+    (`checkpoint_model`: a run still training, or another K than the run averaged).
 
     Raises `RunError` (or `TokenizerError`) in one line when something is missing
     or does not belong to the run.
@@ -186,7 +188,38 @@ def load_trained(model_dir):
     tokenizer = Tokenizer.load(tokenizer_path(model_dir))
     check_run_tokenizer(model_dir, tokenizer)
     check_vocab_size(tokenizer, config.vocab_size)
+    if average is not None:
+        return checkpoint_model(model_dir, config, tokenizer, average)[0], config, tokenizer
     return final_model(model_dir, config), config, tokenizer
+
+
+def checkpoint_model(model_dir, config, tokenizer, count):
+    """`(model, names)`: `build_transformer(config)` with the element-wise mean of the run's
+    newest `count` checkpoints (fewer if fewer are kept; `checkpoints.average_checkpoints`,
+    the function `train.py` averages with), and the names of those averaged, oldest first.
+    Unlike `train.py`'s average, a checkpoint written at a stop signal counts like the others.
+    `RunError` in one line when there is none, or one was trained with another tokenizer."""
+    import tensorflow as tf
+
+    from keras_transformer.checkpoints import CheckpointError, average_checkpoints, check_checkpoint_tokenizer
+    from keras_transformer.model import build_transformer
+
+    if count < 1:
+        raise RunError(f"the number of checkpoints to average must be positive, got {count}")
+    directory = pathlib.Path(model_dir) / CHECKPOINT_DIR
+    state = tf.train.get_checkpoint_state(str(directory)) if directory.is_dir() else None
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    if not paths:
+        raise RunError(f"{directory}: no checkpoints to average (train.py writes one every --checkpoint-every steps)")
+    paths = [path if os.path.isabs(path) else str(directory / path) for path in paths[-count:]]
+    model = build_transformer(config)
+    try:
+        for path in paths:
+            check_checkpoint_tokenizer(path, tokenizer.sha256)
+        average_checkpoints(model, paths)
+    except CheckpointError as error:
+        raise RunError(str(error)) from None
+    return model, [os.path.basename(path) for path in paths]
 
 
 def final_model(model_dir, config):

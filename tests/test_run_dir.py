@@ -84,3 +84,57 @@ def test_a_damaged_model_directory_is_a_one_line_error(tmp_path, capsys):
     (model_dir / run_dir.RUN_FILE).write_text('{"data": "toy"}')
     with pytest.raises(run_dir.RunError, match=r"run\.json records no model config"):
         run_dir.load_config(model_dir)
+
+
+def test_exports_can_average_the_newest_checkpoints_instead_of_the_final_weights(tmp_path, monkeypatch, capsys):
+    """`load_trained(model_dir, average=K)` and the exports' `--average K`: the mean of the
+    run's newest K checkpoints (a run still training has no final.weights.h5), checked on
+    checkpoints whose weights are all 1, 2 and 4."""
+    import numpy as np
+
+    from export import ctranslate2, saved_model
+    from keras_transformer import TransformerConfig, build_transformer, make_optimizer, run_dir
+    from keras_transformer.checkpoints import CheckpointStore
+    from keras_transformer.data import Tokenizer, tokenizer_path, train_tokenizer
+
+    model_dir = tmp_path / "run"
+    texts = ["the man sees the dog", "der Mann sieht den Hund", "a red house", "ein rotes Haus"] * 30
+    tokenizer = Tokenizer.load(train_tokenizer(texts, tokenizer_path(model_dir).with_suffix(""), 40))
+    config = TransformerConfig.from_preset("tiny", vocab_size=tokenizer.vocab_size, num_layers=1, d_model=32,
+                                           d_ff=64)
+    run_dir.check_run_file(model_dir, config, tokenizer, {"data": "toy"})
+    with pytest.raises(run_dir.RunError, match=r"checkpoints: no checkpoints to average"):
+        run_dir.load_trained(model_dir, average=2)
+    model = build_transformer(config)
+    optimizer = make_optimizer(config)
+    optimizer.build(model.trainable_variables)
+    store = CheckpointStore(model_dir / run_dir.CHECKPOINT_DIR, model, optimizer, tokenizer.sha256)
+    for step, value in ((10, 1.0), (20, 2.0), (30, 4.0)):
+        model.set_weights([np.full_like(w, value) for w in model.get_weights()])
+        store.save(step)
+
+    def values(loaded):
+        return sorted({float(x) for w in loaded.get_weights() for x in np.unique(w)})
+
+    for count, mean in ((1, 4.0), (2, 3.0), (3, 7 / 3), (9, 7 / 3)):  # 9: all that are kept
+        loaded, _, _ = run_dir.load_trained(model_dir, average=count)
+        assert values(loaded) == [pytest.approx(mean, abs=1e-6)], count
+    assert run_dir.checkpoint_model(model_dir, config, tokenizer, 2)[1] == ["ckpt-20", "ckpt-30"]
+    with pytest.raises(run_dir.RunError, match=r"final\.weights\.h5 not found"):
+        run_dir.load_trained(model_dir)  # without --average: the final weights, which a running run lacks
+
+    # The commands pass --average through (their conversions replaced by a probe of the model).
+    converted = []
+    monkeypatch.setattr(saved_model, "export_model", lambda model, *args, **kwargs: converted.append(values(model)))
+    monkeypatch.setattr(ctranslate2, "convert", lambda model, *args, **kwargs: converted.append(values(model)))
+    for main in (saved_model.main, ctranslate2.main):
+        assert main(["--model-dir", str(model_dir), "--output", str(tmp_path / "out"), "--average", "2"]) == 0
+        with pytest.raises(SystemExit):
+            main(["--model-dir", str(model_dir), "--output", str(tmp_path / "out"), "--average", "0"])
+        assert "--average must be a positive integer, got 0" in capsys.readouterr().err
+    assert converted == [[pytest.approx(3.0, abs=1e-6)]] * 2
+
+    # a checkpoint of another tokenizer is refused, as resuming refuses it
+    other = Tokenizer.load(train_tokenizer(texts[::-1] + ["other words"] * 20, tmp_path / "other" / "tok", 40))
+    with pytest.raises(run_dir.RunError, match=r"ckpt-30 was trained with a tokenizer of sha256"):
+        run_dir.checkpoint_model(model_dir, config, other, 1)
