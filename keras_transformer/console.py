@@ -169,7 +169,10 @@ HARMLESS_CACHE_LINES = ("Error parsing text-format tensorflow.XlaSerializedCache
 # default Eigen-based implementation if present.` (`serving_default`'s and
 # `translate_options`' plain search on a 2-vCPU AVX2 EPYC, TensorFlow 2.21).
 ONEDNN_FALLBACK_LINES = ("only on platforms with AVX-512. Falling back to the default Eigen-based implementation",)
-HARMLESS_LINES = HARMLESS_CACHE_LINES + ONEDNN_FALLBACK_LINES
+# LiteRT (ai-edge-litert) logs, from C++ and whatever TF_CPP_MIN_LOG_LEVEL says, when its
+# interpreter first runs a model: `INFO: Created TensorFlow Lite XNNPACK delegate for CPU.`
+LITERT_LINES = ("INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",)
+HARMLESS_LINES = HARMLESS_CACHE_LINES + ONEDNN_FALLBACK_LINES + LITERT_LINES
 
 
 @contextlib.contextmanager

@@ -14,6 +14,10 @@ ONEDNN_FALLBACK = ("E0000 00:00:1795975060.214005   24496 util.cc:131] oneDNN su
                    "platforms with AVX-512. Falling back to the default Eigen-based implementation if present.\n")
 
 
+# What LiteRT (ai-edge-litert) logs from C++ when its interpreter first runs a model.
+LITERT_DELEGATE = "INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n"
+
+
 def write_corpus(directory, pairs=240, valid=12, seed=0):
     """A toy word-for-word corpus in the text-directory layout."""
     import random

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from helpers import CACHE_HIT, ONEDNN_FALLBACK
+from helpers import CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK
 
 from keras_transformer.console import HARMLESS_CACHE_LINES, HARMLESS_LINES, stderr_without
 
@@ -28,8 +28,8 @@ def test_stderr_without_gives_back_the_lines_and_the_error_when_the_block_raises
     assert capfd.readouterr().err == "after\n"
 
 
-def test_export_translate_drops_the_cache_hits_and_onednns_fallback_notice_only(capfd):
+def test_the_commands_drop_the_cache_hits_onednns_fallback_and_litert_delegate_notices_only(capfd):
     with stderr_without(HARMLESS_LINES):
         os.write(2, (ONEDNN_FALLBACK + "E0000 util.cc:131] oneDNN supports DT_INT32, a line of another text\n"
-                     + CACHE_HIT).encode())
+                     + CACHE_HIT + LITERT_DELEGATE).encode())
     assert capfd.readouterr().err == "E0000 util.cc:131] oneDNN supports DT_INT32, a line of another text\n"

@@ -16,7 +16,7 @@ import hypothesis.strategies
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import CACHE_HIT, ONEDNN_FALLBACK, in_background, warmup_requests
+from helpers import CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, in_background, warmup_requests
 
 from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
 from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
@@ -370,6 +370,33 @@ def test_translate_command_keeps_tensorflows_harmless_lines_off_the_terminal(exp
             expected.setdefault(tuple(flags), out.out)
             assert out.out == expected[tuple(flags)] and len(out.out.splitlines()) == 2  # the same translations
     assert expected[()] == expected[("--no-xla",)] == "\n".join(in_process(exported["translator"], GOLDEN[:2])[0]) + "\n"
+
+
+def test_tflite_translate_keeps_litert_delegate_notice_off_a_quiet_terminal(tmp_path, monkeypatch, capfd):
+    """`export.tflite --translate` printed LiteRT's `INFO: Created TensorFlow Lite XNNPACK
+    delegate for CPU.` (C++, whatever TF_CPP_MIN_LOG_LEVEL says) before the translations;
+    its quiet mode drops it, other lines stay. (The conversion and the interpreter are
+    stand-ins here: LiteRT runs in subprocesses in these tests.)"""
+    import io
+
+    from export import tflite
+
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "saved_model.pb").write_bytes(b"")
+    monkeypatch.setattr(tflite, "convert", lambda saved_model, output, quantize: output)
+    monkeypatch.setattr(tflite, "load_interpreter", lambda path: "interpreter")
+
+    def translate_lines(interpreter, lines):
+        os.write(2, (LITERT_DELEGATE + "E0000 a real error\n").encode())
+        return [line.upper() for line in lines], [0.0] * len(lines)
+
+    monkeypatch.setattr(tflite, "translate_lines", translate_lines)
+    for quiet, err in (("1", "E0000 a real error\n"), ("0", LITERT_DELEGATE + "E0000 a real error\n")):
+        monkeypatch.setenv("KERAS_TRANSFORMER_QUIET", quiet)
+        monkeypatch.setattr(sys, "stdin", io.StringIO("a house\nthe dog\n"))
+        argv = ["--saved-model", str(tmp_path / "export"), "--output", str(tmp_path / "m.tflite"), "--translate"]
+        assert tflite.main(argv) == 0
+        assert capfd.readouterr() == ("A HOUSE\nTHE DOG\n", f"{tmp_path / 'm.tflite'}\n{err}")
 
 
 def test_translate_command_names_a_persistent_xla_cache_it_cannot_use(exported, loaded, tmp_path, monkeypatch,
