@@ -189,6 +189,16 @@ def test_tfds_wmt14_from_mock_data():
         assert "target_lang='fr'" in one_line(error) and "['de', 'en']" in one_line(error)
 
 
+def test_tfds_finds_a_builders_code_as_its_download_does():
+    """TFDS 4.9.10 downloads a dataset through `DatasetBuilder.code_path`, which imports the
+    importlib_resources backport that it declares only for Python < 3.9
+    (tensorflow/datasets#11212): on a fresh install every `--data NAME` download failed with
+    "No module named 'importlib_resources'". pyproject.toml installs it; no network needed here."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    path = tfds.builder("ted_hrlr_translate/pt_to_en").code_path
+    assert path.name == "ted_hrlr_translate_dataset_builder.py" and path.is_file()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("keras_transformer.data.embedded") is None,
                     reason="embedded corpus module not present")
 def test_embedded_corpus_both_directions():
