@@ -48,7 +48,8 @@ def main(argv=None) -> int:
     the stock tool on the arguments (`sys.argv[1:]`), less our `--verbose`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     for index, arg in enumerate(argv):
-        path = argv[index + 1] if arg == "--dir" and index + 1 < len(argv) else arg.partition("--dir=")[2]
+        path = (argv[index + 1] if arg == "--dir" and index + 1 < len(argv)
+                else arg[len("--dir="):] if arg.startswith("--dir=") else None)
         missing = path and missing_saved_model(path)
         if missing:
             print(f"export.saved_model_cli: error: --dir {missing}", file=sys.stderr)

@@ -27,13 +27,12 @@ import sys
 
 from export.errors import missing_saved_model
 from keras_transformer.config import TransformerConfig
+from keras_transformer.constants import UTF8_BOM
 from keras_transformer.console import HARMLESS_LINES, OneLineArgumentParser, quiet_requested, stderr_without
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
 XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory="
-
-UTF8_BOM = b"\xef\xbb\xbf"
 
 # Exports made before `assets.extra/keras_transformer.json` recorded their config were all
 # built with the paper's decoding options (beam 4, alpha 0.6, +50).

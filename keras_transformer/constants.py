@@ -11,6 +11,10 @@ UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
 
+# The UTF-8 byte order mark that Windows editors write before a file's first line; readers
+# of text (corpora, CoNLL-U, export.translate's stdin) skip it.
+UTF8_BOM = b"\xef\xbb\xbf"
+
 # A large negative number used instead of -inf for masked attention logits and
 # dead beams: -inf produces NaN in `inf - inf` and in softmax of an all-masked
 # row, a finite value does not.

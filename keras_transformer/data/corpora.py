@@ -59,6 +59,8 @@ from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 
+from keras_transformer.constants import UTF8_BOM
+
 EMBEDDED = "embedded"
 DEFAULT_SOURCE_LANG = "en"
 DEFAULT_TARGET_LANG = "de"
@@ -469,9 +471,6 @@ def _file_fingerprint(path: str, directory: pathlib.Path) -> dict:
         raise CorpusError(f"{path}: cannot read file ({e.strerror or e})") from None
     name = pathlib.Path(path).relative_to(directory).as_posix()
     return {"file": name, "bytes": size, "sha256": digest.hexdigest()}
-
-
-UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def _text_lines(path: pathlib.Path) -> tf.data.Dataset:
