@@ -210,8 +210,6 @@ def quiet_tensorflow() -> None:
             import tensorflow as tf
 
             tf.config.list_physical_devices()  # the CUDA probe's cuInit line comes here
-            if onednn_state() == "on":
-                _say_onednn_fallback(tf)
     # tf.saved_model.save's "Assets written to ..." and similar INFO lines.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
     for name in ("absl", "tensorflow", "keras"):
@@ -224,16 +222,6 @@ def quiet_tensorflow() -> None:
         absl_logging.set_verbosity(absl_logging.ERROR)
     except ImportError:  # pragma: no cover - absl comes with TensorFlow
         pass
-
-
-def _say_onednn_fallback(tf) -> None:
-    """Runs one int32 op through a `tf.function`, so that TensorFlow with oneDNN on logs here,
-    where `quiet_tensorflow` captures it, what it logs once per process on a CPU without
-    AVX-512 when its oneDNN rewrite first meets an int32 or bfloat16 op
-    (`ONEDNN_FALLBACK_LINES`): otherwise in the middle of a `--mixed-precision` run's output,
-    or of `export.translate --n-best`'s. (Once for any type: an int32 op first, then a
-    bfloat16 matmul, logged one line on a 2-vCPU AVX2 EPYC, TensorFlow 2.21.)"""
-    tf.function(lambda x: tf.transpose(x) + 1)(tf.ones([2, 2], tf.int32))
 
 
 def onednn_state() -> str:
