@@ -224,6 +224,20 @@ def quiet_tensorflow() -> None:
         pass
 
 
+def say_onednn_fallback() -> None:
+    """Runs one int32 op through a `tf.function` with file descriptor 2 filtered
+    (`ONEDNN_FALLBACK_LINES`). With oneDNN on, on a CPU without AVX-512, TensorFlow logs once
+    per process, for whichever type comes first, that its oneDNN rewrite leaves an int32 or
+    bfloat16 op to its own kernel: otherwise in the middle of a `train.py --mixed-precision`
+    run's output, where no line filter can run without holding back the live progress line.
+    (An int32 op first, then a bfloat16 matmul: one line, on a 2-vCPU AVX2 EPYC, TensorFlow
+    2.21.) Call it once TensorFlow's context is set up (thread counts, strategy): it runs an op."""
+    import tensorflow as tf
+
+    with stderr_without(ONEDNN_FALLBACK_LINES):
+        tf.function(lambda x: tf.transpose(x) + 1)(tf.ones([2, 2], tf.int32))
+
+
 def onednn_state() -> str:
     """`"on"` or `"off"`: whether this process's TensorFlow runs its oneDNN kernels, which
     it decides when it loads (`TF_ENABLE_ONEDNN_OPTS`, else on only for CPUs with AVX-512

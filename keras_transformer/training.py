@@ -201,6 +201,8 @@ def _train_and_evaluate(run, started, strategy) -> TrainedRun:
     store, start_step, worker_dir = _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run)
     log.info("%d replica(s); %d steps in rounds of %d; resuming at step %d; TensorFlow's oneDNN kernels %s",
              strategy.num_replicas_in_sync, run.steps, run.checkpoint_every, start_step, console.onednn_state())
+    if console.quiet_requested() and console.onednn_state() == "on":
+        console.say_onednn_fallback()  # said and dropped here, not among the first round's lines
 
     translator = Translator(model, config, tokenizer.model_bytes)
     progress, signals = Progress(run.steps), StopSignals()

@@ -142,6 +142,24 @@ def test_resume_on_changed_data_needs_allow_data_change(tmp_path):
     train_and_evaluate(run_config(data, model_dir, steps=4))
 
 
+def test_a_quiet_run_with_onednn_on_says_its_fallback_notice_before_the_first_step(toy_data, tmp_path,
+                                                                                   monkeypatch):
+    """train.py (quiet) with oneDNN on meets TensorFlow's once-per-process oneDNN fallback
+    notice in `console.say_onednn_fallback`, before `fit`, not among the first round's lines
+    (test_console checks that the notice is then dropped)."""
+    from keras_transformer import console, training
+
+    events = []
+    monkeypatch.setattr(console, "onednn_state", lambda: "on")
+    monkeypatch.setattr(console, "say_onednn_fallback", lambda: events.append("said"))
+    real_train = training._train
+    monkeypatch.setattr(training, "_train", lambda *args: events.append("fit") or real_train(*args))
+    monkeypatch.setenv("KERAS_TRANSFORMER_QUIET", "1")
+    run = run_config(toy_data, tmp_path / "run", steps=1, max_length=12, beam_size=1)
+    assert train_and_evaluate(run).results["steps"] == 1
+    assert events == ["said", "fit"]
+
+
 def test_a_corpus_with_every_pair_too_long_is_refused_before_fit(toy_data, tmp_path):
     """Issue #19: the length filter runs after repeat(), so `fit` waited forever for a
     first batch. Now a one-line error names the files and the figures, at once."""
