@@ -12,6 +12,7 @@ and writes the small files (`run.json`, `history.csv`, `results.json`).
       valid.hyp.txt ...    the final translations per split
       results.json         final figures
       export/<version>/    SavedModel for TF Serving
+      .train.lock          flock held while a train.py trains here (ModelDirLock)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "logs"
 FINAL_WEIGHTS = "final.weights.h5"
 RESULTS_FILE = "results.json"
+LOCK_FILE = ".train.lock"
 EXPORT_DIR = "export"
 HYPOTHESIS_FILE = "{split}.hyp.txt"
 
@@ -56,6 +58,43 @@ def make_model_dir(model_dir) -> pathlib.Path:
         raise RunError(f"--model-dir {model_dir} {what} ({error.strerror or error}); "
                        f"give a directory train.py can write") from None
     return model_dir
+
+
+class ModelDirLock:
+    """An exclusive `flock` on `MODEL_DIR/.train.lock`, holding this process's pid and start
+    time, so that a second `train.py` on the same directory (a job restarted while the first
+    still runs) is refused instead of writing checkpoints and history into the same run.
+    The kernel drops the lock when the process ends, however it ends (a `kill -9` too), so a
+    rerun after a crash resumes as before. Where the file system has no `flock` (some network
+    file systems), no lock is held."""
+
+    def __init__(self, model_dir):
+        import fcntl
+        import time
+
+        self.path = pathlib.Path(model_dir) / LOCK_FILE
+        self._file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "another process"
+            self._file.close()
+            raise RunError(f"another train.py is training in {model_dir} ({holder}); wait for it to end or "
+                           f"stop it (it checkpoints and exits on SIGTERM), or give another --model-dir") from None
+        except OSError:  # no flock here (ENOLCK, EOPNOTSUPP): train unlocked, as before
+            self._file.close()
+            self._file = None
+            return
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        self._file.flush()
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing the file drops the lock
+            self._file = None
 
 
 def read_run_file(model_dir) -> dict:

@@ -190,9 +190,21 @@ def train_and_evaluate(run: TrainingConfig) -> TrainedRun:
 
 
 def _train_and_evaluate(run, started, strategy) -> TrainedRun:
-    """`train_and_evaluate` once the global dtype policy is set."""
+    """`train_and_evaluate` once the global dtype policy is set, holding the run directory's
+    lock (`run_dir.ModelDirLock`; the chief only: the workers of one multi-worker run share
+    the directory)."""
     chief = strategy is None or is_chief(strategy)
     model_dir = run_dir.make_model_dir(run.model_dir)
+    lock = run_dir.ModelDirLock(model_dir) if chief else None
+    try:
+        return _train_in(run, started, strategy, chief, model_dir)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
+    """`_train_and_evaluate` in a run directory that no other `train.py` trains in."""
     keras.utils.set_random_seed(run.seed)
     corpus, tokenizer, config = _prepare_data(run, model_dir, chief)
     strategy = strategy or make_strategy()

@@ -142,22 +142,36 @@ def test_resume_on_changed_data_needs_allow_data_change(tmp_path):
     train_and_evaluate(run_config(data, model_dir, steps=4))
 
 
-def test_a_quiet_run_with_onednn_on_says_its_fallback_notice_before_the_first_step(toy_data, tmp_path,
-                                                                                   monkeypatch):
-    """train.py (quiet) with oneDNN on meets TensorFlow's once-per-process oneDNN fallback
-    notice in `console.say_onednn_fallback`, before `fit`, not among the first round's lines
-    (test_console checks that the notice is then dropped)."""
+def test_a_second_train_py_on_a_run_directory_in_use_is_refused(toy_data, tmp_path, monkeypatch):
+    """Two train.py processes on one --model-dir (a job restarted while the first still runs)
+    both wrote checkpoints, history and results into the same run. The chief now holds an
+    flock on MODEL_DIR/.train.lock (the kernel drops it when the process ends, a kill -9
+    too, which test_train's interrupted run goes through); a second is refused in one line
+    before it writes anything. (A second open of the file conflicts within one process too.)"""
     from keras_transformer import console, training
 
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    held = run_dir.ModelDirLock(model_dir)  # what the first train.py holds
+    with pytest.raises(RunError, match=rf"^another train.py is training in {model_dir} \(pid \d+ since "
+                                       rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\); wait for it to end"):
+        train_and_evaluate(run_config(toy_data, model_dir, steps=1, max_length=12, beam_size=1))
+    assert sorted(p.name for p in model_dir.iterdir()) == [run_dir.LOCK_FILE]  # nothing written
+    held.release()
+
+    # The same run, now alone. Its console quiet with oneDNN on, it meets TensorFlow's
+    # once-per-process oneDNN fallback notice in `console.say_onednn_fallback`, before `fit`,
+    # not among the first round's lines (test_console checks that the notice is then dropped).
     events = []
     monkeypatch.setattr(console, "onednn_state", lambda: "on")
     monkeypatch.setattr(console, "say_onednn_fallback", lambda: events.append("said"))
     real_train = training._train
     monkeypatch.setattr(training, "_train", lambda *args: events.append("fit") or real_train(*args))
     monkeypatch.setenv("KERAS_TRANSFORMER_QUIET", "1")
-    run = run_config(toy_data, tmp_path / "run", steps=1, max_length=12, beam_size=1)
-    assert train_and_evaluate(run).results["steps"] == 1
+    assert train_and_evaluate(run_config(toy_data, model_dir, steps=1, max_length=12, beam_size=1)
+                              ).results["steps"] == 1
     assert events == ["said", "fit"]
+    run_dir.ModelDirLock(model_dir).release()  # the run released it when it ended
 
 
 def test_a_corpus_with_every_pair_too_long_is_refused_before_fit(toy_data, tmp_path):
