@@ -96,7 +96,8 @@ import shutil
 import sys
 
 from keras_transformer.config import TransformerConfig  # first: the package imports TensorFlow (quietly)
-from keras_transformer.console import OneLineArgumentParser
+from keras_transformer.console import OneLineArgumentParser, PositiveInt
+from keras_transformer.run_dir import AVERAGE_HELP
 from keras_transformer.constants import BOS_ID, EOS_ID, UNK_ID
 from keras_transformer.layers import sinusoidal_encoding
 
@@ -374,15 +375,10 @@ def main(argv=None) -> int:
                         help="weight type (default: float32, as trained); int8 suits CPUs, "
                              "float16 and int8_float16 GPUs")
     parser.add_argument("--force", action="store_true", help="replace an existing CTranslate2 model at --output")
-    parser.add_argument("--average", type=int, default=None, metavar="K",
-                        help="export the mean of the run's newest K checkpoints instead of its final.weights.h5: a "
-                             "run still training, or another K than train.py averaged (a checkpoint written at a "
-                             "stop signal counts too)")
+    parser.add_argument("--average", type=int, action=PositiveInt, default=None, metavar="K", help=AVERAGE_HELP)
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
-    if args.average is not None and args.average < 1:
-        parser.error(f"--average must be a positive integer, got {args.average}")
     from keras_transformer.data import TokenizerError
     from keras_transformer.run_dir import RunError, load_trained
 

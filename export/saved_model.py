@@ -70,7 +70,8 @@ import sys
 
 from export.errors import output_problem
 from keras_transformer.config import TransformerConfig
-from keras_transformer.console import OneLineArgumentParser
+from keras_transformer.console import OneLineArgumentParser, PositiveInt
+from keras_transformer.run_dir import AVERAGE_HELP
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
 
@@ -377,15 +378,10 @@ def main(argv=None) -> int:
                         help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
                              "does, in serving_default, translate_xla and translate_litert (default 0: the exact "
                              "search; translate_options takes it per request)")
-    parser.add_argument("--average", type=int, default=None, metavar="K",
-                        help="export the mean of the run's newest K checkpoints instead of its final.weights.h5: a "
-                             "run still training, or another K than train.py averaged (a checkpoint written at a "
-                             "stop signal counts too)")
+    parser.add_argument("--average", type=int, action=PositiveInt, default=None, metavar="K", help=AVERAGE_HELP)
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
-    if args.average is not None and args.average < 1:
-        parser.error(f"--average must be a positive integer, got {args.average}")
     if args.patience < 0:
         parser.error(f"--patience must be >= 0 (0: the exact search), got {args.patience}")
     unwritable = output_problem(args.output, directory=True)  # before loading and tracing, not after

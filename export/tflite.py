@@ -25,7 +25,6 @@ most `LITERT_MAX_BATCH` sentences go into one call.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import pathlib
 import sys
@@ -33,7 +32,7 @@ import sys
 from export.errors import ConversionError, missing_saved_model, output_problem
 from export.op_audit import audit_tflite
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
-from keras_transformer.console import HARMLESS_LINES, OneLineArgumentParser, quiet_requested, stderr_without
+from keras_transformer.console import OneLineArgumentParser, harmless_lines_dropped
 
 # --quantize choices: weights as trained; float16 weights (dequantized to
 # float32 when the model loads); int8 weights with dynamic-range
@@ -138,7 +137,7 @@ def main(argv=None) -> int:
     if args.translate:
         lines = [line.rstrip("\n") for line in sys.stdin]
         # LiteRT's own "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." off a quiet console
-        with stderr_without(HARMLESS_LINES) if quiet_requested() else contextlib.nullcontext():
+        with harmless_lines_dropped():
             translations, _ = translate_lines(load_interpreter(path), lines)
         print("\n".join(translations))
     return 0

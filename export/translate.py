@@ -28,7 +28,7 @@ import sys
 from export.errors import missing_saved_model
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import UTF8_BOM
-from keras_transformer.console import HARMLESS_LINES, OneLineArgumentParser, quiet_requested, stderr_without
+from keras_transformer.console import OneLineArgumentParser, PositiveInt, harmless_lines_dropped
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
@@ -49,21 +49,19 @@ def main(argv=None) -> int:
     parser.add_argument("--alpha", type=float, default=None,
                         help=f"length penalty exponent (default: the export's own; {PAPER.length_penalty_alpha} "
                              f"for older exports)")
-    parser.add_argument("--n-best", type=int, default=1, help="print the n best, tab-separated with scores")
+    parser.add_argument("--n-best", type=int, action=PositiveInt, default=1,
+                        help="print the n best, tab-separated with scores")
     parser.add_argument("--patience", type=float, default=None,
                         help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
                              "does (faster, not exact; default: the export's own, the exact search unless "
                              "it was exported with --patience)")
-    parser.add_argument("--batch-size", type=int, default=64, help="lines per request")
+    parser.add_argument("--batch-size", type=int, action=PositiveInt, default=64, help="lines per request")
     parser.add_argument("--no-xla", action="store_true",
                         help="call serving_default (plain TensorFlow, as TF Serving runs it) instead of "
                              "translate_xla")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
-    for flag, value in (("--batch-size", args.batch_size), ("--n-best", args.n_best)):
-        if value < 1:  # --batch-size 0 sent the whole input as one request
-            parser.error(f"{flag} must be a positive integer, got {value}")
 
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
@@ -92,11 +90,10 @@ def main(argv=None) -> int:
     source = "conllu" if "conllu" in default.structured_input_signature[1] else "text"
     # Exports older than the patience input have none (and only the exact search).
     has_patience = "patience" in options.structured_input_signature[1]
-    if quiet_requested():
-        # Lines TensorFlow logs as errors that ask nothing of the user (console.HARMLESS_LINES):
-        # each hit of the persistent XLA cache, and with oneDNN on (this command's default) on a
-        # CPU without AVX-512, its fallback to TensorFlow's own kernels in the plain searches.
-        default, options = _without_harmless_lines(default), _without_harmless_lines(options)
+    # Lines TensorFlow logs as errors that ask nothing of the user (console.HARMLESS_LINES): each
+    # hit of the persistent XLA cache, and with oneDNN on (this command's default) on a CPU
+    # without AVX-512, its fallback to TensorFlow's own kernels in the plain searches.
+    default, options = _without_harmless_lines(default), _without_harmless_lines(options)
     if args.patience is not None and not has_patience:
         print(f"export.translate: error: {args.saved_model} predates --patience (its translate_options "
               f"has no patience input); export the model again", file=sys.stderr)
@@ -181,9 +178,10 @@ def main(argv=None) -> int:
 
 
 def _without_harmless_lines(signature):
-    """`signature`, called with file descriptor 2 filtered (`console.stderr_without`)."""
+    """`signature`, called with file descriptor 2 filtered when the console is quiet
+    (`console.harmless_lines_dropped`)."""
     def call(**inputs):
-        with stderr_without(HARMLESS_LINES):
+        with harmless_lines_dropped():
             return signature(**inputs)
     return call
 

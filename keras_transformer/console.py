@@ -190,6 +190,12 @@ def stderr_without(fragments):
             sys.stderr.flush()
 
 
+def harmless_lines_dropped():
+    """`stderr_without(HARMLESS_LINES)` for a quiet command's block, a no-op otherwise
+    (`--verbose`, or a library user who did not ask)."""
+    return stderr_without(HARMLESS_LINES) if quiet_requested() else contextlib.nullcontext()
+
+
 class _AbslFilter(logging.Filter):
     def filter(self, record):
         message = record.getMessage()
@@ -255,6 +261,17 @@ def setup_logging(verbose: bool = False) -> None:
     """Our own progress messages (`INFO`), timestamped, on stderr."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
+
+
+class PositiveInt(argparse.Action):
+    """`type=int` flag whose value must be at least 1, refused as the parser's one-line error
+    `FLAG must be a positive integer, got N` (export.translate's `--batch-size 0` had sent all
+    of stdin as one request)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if value < 1:
+            parser.error(f"{option_string} must be a positive integer, got {value}")
+        setattr(namespace, self.dest, value)
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):

@@ -232,6 +232,11 @@ def load_trained(model_dir, average=None):
     return final_model(model_dir, config), config, tokenizer
 
 
+# The exports' `--average K` (export.saved_model, export.ctranslate2): `load_trained(average=K)`.
+AVERAGE_HELP = ("export the mean of the run's newest K checkpoints instead of its final.weights.h5: a run still "
+                "training, or another K than train.py averaged (a checkpoint written at a stop signal counts too)")
+
+
 def checkpoint_model(model_dir, config, tokenizer, count):
     """`(model, names)`: `build_transformer(config)` with the element-wise mean of the run's
     newest `count` checkpoints (fewer if fewer are kept; `checkpoints.average_checkpoints`,
