@@ -211,9 +211,10 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     data = _make_datasets(run, corpus, tokenizer, config, strategy.num_replicas_in_sync)
     model = _compile_model(run, config, strategy)
     store, start_step, worker_dir = _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run)
+    onednn = console.onednn_state()
     log.info("%d replica(s); %d steps in rounds of %d; resuming at step %d; TensorFlow's oneDNN kernels %s",
-             strategy.num_replicas_in_sync, run.steps, run.checkpoint_every, start_step, console.onednn_state())
-    if console.quiet_requested() and console.onednn_state() == "on":
+             strategy.num_replicas_in_sync, run.steps, run.checkpoint_every, start_step, onednn)
+    if console.quiet_requested() and onednn == "on":
         console.say_onednn_fallback()  # said and dropped here, not among the first round's lines
 
     translator = Translator(model, config, tokenizer.model_bytes)
