@@ -518,8 +518,11 @@ class TrainingConfig:
         return cls(**merged)
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
-        """The `TransformerConfig` of this run for a tokenizer of `vocab_size` pieces."""
-        overrides: dict[str, Any] = {"vocab_size": vocab_size, **self.model, **self.syntax}
+        """The `TransformerConfig` of this run for a tokenizer of `vocab_size` pieces. Its
+        `train_steps` and `checkpoints_to_average` are this run's (`--steps`, `--average`),
+        so that the logged and saved config says what the run did, not its preset's figures."""
+        overrides: dict[str, Any] = {"vocab_size": vocab_size, **self.model, **self.syntax,
+                                     "train_steps": self.steps, "checkpoints_to_average": self.average}
         if self.max_length:
             overrides["max_length"] = self.max_length
         return TransformerConfig.from_preset(self.preset, **overrides)

@@ -48,6 +48,19 @@ def test_multi30k_recipe_preset():
     assert TransformerConfig.from_preset("multi30k").max_length == 64
 
 
+def test_a_runs_config_records_its_own_steps_and_average():
+    """`--steps`/`--average` are the run's; its model config (logged at the start, saved in
+    run.json and the export) says them, not the preset's 40,000 steps and 10 checkpoints."""
+    import train
+
+    run = train.parse_args(["--config", "multi30k", "--steps", "10750", "--average", "3"]).run
+    config = run.model_config(10_000)
+    assert (config.train_steps, config.checkpoints_to_average) == (10_750, 3)
+    assert config == TransformerConfig.from_preset("multi30k", vocab_size=10_000, train_steps=10_750,
+                                                   checkpoints_to_average=3)
+    assert "train_steps=10750" in repr(config) and "checkpoints_to_average=3" in repr(config)
+
+
 def test_set_flag_changes_model_fields_and_names_bad_ones(capsys):
     """train.py --set FIELD=VALUE: each value read as its field's type, on top of the preset
     (its beam becomes the run's BLEU beam); a bad one is a one-line error naming it."""
