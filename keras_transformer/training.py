@@ -218,7 +218,8 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
         console.say_onednn_fallback()  # said and dropped here, not among the first round's lines
 
     translator = Translator(model, config, tokenizer.model_bytes)
-    progress, signals = Progress(run.steps), StopSignals()
+    progress = Progress(run.steps, budget_seconds=run.max_minutes * 60 or None, started=started)
+    signals = StopSignals()
     callbacks, budget = _callbacks(run, store, translator, data, model_dir, progress, signals, strategy, chief,
                                    started)
     interrupted = _train(run, model, data, callbacks, start_step, store, progress, signals, budget, strategy)

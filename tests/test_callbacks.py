@@ -76,6 +76,32 @@ def test_progress_figures(monkeypatch):
     assert last.startswith("step 3/10 [=======                 ]  loss 2.5000  500 tok/s  ETA 0:11")
 
 
+def test_the_eta_is_the_time_budgets_when_it_ends_the_run_first(monkeypatch):
+    """The Multi30k preset trains for 56 minutes, capped at 40,000 steps: the ETA said
+    '5:58:26' at step 3,000 of a run that stopped 45 minutes later. With a budget the ETA
+    is the sooner of the steps' and the budget's."""
+    import tensorflow as tf
+
+    clock = iter([100.0, 105.0, 105.0, 110.0])  # perf_counter: begin, then two readings
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(time, "time", lambda: 1_000.0 + 20.0)  # 20 s into the budget
+    model = type("M", (), {"optimizer": type("O", (), {"iterations": tf.Variable(0, dtype=tf.int64)})()})()
+    budgeted = Progress(total_steps=40_000, live=False, budget_seconds=60.0, started=1_000.0)
+    plain = Progress(total_steps=40_000, live=False)
+    for progress in (budgeted, plain):
+        progress.set_model(model)
+    budgeted.on_train_begin()  # t=100, step 0
+    plain.on_train_begin()  # t=105
+    model.optimizer.iterations.assign(5)
+    assert budgeted.eta_seconds() == pytest.approx(40.0)  # 5 steps in 5 s: 39,995 s by the steps
+    assert plain.eta_seconds() == pytest.approx(39_995.0)  # no budget: the steps' (5 steps in 5 s)
+    model.optimizer.iterations.assign(39_998)
+    monkeypatch.setattr(time, "perf_counter", lambda: 110.0)
+    assert budgeted.eta_seconds() == pytest.approx(2 * 10 / 39_998)  # the steps end first
+    monkeypatch.setattr(time, "time", lambda: 1_000.0 + 75.0)  # past the budget: the last round
+    assert budgeted.eta_seconds() == 0.0
+
+
 def test_the_checkpoint_line_counts_the_valid_sentences_it_scored(tmp_path, capsys):
     """`--bleu-every-sentences 100` on a valid split of 3 sentences scored 3, and the line
     said 'greedy BLEU on 100 valid sentences'. The count is the sentences translated."""
