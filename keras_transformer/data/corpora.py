@@ -48,6 +48,7 @@ in one line what differs.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -55,6 +56,7 @@ import hashlib
 import importlib.util
 import os
 import pathlib
+import tempfile
 from collections.abc import Callable, Iterator
 
 import tensorflow as tf
@@ -618,13 +620,34 @@ def _unknown_data_message(data: str) -> str:
             f"(expected 'embedded', a directory with train.SRC/train.TGT, or tfds:NAME){hint}")
 
 
+@contextlib.contextmanager
+def _tfds_scratch() -> Iterator[None]:
+    """Python's temporary files in a directory of our own while TFDS runs, removed after.
+
+    tensorflow_datasets 4.9 makes an empty ``tempfile.mkdtemp("tfds")`` for every
+    builder made without local dataset info (``DatasetInfo.initialize_from_bucket``)
+    and never removes it: a ``/tmp/tmp*tfds`` directory for the builder and for each
+    split's ``tfds.load``, four a corpus, at every run. The process's ``tempfile``
+    directory points into a ``TemporaryDirectory`` for the duration (a process-wide
+    setting: nothing else in this process should make temporary files meanwhile).
+    """
+    previous = tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix="keras_transformer-tfds-") as scratch:
+        tempfile.tempdir = scratch
+        try:
+            yield
+        finally:
+            tempfile.tempdir = previous
+
+
 def _load_tfds(name: str, source_lang: str | None, target_lang: str | None,
                data_dir: str | None, download: bool) -> ParallelCorpus:
     """A TFDS translation dataset whose features are one string per language."""
     import tensorflow_datasets as tfds  # noqa: PLC0415
 
     try:
-        builder = tfds.builder(name, data_dir=data_dir)
+        with _tfds_scratch():
+            builder = tfds.builder(name, data_dir=data_dir)
     except Exception as e:  # DatasetNotFoundError, config errors
         raise CorpusError(f"tfds:{name}: {_first_line(e)}") from None
     languages = sorted(builder.info.features.keys())
@@ -653,8 +676,9 @@ def _load_tfds(name: str, source_lang: str | None, target_lang: str | None,
         if known and tfds_split not in known:
             continue
         try:
-            ds = tfds.load(name, split=tfds_split, data_dir=data_dir, download=download,
-                           as_supervised=False, shuffle_files=False)
+            with _tfds_scratch():
+                ds = tfds.load(name, split=tfds_split, data_dir=data_dir, download=download,
+                               as_supervised=False, shuffle_files=False)
         except Exception as e:
             raise CorpusError(
                 f"tfds:{name}: split {tfds_split!r} could not be loaded: {_first_line(e)}") from None

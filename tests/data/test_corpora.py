@@ -338,6 +338,25 @@ def test_tfds_fingerprint_from_builder_info():
     assert json.loads(json.dumps(fingerprint)) == fingerprint
 
 
+
+def test_a_tfds_corpus_leaves_no_temporary_directories(tmp_path, monkeypatch):
+    """TFDS 4.9 leaked an empty `/tmp/tmp*tfds` directory per builder (four a corpus: the
+    builder and three splits), at every run and every failed one."""
+    import tempfile
+
+    tfds = pytest.importorskip("tensorflow_datasets")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with tfds.testing.mock_data(num_examples=3):
+        corpus = load_corpus("tfds:ted_hrlr_translate/pt_to_en")
+        with pytest.raises(CorpusError):
+            load_corpus("tfds:ted_hrlr_translate/pt_to_en", "pt", "fr")
+        left = [p.name for p in tmp_path.iterdir() if p.name.endswith("tfds")]
+        raw = [(x["pt"].decode(), x["en"].decode())  # TFDS itself, which leaks (after the count)
+               for x in tfds.load("ted_hrlr_translate/pt_to_en", split="validation").as_numpy_iterator()]
+    assert tempfile.tempdir == str(tmp_path)
+    assert left == []
+    assert pairs_of(corpus.splits["valid"]) == raw  # the splits still read after their scratch is gone
+
 # -- unknown names fail offline ----------------------------------------------
 
 @pytest.fixture
