@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reference", required=True, help="reference translations, one per line")
     parser.add_argument("--options", default=",".join(OPTIONS), help="comma-separated --quantize options")
     args = parser.parse_args(argv)
-    import sacrebleu
+    from keras_transformer.evaluation import corpus_bleu
 
     options = [o.strip() for o in args.options.split(",") if o.strip()]
     references = pathlib.Path(args.reference).read_text(encoding="utf-8").splitlines()
@@ -73,8 +73,7 @@ def main(argv=None) -> int:
             out = subprocess.run([sys.executable, "-c", TRANSLATE, str(model), args.source, str(hypotheses)],
                                  cwd=REPO_ROOT, env=env, check=True, capture_output=True, text=True)
             seconds = json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
-            metric = sacrebleu.BLEU()
-            bleu = metric.corpus_score(hypotheses.read_text(encoding="utf-8").splitlines(), [references])
+            bleu, signature = corpus_bleu(hypotheses.read_text(encoding="utf-8").splitlines(), references)
             results[option] = dict(size=model.stat().st_size, seconds=seconds, bleu=bleu.score)
             print(f"| {option} | {model.stat().st_size / 2**20:.2f} MiB | convert {convert_seconds:.0f} s | "
                   f"translate {seconds:.1f} s | BLEU {bleu.score:.2f} |", flush=True)
@@ -83,7 +82,7 @@ def main(argv=None) -> int:
         for option, r in list(results.items())[1:]:
             print(f"# {option} vs none: size {r['size'] / base['size']:.2f}x, time {r['seconds'] / base['seconds']:.2f}x, "
                   f"BLEU {r['bleu'] - base['bleu']:+.2f}")
-    print(f"# BLEU signature: {metric.get_signature()}")
+    print(f"# BLEU signature: {signature}")
     last, result = list(results.items())[-1]
     if base and last != "none":
         print(harness.finish(f"{last}_bleu_change", f"{result['bleu'] - base['bleu']:+.2f}"))

@@ -144,9 +144,8 @@ def decoding_options(export, beam_size=0):
 def patience_table(export, data, splits, values, decoding, batch_size=64):
     """Cased BLEU of the export's `translate_options` with `decoding` (`decoding_options`)
     on each split for patience 0 (exact) and each of `values`: the table's lines."""
-    import sacrebleu
-
     import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
+    from keras_transformer.evaluation import corpus_bleu
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the tokenizer ops)
 
@@ -177,7 +176,7 @@ def patience_table(export, data, splits, values, decoding, batch_size=64):
             seconds = time.time() - started
             exact.setdefault(split, hypotheses)
             same = sum(a == b for a, b in zip(hypotheses, exact[split]))
-            bleu = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score
+            bleu = corpus_bleu(hypotheses, references)[0].score
             cells.append(f"{bleu:.2f} | {same}/{len(sources)} | {seconds:.1f}")
         lines.append(f"| {patience:g}{' (exact)' if patience == 0 else ''} | {' | '.join(cells)} |")
     return lines
@@ -209,20 +208,18 @@ def plot(model_dir, test_bleu, minutes):
 
 def main(argv=None):
     args = parse_args(argv)
-    import sacrebleu
-
     print(harness.header("multi30k", f"budget {args.minutes:g} min, preset {args.config}"), flush=True)
     results = train(args)
+    from keras_transformer.evaluation import corpus_bleu  # after training: the import loads Keras
+
     data = pathlib.Path(args.data)
     sources = (data / f"{args.test}.en").read_text(encoding="utf-8").splitlines()
     references = (data / f"{args.test}.de").read_text(encoding="utf-8").splitlines()
     started = time.time()
     hypotheses = translate(results["export"], sources)
     seconds = time.time() - started
-    cased = sacrebleu.metrics.BLEU()
-    lowercased = sacrebleu.metrics.BLEU(lowercase=True)
-    score = cased.corpus_score(hypotheses, [references])
-    lower = lowercased.corpus_score(hypotheses, [references])
+    score, cased = corpus_bleu(hypotheses, references)
+    lower, lowercased = corpus_bleu(hypotheses, references, lowercase=True)
     (pathlib.Path(args.model_dir) / f"{args.test}.export.hyp.de").write_text("\n".join(hypotheses) + "\n",
                                                                               encoding="utf-8")
     minutes = results.get("train_minutes", float("nan"))
@@ -231,8 +228,8 @@ def main(argv=None):
           + (" (stopped by the time budget)" if results.get("stopped_by_time_budget") else "")
           + f"; {results.get('averaged_checkpoints')} checkpoints averaged; export {results['export']}")
     print(f"# {len(sources)} {args.test} sentences translated by the export in {seconds:.1f} s")
-    print(f"# {args.test} cased BLEU {score.score:.2f} [{cased.get_signature()}]")
-    print(f"# {args.test} lowercased BLEU {lower.score:.2f} [{lowercased.get_signature()}]")
+    print(f"# {args.test} cased BLEU {score.score:.2f} [{cased}]")
+    print(f"# {args.test} lowercased BLEU {lower.score:.2f} [{lowercased}]")
     literature = lc_tok_bleu(hypotheses, references, "de")
     print(f"# {args.test} lowercased Moses-tokenized BLEU (multi-bleu.perl, the literature's) {literature.score:.2f}")
     print(f"# curve: {png}")

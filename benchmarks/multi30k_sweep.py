@@ -156,13 +156,12 @@ def run_candidate(args, name) -> dict:
 
 
 def lowercased_valid(data, model_dir) -> float:
-    import sacrebleu
-
+    from keras_transformer.evaluation import corpus_bleu
     from keras_transformer.run_dir import hypothesis_path
 
     hypotheses = hypothesis_path(model_dir, "valid").read_text(encoding="utf-8").splitlines()
     references = (pathlib.Path(data) / "valid.de").read_text(encoding="utf-8").splitlines()
-    return round(sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hypotheses, [references]).score, 2)
+    return round(corpus_bleu(hypotheses, references, lowercase=True)[0].score, 2)
 
 
 def decode_choice(data, model_dir, test="test2016") -> dict:
@@ -170,10 +169,9 @@ def decode_choice(data, model_dir, test="test2016") -> dict:
     test2016 for that one only."""
     import itertools
 
-    import sacrebleu
-
     from keras_transformer import build_transformer, make_optimizer
     from keras_transformer.checkpoints import CheckpointStore, average_checkpoints
+    from keras_transformer.evaluation import corpus_bleu
     from keras_transformer.data import Tokenizer, tokenizer_path
     from keras_transformer.run_dir import CHECKPOINT_DIR, load_config
     from keras_transformer.translator import Translator
@@ -195,7 +193,7 @@ def decode_choice(data, model_dir, test="test2016") -> dict:
         hypotheses = []
         for i in range(0, len(sources), 64):
             hypotheses.extend(translator.translate(sources[i:i + 64], beam_size=beam_size, alpha=alpha))
-        return round(sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score, 2)
+        return round(corpus_bleu(hypotheses, references)[0].score, 2)
 
     translator = None
     for average in [k for k in DECODE_GRID["average"] if k <= len(store.paths)]:

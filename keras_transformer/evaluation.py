@@ -13,19 +13,29 @@ def compute_bleu(translator, pairs_ds, limit=None, beam_size=4, batch_size=64):
 
     Returns the `sacrebleu.BLEUScore`, its signature, and the hypotheses.
     """
-    import sacrebleu
-
     ds = pairs_ds if limit is None else pairs_ds.take(limit)
     hypotheses, references = [], []
     for sources, targets in ds.batch(batch_size):
         hypotheses.extend(translator.translate(sources, beam_size=beam_size))
         references.extend(t.decode("utf-8") for t in targets.numpy())
+    score, signature = corpus_bleu(hypotheses, references)
+    return score, signature, hypotheses
+
+
+def corpus_bleu(hypotheses, references, lowercase=False):
+    """sacreBLEU (its default 13a tokenization) of detokenized hypotheses against one
+    reference each: the `sacrebleu.BLEUScore` and its signature string.
+
+    The one BLEU of the project's reports (`train.py` and the benchmarks).
+    """
+    import sacrebleu
+
     # force: the hypotheses are SentencePiece's detokenized output by construction; without it
     # sacreBLEU warned "It looks like you forgot to detokenize your test data" about a young
     # model's "der der der ." (same score and signature either way).
-    bleu = sacrebleu.metrics.BLEU(force=True)
-    score = bleu.corpus_score(hypotheses, [references])
-    return score, str(bleu.get_signature()), hypotheses
+    bleu = sacrebleu.metrics.BLEU(lowercase=lowercase, force=True)
+    score = bleu.corpus_score(list(hypotheses), [list(references)])
+    return score, str(bleu.get_signature())
 
 
 def plot_curves(model_dir):

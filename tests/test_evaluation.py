@@ -2,10 +2,11 @@
 
 import logging
 
+import pytest
 import sacrebleu
 import tensorflow as tf
 
-from keras_transformer.evaluation import compute_bleu
+from keras_transformer.evaluation import compute_bleu, corpus_bleu
 
 
 def test_bleu_is_sacrebleus_and_does_not_warn_about_spm_output(caplog):
@@ -27,3 +28,18 @@ def test_bleu_is_sacrebleus_and_does_not_warn_about_spm_output(caplog):
     default = sacrebleu.metrics.BLEU()  # (which warns on these hypotheses)
     assert score.score == default.corpus_score(hypotheses, [references]).score > 0
     assert signature == str(default.get_signature())
+
+
+def test_corpus_bleu_is_sacrebleus_cased_and_lowercased_without_its_warning(caplog):
+    """The benchmarks' BLEU (`corpus_bleu`) is sacreBLEU's, lowercased on request, and quiet
+    on hypotheses that look tokenized."""
+    hypotheses = ["Der Mann sieht den Hund ."] * 120
+    references = ["der Mann sieht den Hund."] * 120
+    with caplog.at_level(logging.WARNING):
+        cased, cased_signature = corpus_bleu(hypotheses, references)
+        lowered, lowered_signature = corpus_bleu(iter(hypotheses), iter(references), lowercase=True)
+    assert not [r for r in caplog.records if "detokenize" in r.getMessage()]
+    assert cased.score == sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score
+    assert lowered.score == sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hypotheses, [references]).score
+    assert lowered.score == pytest.approx(100.0) and cased.score < 90  # only the case of "Der" differs
+    assert "|case:lc|" in lowered_signature and "|case:mixed|" in cased_signature
