@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 
 import numpy as np
 import tensorflow as tf
@@ -56,17 +58,32 @@ class CheckpointStore:
         """Writes `ckpt-<step>`; returns its path. Raises `CheckpointError` in one line
         when it cannot be written (a full disk, no permission): the checkpoints
         written before stay complete (TensorFlow writes the data, then the index,
-        then the `checkpoint` state file that names the newest)."""
+        then the `checkpoint` state file that names the newest). What the failed
+        save had written (``ckpt-<step>_temp/``, ``ckpt-<step>.*``: up to a whole
+        checkpoint's size, on the disk that is full) is removed."""
         self._stored_sha256.assign(self.tokenizer_sha256)
+        before = set(os.listdir(self.directory)) if os.path.isdir(self.directory) else set()
         try:
             return self.manager.save(checkpoint_number=step)
         except (OSError, tf.errors.OpError) as error:
+            self._remove_partial(f"ckpt-{step}", before)
             newest = os.path.basename(self.paths[-1]) if self.paths else None
-            reason = getattr(error, "strerror", None) or getattr(error, "message", None) or str(error)
             raise CheckpointError(
-                f"cannot write checkpoint ckpt-{step} in {self.directory}: {reason.splitlines()[0]}; "
+                f"cannot write checkpoint ckpt-{step} in {self.directory}: {_save_failure(error)}; "
                 + (f"the newest complete checkpoint is still {newest}" if newest else "no checkpoint was written")
                 + ". Free space (or fix the permissions) and rerun the same command to resume") from None
+
+    def _remove_partial(self, prefix: str, before: set[str]) -> None:
+        """Removes the files of checkpoint `prefix` that a failed save made (not in `before`)."""
+        if not os.path.isdir(self.directory):
+            return
+        for name in set(os.listdir(self.directory)) - before:
+            if name == f"{prefix}_temp" or name.startswith(f"{prefix}."):
+                path = os.path.join(self.directory, name)
+                try:
+                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+                except OSError as error:
+                    log.warning("could not remove the partial checkpoint file %s: %s", path, error)
 
     def restore_latest(self) -> int:
         """Restores the newest readable checkpoint; returns its step (0 if none).
@@ -85,6 +102,18 @@ class CheckpointStore:
                 continue
             return int(self.optimizer.iterations.numpy())
         return 0
+
+
+def _save_failure(error: BaseException) -> str:
+    """What a failed save says, without TensorFlow's wrapping: ``No space left on
+    device`` of ``{{function_node __wrapped__SaveV2...}} DIR/ckpt-9_temp/part-...;
+    No space left on device [Op:SaveV2]``."""
+    text = (getattr(error, "strerror", None) or getattr(error, "message", None) or str(error)).strip()
+    text = text.splitlines()[0] if text else type(error).__name__
+    if text.startswith("{{function_node"):
+        text = re.sub(r"\s*\[Op:\w+\]$", "", re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", text))
+        text = text.rsplit("; ", 1)[-1]  # "<file>; <the system's reason>"
+    return text
 
 
 def check_checkpoint_tokenizer(path: str, tokenizer_sha256: str) -> None:

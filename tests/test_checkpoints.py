@@ -117,7 +117,12 @@ def test_a_checkpoint_that_cannot_be_written_is_a_one_line_error(tmp_path, monke
     optimizer.iterations.assign(5)
     store.save(5)
 
-    def full_disk(*args, **kwargs):
+    (tmp_path / "ckpt-90.index").write_bytes(b"not ours")
+
+    def full_disk(*args, **kwargs):  # as TensorFlow's save on a full disk: partial files, then the error
+        (tmp_path / "ckpt-9_temp").mkdir()
+        (tmp_path / "ckpt-9_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate1").write_bytes(b"x" * 99)
+        (tmp_path / "ckpt-9.index").write_bytes(b"x")
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(tf.train.CheckpointManager, "save", full_disk)
@@ -125,5 +130,38 @@ def test_a_checkpoint_that_cannot_be_written_is_a_one_line_error(tmp_path, monke
                                               r"the newest complete checkpoint is still ckpt-5\. Free space"):
         store.save(9)
     monkeypatch.undo()
+    # the failed save's files are gone (they took space on the full disk); the others stay
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index", "ckpt-90.index"]
+    model2, optimizer2 = fresh()
+    assert CheckpointStore(tmp_path, model2, optimizer2, "hash").restore_latest() == 5
+
+
+def test_a_save_that_tensorflow_fails_mid_write_leaves_no_partial_files(tmp_path):
+    """A real failed write (files capped below the checkpoint's size, as a full disk
+    stops it): the error says the system's reason without TensorFlow's wrapping
+    (`{{function_node __wrapped__SaveV2...}} .../ckpt-9_temp/part-...; File too large
+    [Op:SaveV2]`), and the `ckpt-9_temp` directory TensorFlow left is removed."""
+    import resource
+    import signal
+
+    model, optimizer = fresh()
+    store = CheckpointStore(tmp_path, model, optimizer, "hash")
+    optimizer.iterations.assign(5)
+    store.save(5)
+    size = (tmp_path / "ckpt-5.data-00000-of-00001").stat().st_size
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails with EFBIG
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, hard))
+        with pytest.raises(CheckpointError) as error:
+            store.save(9)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert str(error.value).startswith(f"cannot write checkpoint ckpt-9 in {tmp_path}: File too large; "
+                                       "the newest complete checkpoint is still ckpt-5. Free space")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "ckpt-5.data-00000-of-00001",
+                                                          "ckpt-5.index"]
     model2, optimizer2 = fresh()
     assert CheckpointStore(tmp_path, model2, optimizer2, "hash").restore_latest() == 5
