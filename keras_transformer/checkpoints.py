@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 
 import numpy as np
 import tensorflow as tf
+
+from keras_transformer.run_dir import write_failure
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class CheckpointStore:
             self._remove_partial(f"ckpt-{step}", before)
             newest = os.path.basename(self.paths[-1]) if self.paths else None
             raise CheckpointError(
-                f"cannot write checkpoint ckpt-{step} in {self.directory}: {_save_failure(error)}; "
+                f"cannot write checkpoint ckpt-{step} in {self.directory}: {write_failure(error)}; "
                 + (f"the newest complete checkpoint is still {newest}" if newest else "no checkpoint was written")
                 + ". Free space (or fix the permissions) and rerun the same command to resume") from None
 
@@ -102,18 +103,6 @@ class CheckpointStore:
                 continue
             return int(self.optimizer.iterations.numpy())
         return 0
-
-
-def _save_failure(error: BaseException) -> str:
-    """What a failed save says, without TensorFlow's wrapping: ``No space left on
-    device`` of ``{{function_node __wrapped__SaveV2...}} DIR/ckpt-9_temp/part-...;
-    No space left on device [Op:SaveV2]``."""
-    text = (getattr(error, "strerror", None) or getattr(error, "message", None) or str(error)).strip()
-    text = text.splitlines()[0] if text else type(error).__name__
-    if text.startswith("{{function_node"):
-        text = re.sub(r"\s*\[Op:\w+\]$", "", re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", text))
-        text = text.rsplit("; ", 1)[-1]  # "<file>; <the system's reason>"
-    return text
 
 
 def check_checkpoint_tokenizer(path: str, tokenizer_sha256: str) -> None:

@@ -22,6 +22,8 @@ import io
 import json
 import os
 import pathlib
+import re
+import shutil
 
 from keras_transformer.config import SCHEDULE_ONLY_FIELDS, TransformerConfig
 
@@ -40,6 +42,19 @@ HYPOTHESIS_FILE = "{split}.hyp.txt"
 
 class RunError(RuntimeError):
     """A user-facing problem with the run's flags or model directory."""
+
+
+def write_failure(error: BaseException) -> str:
+    """Why a write failed, in a few words for a one-line error: ``No space left on device``
+    of an `OSError`, or of a TensorFlow error such as ``{{function_node
+    __wrapped__SaveV2...}} DIR/ckpt-9_temp/part-...; No space left on device [Op:SaveV2]``
+    (TensorFlow's file errors end ``<file>; <the system's reason>``)."""
+    text = (getattr(error, "strerror", None) or getattr(error, "message", None) or str(error)).strip()
+    text = text.splitlines()[0] if text else type(error).__name__
+    text = re.sub(r"\s*\[Op:\w+\]$", "", re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", text))
+    if hasattr(error, "error_code") and "; " in text:  # a TensorFlow OpError
+        text = text.rsplit("; ", 1)[-1]
+    return text
 
 
 def hypothesis_path(model_dir, split: str) -> pathlib.Path:
@@ -264,6 +279,47 @@ def checkpoint_model(model_dir, config, tokenizer, count):
     except CheckpointError as error:
         raise RunError(str(error)) from None
     return model, [os.path.basename(path) for path in paths]
+
+
+def save_final_weights(model, config, model_dir) -> pathlib.Path:
+    """Writes `model`'s weights (the architecture `config` describes) as
+    `model_dir/final.weights.h5`, through a temporary file renamed into place: a reader
+    sees the old file or the new one, never a part.
+
+    Only the model's weights: Keras writes a compiled model's optimizer state into its
+    weights file too (Adam's two moments, twice the weights again: 12.8 MB instead of
+    4.4 MB for `tiny`), which here would be the last step's moments beside averaged
+    weights, read by nothing. So the weights go through a model built from `config`.
+
+    `RunError` in one line, before anything is written, when the disk has less free space
+    than the file needs: once h5py fails a write for space, the HDF5 library holds a file
+    it cannot close, prints a traceback for each object it frees and crashes the process
+    at exit (SIGSEGV; a `tiny` run on a 45 MB tmpfs did, leaving a truncated
+    `final.weights.h5`). A write that fails all the same removes its temporary file.
+    """
+    from keras_transformer.model import build_transformer
+
+    path = pathlib.Path(model_dir) / FINAL_WEIGHTS
+    weights = model.get_weights()
+    data = sum(w.nbytes for w in weights)
+    needed = data + data // 20 + 2**20  # HDF5's headers: 4.37 MB for `tiny`'s 4.16 MB of weights
+    free = shutil.disk_usage(path.parent).free
+    if free < needed:
+        raise RunError(f"cannot write {path}: it needs {needed / 2**20:.1f} MiB and its disk has "
+                       f"{free / 2**20:.1f} MiB free; the checkpoints are complete. Free space and rerun the same "
+                       f"command: it averages them again")
+    final = build_transformer(config)
+    final.set_weights(weights)
+    tmp = path.with_name(f".{path.name.removesuffix('.weights.h5')}.tmp-{os.getpid()}.weights.h5")
+    try:
+        final.save_weights(tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:  # h5py raises both
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"cannot write {path}: {write_failure(error)}; "
+                       f"the checkpoints are complete. Free space (or fix the permissions) and rerun the same "
+                       f"command: it averages them again") from None
+    return path
 
 
 def final_model(model_dir, config):

@@ -228,7 +228,7 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
                           model_dir, interrupted=True)
     if not chief:  # the chief averages, evaluates and exports
         return _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy)
-    results = _average(run, model, store, model_dir, started, budget)
+    results = _average(run, model, config, store, model_dir, started, budget)
     if run.mixed_precision:
         model, translator = _float32_model(config, tokenizer, model_dir)
     results.update(_evaluate(run, translator, data, model_dir))
@@ -418,7 +418,7 @@ def _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy) -> 
     return TrainedRun(model, config, tokenizer, {"steps": step}, model_dir, chief=False)
 
 
-def _average(run, model, store, model_dir, started, budget) -> dict:
+def _average(run, model, config, store, model_dir, started, budget) -> dict:
     """Averages the last `run.average` round checkpoints into `model`, saves them as the
     final weights; returns the run's figures so far."""
     from keras_transformer.checkpoints import average_checkpoints
@@ -426,7 +426,7 @@ def _average(run, model, store, model_dir, started, budget) -> dict:
     averaged = averaged_checkpoints(store, run.checkpoint_every, run.steps, run.average)
     log.info("averaging %d checkpoint(s): %s", len(averaged), ", ".join(os.path.basename(p) for p in averaged))
     average_checkpoints(model, averaged)
-    model.save_weights(model_dir / run_dir.FINAL_WEIGHTS)
+    run_dir.save_final_weights(model, config, model_dir)
     results = {"steps": int(model.optimizer.iterations.numpy()), "averaged_checkpoints": len(averaged),
                "train_minutes": round((time.time() - started) / 60, 2)}
     if hasattr(model.optimizer, "skipped_steps"):  # mixed_float16: steps skipped by loss scaling

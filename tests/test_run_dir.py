@@ -138,3 +138,67 @@ def test_exports_can_average_the_newest_checkpoints_instead_of_the_final_weights
     other = Tokenizer.load(train_tokenizer(texts[::-1] + ["other words"] * 20, tmp_path / "other" / "tok", 40))
     with pytest.raises(run_dir.RunError, match=r"ckpt-30 was trained with a tokenizer of sha256"):
         run_dir.checkpoint_model(model_dir, config, other, 1)
+
+
+def test_final_weights_hold_the_model_only_and_a_full_disk_is_refused_before_writing(tmp_path, monkeypatch):
+    """final.weights.h5 held the compiled model's Adam moments too (3x the file: 12.8 MB for
+    `tiny`, read by nothing). On a disk with too little space h5py's failed write left a
+    truncated file, a traceback per freed object and a SIGSEGV at exit: the space is now
+    checked first, and a write that fails anyway leaves no file."""
+    import collections
+    import pathlib
+
+    import h5py
+    import keras
+    import numpy as np
+
+    from keras_transformer import TransformerConfig, build_transformer, make_optimizer, run_dir
+
+    config = TransformerConfig(vocab_size=30, num_layers=1, d_model=8, d_ff=16, num_heads=2)
+    model = build_transformer(config)
+    model.compile(optimizer=make_optimizer(config), loss="sparse_categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    for v in model.optimizer.variables:
+        v.assign(np.full(v.shape, 7, v.dtype))
+    weights = [np.random.default_rng(i).normal(size=w.shape).astype(w.dtype) for i, w in enumerate(model.weights)]
+    model.set_weights(weights)
+    path = run_dir.save_final_weights(model, config, tmp_path)
+    with h5py.File(path) as f:
+        assert "optimizer" not in f
+    loaded = run_dir.final_model(tmp_path, config)
+    for got, want in zip(loaded.get_weights(), weights, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [run_dir.FINAL_WEIGHTS]
+    before = path.read_bytes()
+
+    usage = collections.namedtuple("usage", "total used free")
+    data = sum(w.nbytes for w in weights)
+    monkeypatch.setattr(run_dir.shutil, "disk_usage", lambda p: usage(2**30, 2**30, data + 2**20 - 1))
+    with pytest.raises(run_dir.RunError, match=r"^cannot write .*final\.weights\.h5: it needs 1\.\d MiB and its "
+                                               r"disk has 1\.\d MiB free; the checkpoints are complete\. Free space"):
+        run_dir.save_final_weights(model, config, tmp_path)
+    monkeypatch.undo()
+
+    def full_disk(self, filepath, *args, **kwargs):  # what gets past the check: a write that fails midway
+        pathlib.Path(filepath).write_bytes(b"HDF5 cut short")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(keras.Model, "save_weights", full_disk)
+    with pytest.raises(run_dir.RunError, match=r"^cannot write .*final\.weights\.h5: No space left on device; "):
+        run_dir.save_final_weights(model, config, tmp_path)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [run_dir.FINAL_WEIGHTS] and path.read_bytes() == before
+
+
+def test_write_failure_is_the_systems_reason_without_tensorflows_wrapping():
+    import tensorflow as tf
+
+    from keras_transformer.run_dir import write_failure
+
+    wrapped = tf.errors.ResourceExhaustedError(None, None, "{{function_node __wrapped__SaveV2_dtypes_259_device_/job:"
+                                               "localhost/replica:0/task:0/device:CPU:0}} /r/ckpt-20_temp/part-0.tempstate"
+                                               "44; No space left on device [Op:SaveV2]")
+    assert write_failure(wrapped) == "No space left on device"
+    assert write_failure(OSError(28, "No space left on device")) == "No space left on device"
+    assert write_failure(PermissionError(13, "Permission denied", "/r/x")) == "Permission denied"
+    assert write_failure(RuntimeError("first line; second part\nmore")) == "first line; second part"
