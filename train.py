@@ -125,11 +125,18 @@ def main(argv=None) -> int:
             return 0
         results = trained.results
         if not args.no_export:
+            from export.errors import ExportWriteError
             from export.saved_model import export_model
-            from keras_transformer.run_dir import EXPORT_DIR
+            from keras_transformer.run_dir import EXPORT_DIR, FINAL_WEIGHTS, RESULTS_FILE
 
-            results["export"] = str(export_model(trained.model, trained.config, trained.tokenizer,
-                                                 trained.model_dir / EXPORT_DIR))
+            try:
+                results["export"] = str(export_model(trained.model, trained.config, trained.tokenizer,
+                                                     trained.model_dir / EXPORT_DIR))
+            except ExportWriteError as error:  # the run itself is complete: say how to export it later
+                print(f"train.py: error: {error}. The run is complete ({trained.model_dir / FINAL_WEIGHTS}, "
+                      f"{RESULTS_FILE}); free space and export it with: python -m export.saved_model "
+                      f"--model-dir {trained.model_dir} --output {trained.model_dir / EXPORT_DIR}", file=sys.stderr)
+                return 2
             print(f"exported SavedModel to {results['export']}", flush=True)
             write_results(trained.model_dir, results)
     except NonFiniteLossError as error:

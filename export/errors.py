@@ -1,6 +1,6 @@
-"""The exporters' one error type: a conversion that cannot be made as asked (a
-one-line message for the command line), and the commands' shared check of a SavedModel
-path."""
+"""The exporters' error types: a conversion that cannot be made as asked and an
+export that cannot be written (one-line messages for the command line), and the
+commands' shared check of a SavedModel path."""
 
 import os
 
@@ -9,6 +9,11 @@ class ConversionError(ValueError):
     """A model, an option or a converted result that an exporter refuses: the options
     asked for something it cannot give (CTranslate2), or the converted model would not
     run where it is going (LiteRT with TF Text's kernels)."""
+
+
+class ExportWriteError(OSError):
+    """An export that could not be written (a full disk, no permission); what it had
+    written is removed, so no half-written version is left where a server looks."""
 
 
 def missing_saved_model(path) -> str | None:

@@ -68,10 +68,10 @@ import pathlib
 import shutil
 import sys
 
-from export.errors import output_problem
+from export.errors import ExportWriteError, output_problem
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import OneLineArgumentParser, PositiveInt
-from keras_transformer.run_dir import AVERAGE_HELP
+from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
 
@@ -358,6 +358,10 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
         write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware, options=options)
         write_export_config(staging, config, patience)
         os.rename(staging, final)  # atomic on one file system
+    except (OSError, tf.errors.OpError) as error:  # a full disk, no permission: one line, not TF's traceback
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ExportWriteError(f"cannot write the export {final}: {write_failure(error)}; nothing was left "
+                               f"in {output}") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

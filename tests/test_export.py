@@ -896,6 +896,18 @@ def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch)
     with pytest.raises(FileExistsError, match="versions are immutable"):
         export_model(model, config, tokenizer, output, version=1)
 
+    def full_disk(obj, path, **kwargs):  # as TensorFlow fails on a full disk (a tmpfs, by hand): a traceback
+        real_save(tf.Module(), path)
+        raise tf.errors.ResourceExhaustedError(None, None, f"{path}/saved_model.pb.tmp1f; No space left on device")
+
+    monkeypatch.setattr(tf.saved_model, "save", full_disk)
+    with pytest.raises(OSError) as error:
+        export_model(model, config, tokenizer, output)
+    monkeypatch.undo()
+    assert str(error.value) == f"cannot write the export {output / '2'}: No space left on device; nothing was " \
+                               f"left in {output}"
+    assert sorted(p.name for p in output.iterdir()) == ["1"]
+
 
 def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsys):
     """A missing or non-SavedModel path for op_audit, a SavedModel that is not ours for
