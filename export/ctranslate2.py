@@ -97,14 +97,14 @@ import sys
 
 from keras_transformer.config import TransformerConfig  # first: the package imports TensorFlow (quietly)
 from keras_transformer.console import OneLineArgumentParser, PositiveInt
-from keras_transformer.run_dir import AVERAGE_HELP
+from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 from keras_transformer.constants import BOS_ID, EOS_ID, UNK_ID
 from keras_transformer.layers import sinusoidal_encoding
 
 import numpy as np
 from keras import ops
 
-from export.errors import ConversionError
+from export.errors import ConversionError, ExportWriteError
 
 try:
     import ctranslate2
@@ -314,10 +314,13 @@ def convert(model, config: TransformerConfig, tokenizer, output_dir, quantizatio
             # Two renames: the old model stays whole until the new one is in place.
             os.rename(output, retired)
         os.rename(staging, output)  # atomic on one file system
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
         if retired.exists() and not output.exists():
             os.rename(retired, output)
+        if isinstance(error, OSError):  # a full disk said only "[Errno 28] No space left on device"
+            raise ExportWriteError(f"cannot write {output}: {write_failure(error)}; nothing was left there"
+                                   + (" (the model that was there is unchanged)" if output.exists() else "")) from None
         raise
     shutil.rmtree(retired, ignore_errors=True)
     return output

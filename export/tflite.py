@@ -29,10 +29,11 @@ import os
 import pathlib
 import sys
 
-from export.errors import ConversionError, missing_saved_model, output_problem
+from export.errors import ConversionError, ExportWriteError, missing_saved_model, output_problem
 from export.op_audit import audit_tflite
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
 from keras_transformer.console import OneLineArgumentParser, harmless_lines_dropped
+from keras_transformer.run_dir import write_failure
 
 # --quantize choices: weights as trained; float16 weights (dequantized to
 # float32 when the model loads); int8 weights with dynamic-range
@@ -70,11 +71,22 @@ def convert(saved_model_dir, output, quantize: str = "none") -> pathlib.Path:
     report = audit_tflite(flatbuffer)
     if report["unsupported"]:
         raise ConversionError(f"the converted model needs ops LiteRT cannot run: {report['unsupported']}")
+    return write_model(flatbuffer, output)
+
+
+def write_model(flatbuffer: bytes, output) -> pathlib.Path:
+    """Writes `flatbuffer` as `output` through a temporary file renamed into place; a write
+    that fails (a full disk) removes the temporary file (a 3 MB disk kept 3 MB of
+    ``m.tflite.tmp``) and raises `ExportWriteError` in one line."""
     output = pathlib.Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(output.name + ".tmp")
-    tmp.write_bytes(flatbuffer)
-    os.replace(tmp, output)
+    try:
+        tmp.write_bytes(flatbuffer)
+        os.replace(tmp, output)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise ExportWriteError(f"cannot write {output}: {write_failure(error)}; nothing was left there") from None
     return output
 
 

@@ -909,6 +909,31 @@ def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch)
     assert sorted(p.name for p in output.iterdir()) == ["1"]
 
 
+def test_a_litert_model_that_cannot_be_written_leaves_no_partial_file(tmp_path, monkeypatch):
+    """export.tflite on a full disk (a 3 MB tmpfs, by hand) said `[Errno 28] No space left on
+    device` and kept 3 MB of `m.tflite.tmp` on that disk."""
+    import errno
+
+    from export.tflite import write_model
+
+    flatbuffer = bytes(range(256)) * 64
+    assert write_model(flatbuffer, tmp_path / "out" / "m.tflite").read_bytes() == flatbuffer
+    real_write = pathlib.Path.write_bytes
+
+    def full_disk(self, data):
+        real_write(self, data[:1000])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", full_disk)
+    with pytest.raises(OSError) as error:
+        write_model(flatbuffer[::-1], tmp_path / "out" / "m.tflite")
+    monkeypatch.undo()
+    assert str(error.value) == f"cannot write {tmp_path / 'out' / 'm.tflite'}: No space left on device; nothing " \
+                               "was left there"
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["m.tflite"]
+    assert (tmp_path / "out" / "m.tflite").read_bytes() == flatbuffer  # the previous model, untouched
+
+
 def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsys):
     """A missing or non-SavedModel path for op_audit, a SavedModel that is not ours for
     export.translate, and a directory as export.tflite's --output were tracebacks
