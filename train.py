@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     console.setup_logging(verbose=args.verbose)
     from keras_transformer.checkpoints import CheckpointError
     from keras_transformer.data import CorpusError, TokenizerError
-    from keras_transformer.run_dir import RunError, write_results
+    from keras_transformer.run_dir import RunError, write_failure, write_results
     from keras_transformer.training import NonFiniteLossError, train_and_evaluate
 
     try:
@@ -144,6 +144,11 @@ def main(argv=None) -> int:
         return 1
     except (RunError, CorpusError, TokenizerError, CheckpointError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a file the run writes beside its checkpoints (hypotheses, curves.png): a full disk
+        where = f"cannot write {error.filename}: " if error.filename else ""
+        print(f"train.py: error: {where}{write_failure(error)}; the checkpoints written so far are complete. Free "
+              f"space (or fix the permissions) and rerun the same command to resume", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a second Ctrl-C/SIGTERM: quit at once, no new checkpoint
         print("train.py: interrupted; run the same command again to resume from the newest complete "

@@ -177,3 +177,21 @@ def test_num_decoder_layers_from_the_command_line(capsys):
         assert "num_decoder_layers" in capsys.readouterr().err
     with pytest.raises(ValueError, match="num_decoder_layers must be None or a positive integer, got True"):
         TransformerConfig.from_preset("multi30k", num_decoder_layers=True)
+
+
+def test_a_write_that_fails_outside_the_checkpoints_is_one_line(monkeypatch, capsys):
+    """A full disk while train.py wrote valid.hyp.txt or curves.png (plain file writes after
+    the checkpoints) was an OSError traceback."""
+    import train
+    from keras_transformer import training
+
+    def full_disk(run):
+        raise OSError(28, "No space left on device", "runs/x/valid.hyp.txt")
+
+    monkeypatch.setattr(training, "train_and_evaluate", full_disk)
+    monkeypatch.setattr(train.console, "setup_logging", lambda verbose: None)  # the worker's logging stays as is
+    assert train.main(["--model-dir", "runs/x", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["train.py: error: cannot write runs/x/valid.hyp.txt: No space left on device; the checkpoints "
+                   "written so far are complete. Free space (or fix the permissions) and rerun the same command "
+                   "to resume"]
