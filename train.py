@@ -145,10 +145,10 @@ def main(argv=None) -> int:
     except (RunError, CorpusError, TokenizerError, CheckpointError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
-    except OSError as error:  # a file the run writes beside its checkpoints (hypotheses, curves.png): a full disk
+    except OSError as error:  # a file the run writes (tokenizer.model, hypotheses, curves.png): a full disk
         where = f"cannot write {error.filename}: " if error.filename else ""
-        print(f"train.py: error: {where}{write_failure(error)}; the checkpoints written so far are complete. Free "
-              f"space (or fix the permissions) and rerun the same command to resume", file=sys.stderr)
+        print(f"train.py: error: {where}{write_failure(error)}. Free space (or fix the permissions) and rerun the "
+              f"same command: it resumes from the newest complete checkpoint", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a second Ctrl-C/SIGTERM: quit at once, no new checkpoint
         print("train.py: interrupted; run the same command again to resume from the newest complete "

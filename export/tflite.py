@@ -33,7 +33,7 @@ from export.errors import ConversionError, ExportWriteError, missing_saved_model
 from export.op_audit import audit_tflite
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
 from keras_transformer.console import OneLineArgumentParser, harmless_lines_dropped
-from keras_transformer.run_dir import write_failure
+from keras_transformer.run_dir import write_bytes_atomically
 
 # --quantize choices: weights as trained; float16 weights (dequantized to
 # float32 when the model loads); int8 weights with dynamic-range
@@ -75,19 +75,14 @@ def convert(saved_model_dir, output, quantize: str = "none") -> pathlib.Path:
 
 
 def write_model(flatbuffer: bytes, output) -> pathlib.Path:
-    """Writes `flatbuffer` as `output` through a temporary file renamed into place; a write
-    that fails (a full disk) removes the temporary file (a 3 MB disk kept 3 MB of
-    ``m.tflite.tmp``) and raises `ExportWriteError` in one line."""
+    """Writes `flatbuffer` as `output` (`run_dir.write_bytes_atomically`); a write that
+    fails (a full disk) raises `ExportWriteError` in one line."""
     output = pathlib.Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(output.name + ".tmp")
     try:
-        tmp.write_bytes(flatbuffer)
-        os.replace(tmp, output)
+        return write_bytes_atomically(output, flatbuffer)
     except OSError as error:
-        tmp.unlink(missing_ok=True)
-        raise ExportWriteError(f"cannot write {output}: {write_failure(error)}; nothing was left there") from None
-    return output
+        raise ExportWriteError(f"cannot write {output}: {error.strerror}; nothing was left there") from None
 
 
 def load_interpreter(model_path, num_threads=None):

@@ -128,18 +128,30 @@ def read_run_file(model_dir) -> dict:
     return record
 
 
-def _write_text_atomically(path: pathlib.Path, text: str) -> None:
-    """Writes `text` to a temporary file beside `path` and renames it over `path`: readers
-    see the old file or the new one, never a part. A failed write (a full disk) removes the
-    temporary file and raises `RunError` naming `path`."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
+def write_bytes_atomically(path, data: bytes) -> pathlib.Path:
+    """Writes `data` to a temporary file beside `path` (``NAME.tmp``) and renames it over
+    `path`: readers see the old file or the new one, never a part. A failed write (a full
+    disk) removes the temporary file, which had kept what fitted (98 KB of a 100 KB disk
+    for a tokenizer, 3 MB of a 3 MB one for a LiteRT model), and raises `OSError` with
+    `path` as its ``filename`` and `write_failure`'s reason."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(path.name + ".tmp")
     try:
-        with tmp.open("w", newline="", encoding="utf-8") as f:
-            f.write(text)
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     except OSError as error:
         tmp.unlink(missing_ok=True)
-        raise RunError(f"cannot write {path}: {error.strerror or error}; the previous version is "
+        raise OSError(error.errno, write_failure(error), str(path)) from None
+    return path
+
+
+def _write_text_atomically(path: pathlib.Path, text: str) -> None:
+    """`write_bytes_atomically` of UTF-8 text (line ends as given: csv's \\r\\n stay); a
+    failed write raises `RunError` naming `path`."""
+    try:
+        write_bytes_atomically(path, text.encode("utf-8"))
+    except OSError as error:
+        raise RunError(f"cannot write {path}: {error.strerror}; the previous version is "
                        f"unchanged. Free space (or fix the permissions) and rerun the same command") from None
 
 

@@ -192,6 +192,5 @@ def test_a_write_that_fails_outside_the_checkpoints_is_one_line(monkeypatch, cap
     monkeypatch.setattr(train.console, "setup_logging", lambda verbose: None)  # the worker's logging stays as is
     assert train.main(["--model-dir", "runs/x", "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["train.py: error: cannot write runs/x/valid.hyp.txt: No space left on device; the checkpoints "
-                   "written so far are complete. Free space (or fix the permissions) and rerun the same command "
-                   "to resume"]
+    assert err == ["train.py: error: cannot write runs/x/valid.hyp.txt: No space left on device. Free space (or fix "
+                   "the permissions) and rerun the same command: it resumes from the newest complete checkpoint"]

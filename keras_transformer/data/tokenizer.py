@@ -44,6 +44,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from keras_transformer.run_dir import write_bytes_atomically
 
 # The file name of the tokenizer inside a model directory.
 TOKENIZER_FILENAME = "tokenizer.model"
@@ -204,10 +205,7 @@ def train_tokenizer(texts: Iterable[str], model_prefix_path: str | os.PathLike,
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TokenizerError(f"{path}: SentencePiece training failed: {first_line}") from e
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(model.getvalue())
-    os.replace(tmp, path)  # atomic: never a half-written tokenizer
-    return path
+    return write_bytes_atomically(path, model.getvalue())  # never a half-written tokenizer
 
 
 def _validate_model(model_bytes: bytes, name: str) -> spm.SentencePieceProcessor:

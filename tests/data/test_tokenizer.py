@@ -116,6 +116,31 @@ def test_training_is_deterministic(tmp_path):
     assert a == b
 
 
+def test_a_tokenizer_that_cannot_be_written_leaves_no_partial_file(tmp_path, monkeypatch):
+    """On a 100 KB disk (a tmpfs, by hand) train.py left 98 KB of `tokenizer.model.tmp` and
+    said only "No space left on device". The error now names the file, and nothing is left."""
+    import errno
+    import pathlib
+
+    texts = sentences(800, seed=5)
+    real_write = pathlib.Path.write_bytes
+
+    def full_disk(self, data):
+        real_write(self, data[:1000])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", full_disk)
+    with pytest.raises(OSError) as error:
+        train_tokenizer(texts, tmp_path / "tokenizer", vocab_size=80, max_sentences=500, seed=3)
+    monkeypatch.undo()
+    assert (error.value.errno, error.value.strerror, error.value.filename) == (
+        errno.ENOSPC, "No space left on device", str(tmp_path / "tokenizer.model"))
+    assert list(tmp_path.iterdir()) == []
+    path = train_tokenizer(texts, tmp_path / "tokenizer", vocab_size=80, max_sentences=500, seed=3)
+    assert path.read_bytes() == train_tokenizer(texts, tmp_path / "again", vocab_size=80, max_sentences=500,
+                                                seed=3).read_bytes()  # the rerun writes the whole model
+
+
 def one_line(error):
     message = str(error.value)
     assert "\n" not in message
