@@ -22,6 +22,7 @@ import does: set it before the process starts).
 """
 
 import argparse
+import errno
 import os
 import sys
 
@@ -146,6 +147,7 @@ def main(argv=None) -> int:
         report(out.get("errors"), done + 1)
 
     batch, done = [], 0
+    unit = "sentences" if source == "conllu" else "lines"
     stdin = sys.stdin.buffer
     if hasattr(stdin, "peek") and stdin.peek(len(UTF8_BOM))[:len(UTF8_BOM)] == UTF8_BOM:
         stdin.read(len(UTF8_BOM))  # a byte order mark (a file saved on Windows) is no part of the first line
@@ -160,7 +162,6 @@ def main(argv=None) -> int:
         done, batch = done + len(batch), []
     except tf.errors.InvalidArgumentError as error:  # a request that fails whole (an export without `error`)
         sys.stdout.flush()
-        unit = "sentences" if source == "conllu" else "lines"
         # A graph error's first line is "Graph execution error:"; the op's own message comes later.
         lines = [line.strip() for line in str(error.message or error).splitlines()
                  if line.strip() and not line.strip().startswith(("Graph execution error", "Detected at node",
@@ -169,7 +170,12 @@ def main(argv=None) -> int:
         print(f"export.translate: error: the request of {unit} {done + 1}-{done + len(batch)} failed: {message}; "
               f"the {done} {unit} before it were translated", file=sys.stderr)
         return 1
-    sys.stdout.flush()
+    except OSError as error:  # standard output: a reader that stopped (`| head`) or a full disk
+        return _stdout_failed(error, done, unit)
+    try:
+        sys.stdout.flush()
+    except OSError as error:
+        return _stdout_failed(error, done, unit)
     if failed:
         print(f"export.translate: error: {len(failed)} of {done} sentences were malformed CoNLL-U "
               f"(named above); the others were translated", file=sys.stderr)
@@ -224,6 +230,21 @@ def _conllu_blocks(lines):
             block = []
     if block:
         yield b"\n".join(block)
+
+
+def _stdout_failed(error: OSError, done: int, unit: str) -> int:
+    """The exit of a run whose standard output failed: quietly for a reader that stopped
+    (`... | head -2` was a BrokenPipeError traceback), one line for a full disk; any other
+    OSError is raised."""
+    if isinstance(error, BrokenPipeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush then fails quietly
+        return 1
+    if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO):
+        raise error
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print(f"export.translate: error: cannot write the translations: {error.strerror}; {done} {unit} had been "
+          f"translated", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

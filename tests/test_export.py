@@ -313,6 +313,42 @@ def test_translate_command_takes_its_defaults_from_the_export(exported, loaded, 
     assert optimizer_options == []
 
 
+def test_translate_command_stops_quietly_for_a_closed_pipe_and_in_one_line_for_a_full_disk(exported, loaded,
+                                                                                           tmp_path, monkeypatch,
+                                                                                           capsys):
+    """`export.translate < in | head -2` ended in a BrokenPipeError traceback, and standard
+    output redirected to a full disk (a 4 KB tmpfs, by hand) in an OSError one."""
+    import errno
+    import io
+
+    from export import translate
+
+    monkeypatch.setattr(tf.saved_model, "load", lambda path: loaded)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone, as `head` exits after its lines
+    closed = os.fdopen(write, "w", buffering=1)
+
+    class FullDisk(io.TextIOBase):
+        def __init__(self):
+            self.file = open(tmp_path / "out.txt", "w")  # noqa: SIM115 (a real descriptor for the redirect)
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def fileno(self):
+            return self.file.fileno()
+
+    full = FullDisk()
+    for stdout, code, err in ((closed, 1, ""), (full, 2, "export.translate: error: cannot write the translations: "
+                                                      "No space left on device; 0 lines had been translated")):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert translate.main(["--saved-model", str(exported["path"]), "--no-xla"]) == code
+        assert capsys.readouterr().err.strip() == err
+    closed.close()
+    full.file.close()
+
+
 def test_translate_command_turns_grappler_off_before_its_first_xla_request(exported, loaded, monkeypatch, capsys):
     """Without options every request goes to translate_xla, which XLA compiles: Grappler,
     which would optimize its graph first (2-3 s a bucket, BENCHMARKS.md part 30), is off
