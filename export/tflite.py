@@ -32,7 +32,7 @@ import sys
 from export.errors import ConversionError, ExportWriteError, missing_saved_model, output_problem
 from export.op_audit import audit_tflite
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
-from keras_transformer.console import OneLineArgumentParser, harmless_lines_dropped
+from keras_transformer.console import OneLineArgumentParser, harmless_lines_dropped, stdout_failed
 from keras_transformer.run_dir import write_bytes_atomically
 
 # --quantize choices: weights as trained; float16 weights (dequantized to
@@ -146,7 +146,11 @@ def main(argv=None) -> int:
         # LiteRT's own "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." off a quiet console
         with harmless_lines_dropped():
             translations, _ = translate_lines(load_interpreter(path), lines)
-        print("\n".join(translations))
+        try:
+            print("\n".join(translations))
+            sys.stdout.flush()
+        except OSError as error:  # a reader that stopped (`| head`), a full disk
+            return stdout_failed("export.tflite", error, f"the model {path} was written")
     return 0
 
 

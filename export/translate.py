@@ -22,14 +22,13 @@ import does: set it before the process starts).
 """
 
 import argparse
-import errno
 import os
 import sys
 
 from export.errors import missing_saved_model
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import UTF8_BOM
-from keras_transformer.console import OneLineArgumentParser, PositiveInt, harmless_lines_dropped
+from keras_transformer.console import OneLineArgumentParser, PositiveInt, harmless_lines_dropped, stdout_failed
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
@@ -171,11 +170,11 @@ def main(argv=None) -> int:
               f"the {done} {unit} before it were translated", file=sys.stderr)
         return 1
     except OSError as error:  # standard output: a reader that stopped (`| head`) or a full disk
-        return _stdout_failed(error, done, unit)
+        return stdout_failed("export.translate", error, f"{done} {unit} had been translated")
     try:
         sys.stdout.flush()
     except OSError as error:
-        return _stdout_failed(error, done, unit)
+        return stdout_failed("export.translate", error, f"{done} {unit} had been translated")
     if failed:
         print(f"export.translate: error: {len(failed)} of {done} sentences were malformed CoNLL-U "
               f"(named above); the others were translated", file=sys.stderr)
@@ -230,22 +229,6 @@ def _conllu_blocks(lines):
             block = []
     if block:
         yield b"\n".join(block)
-
-
-def _stdout_failed(error: OSError, done: int, unit: str) -> int:
-    """The exit of a run whose standard output failed: quietly for a reader that stopped
-    (`... | head -2` was a BrokenPipeError traceback), one line for a full disk; any other
-    OSError is raised."""
-    if isinstance(error, BrokenPipeError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush then fails quietly
-        return 1
-    if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO):
-        raise error
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    print(f"export.translate: error: cannot write the translations: {error.strerror}; {done} {unit} had been "
-          f"translated", file=sys.stderr)
-    return 2
-
 
 if __name__ == "__main__":
     sys.exit(main())

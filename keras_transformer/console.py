@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import sys
@@ -280,3 +281,19 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def stdout_failed(prog: str, error: OSError, written: str) -> int:
+    """The exit code of a command whose standard output failed: quiet for a reader that
+    stopped (`... | head -2` was a BrokenPipeError traceback), one line `PROG: error:
+    cannot write the translations: REASON; WRITTEN` for a full disk. Standard output then
+    points at /dev/null, so the interpreter's own flush at exit stays quiet (Python's
+    documented recipe). Any other OSError is raised again."""
+    if not isinstance(error, BrokenPipeError) and error.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT,
+                                                                      errno.EIO):
+        raise error
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if isinstance(error, BrokenPipeError):
+        return 1
+    print(f"{prog}: error: cannot write the translations: {error.strerror}; {written}", file=sys.stderr)
+    return 2
