@@ -171,6 +171,9 @@ def main(argv=None) -> int:
         return 1
     except OSError as error:  # standard output: a reader that stopped (`| head`) or a full disk
         return stdout_failed("export.translate", error, f"{done} {unit} had been translated")
+    except KeyboardInterrupt:  # Ctrl-C (once the running request returns): it was a TensorFlow traceback
+        print(f"export.translate: interrupted; the first {done} {unit} were translated", file=sys.stderr)
+        return 130
     try:
         sys.stdout.flush()
     except OSError as error:

@@ -349,6 +349,37 @@ def test_translate_command_stops_quietly_for_a_closed_pipe_and_in_one_line_for_a
     full.file.close()
 
 
+def test_translate_command_interrupted_keeps_what_it_printed_and_says_so_in_one_line(exported, loaded,
+                                                                                      monkeypatch, capsys):
+    """Ctrl-C during `export.translate` was a KeyboardInterrupt traceback from inside
+    TensorFlow's function call. It now says how many lines were translated (they stay
+    printed) and exits 130, as a shell reports a command stopped by SIGINT."""
+    import io
+
+    from export import translate
+
+    served = loaded.signatures["serving_default"]
+    calls = []
+
+    class InterruptedSecond:  # serving_default, with Ctrl-C arriving during its second request
+        structured_input_signature = served.structured_input_signature
+
+        def __call__(self, **inputs):
+            calls.append(len(inputs["text"]))
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return served(**inputs)
+
+    signatures = {**loaded.signatures, "serving_default": InterruptedSecond()}
+    monkeypatch.setattr(tf.saved_model, "load", lambda path: type("Loaded", (), {"signatures": signatures})())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
+    assert translate.main(["--saved-model", str(exported["path"]), "--no-xla", "--batch-size", "2"]) == 130
+    out, err = capsys.readouterr()
+    assert calls == [2, 2]
+    assert out.splitlines() == in_process(exported["translator"], GOLDEN[:2])[0]
+    assert err.strip() == "export.translate: interrupted; the first 2 lines were translated"
+
+
 def test_translate_command_turns_grappler_off_before_its_first_xla_request(exported, loaded, monkeypatch, capsys):
     """Without options every request goes to translate_xla, which XLA compiles: Grappler,
     which would optimize its graph first (2-3 s a bucket, BENCHMARKS.md part 30), is off
