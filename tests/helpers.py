@@ -103,3 +103,18 @@ def in_background(function, *args, **kwargs):
         return executor.submit(function, *args, **kwargs)
     finally:
         executor.shutdown(wait=False)
+
+
+def full_disk_writes(monkeypatch, keep=1000):
+    """Makes `pathlib.Path.write_bytes` fail as a full disk does: it writes the first `keep`
+    bytes, then raises `OSError(ENOSPC)` (what a tmpfs mounted small did by hand)."""
+    import errno
+    import pathlib
+
+    real_write = pathlib.Path.write_bytes
+
+    def full_disk(self, data):
+        real_write(self, data[:keep])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", full_disk)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import sentencepiece
 import tensorflow as tf
-from helpers import WORDS_DE, WORDS_EN
+from helpers import WORDS_DE, WORDS_EN, full_disk_writes
 
 from export.ctranslate2 import (MODEL_FILE, TOKENIZER_FILE, ConversionError, convert, main,
                                 translation_options)
@@ -212,14 +212,8 @@ def test_output_is_replaced_only_when_forced_and_never_half_written(toy, tmp_pat
     with pytest.raises(ConversionError, match="quantization"):
         convert(model, config, tokenizer, tmp_path / "q", quantization="int4")
     before = (output / MODEL_FILE).read_bytes()
-    real_write = pathlib.Path.write_bytes
-
-    def full_disk(self, data):  # the tokenizer's copy, after model.bin: a 3 MB tmpfs by hand failed earlier
-        real_write(self, data[:10])
-        raise OSError(28, "No space left on device")
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pathlib.Path, "write_bytes", full_disk)
+        full_disk_writes(patch, keep=10)  # the tokenizer's copy, after model.bin (a 3 MB tmpfs failed earlier)
         with pytest.raises(OSError) as error:  # it said only "[Errno 28] No space left on device"
             convert(model, config, tokenizer, output, force=True)
     assert str(error.value) == f"cannot write {output}: No space left on device; nothing was left there (the " \

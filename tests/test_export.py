@@ -979,19 +979,12 @@ def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch)
 def test_a_litert_model_that_cannot_be_written_leaves_no_partial_file(tmp_path, monkeypatch):
     """export.tflite on a full disk (a 3 MB tmpfs, by hand) said `[Errno 28] No space left on
     device` and kept 3 MB of `m.tflite.tmp` on that disk."""
-    import errno
-
     from export.tflite import write_model
+    from helpers import full_disk_writes
 
     flatbuffer = bytes(range(256)) * 64
     assert write_model(flatbuffer, tmp_path / "out" / "m.tflite").read_bytes() == flatbuffer
-    real_write = pathlib.Path.write_bytes
-
-    def full_disk(self, data):
-        real_write(self, data[:1000])
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(pathlib.Path, "write_bytes", full_disk)
+    full_disk_writes(monkeypatch)
     with pytest.raises(OSError) as error:
         write_model(flatbuffer[::-1], tmp_path / "out" / "m.tflite")
     monkeypatch.undo()

@@ -120,16 +120,11 @@ def test_a_tokenizer_that_cannot_be_written_leaves_no_partial_file(tmp_path, mon
     """On a 100 KB disk (a tmpfs, by hand) train.py left 98 KB of `tokenizer.model.tmp` and
     said only "No space left on device". The error now names the file, and nothing is left."""
     import errno
-    import pathlib
+
+    from helpers import full_disk_writes
 
     texts = sentences(800, seed=5)
-    real_write = pathlib.Path.write_bytes
-
-    def full_disk(self, data):
-        real_write(self, data[:1000])
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(pathlib.Path, "write_bytes", full_disk)
+    full_disk_writes(monkeypatch)
     with pytest.raises(OSError) as error:
         train_tokenizer(texts, tmp_path / "tokenizer", vocab_size=80, max_sentences=500, seed=3)
     monkeypatch.undo()
