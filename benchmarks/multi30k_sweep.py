@@ -171,8 +171,8 @@ def decode_choice(data, model_dir, test="test2016") -> dict:
 
     from keras_transformer import build_transformer, make_optimizer
     from keras_transformer.checkpoints import CheckpointStore, average_checkpoints
-    from keras_transformer.evaluation import corpus_bleu
     from keras_transformer.data import Tokenizer, tokenizer_path
+    from keras_transformer.evaluation import corpus_bleu
     from keras_transformer.run_dir import CHECKPOINT_DIR, load_config
     from keras_transformer.translator import Translator
 

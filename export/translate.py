@@ -159,6 +159,7 @@ def main(argv=None) -> int:
                 done, batch = done + len(batch), []
         flush(batch)
         done, batch = done + len(batch), []
+        sys.stdout.flush()
     except tf.errors.InvalidArgumentError as error:  # a request that fails whole (an export without `error`)
         sys.stdout.flush()
         # A graph error's first line is "Graph execution error:"; the op's own message comes later.
@@ -174,10 +175,6 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C (once the running request returns): it was a TensorFlow traceback
         print(f"export.translate: interrupted; the first {done} {unit} were translated", file=sys.stderr)
         return 130
-    try:
-        sys.stdout.flush()
-    except OSError as error:
-        return stdout_failed("export.translate", error, f"{done} {unit} had been translated")
     if failed:
         print(f"export.translate: error: {len(failed)} of {done} sentences were malformed CoNLL-U "
               f"(named above); the others were translated", file=sys.stderr)
@@ -232,6 +229,7 @@ def _conllu_blocks(lines):
             block = []
     if block:
         yield b"\n".join(block)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -338,7 +338,6 @@ def test_tfds_fingerprint_from_builder_info():
     assert json.loads(json.dumps(fingerprint)) == fingerprint
 
 
-
 def test_a_tfds_corpus_leaves_no_temporary_directories(tmp_path, monkeypatch):
     """TFDS 4.9 leaked an empty `/tmp/tmp*tfds` directory per builder (four a corpus: the
     builder and three splits), at every run and every failed one."""
@@ -356,6 +355,7 @@ def test_a_tfds_corpus_leaves_no_temporary_directories(tmp_path, monkeypatch):
     assert tempfile.tempdir == str(tmp_path)
     assert left == []
     assert pairs_of(corpus.splits["valid"]) == raw  # the splits still read after their scratch is gone
+
 
 # -- unknown names fail offline ----------------------------------------------
 
