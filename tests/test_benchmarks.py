@@ -157,14 +157,16 @@ def test_translate_speed_runs_both_sides_on_the_same_weights(translate_speed_run
 
 
 @pytest.mark.slow
-def test_profile_train_step_splits_the_step_by_part_of_the_model():
+def test_profile_train_step_splits_the_step_by_part_of_the_model(tmp_path):
     """benchmarks/profile_train_step.py on tiny: the parts' fractions add up to the
     whole; the projections, attention and feed-forward each have self time, forward
     and backward (their name scopes are recognised, not lumped into `other`); the
-    printed step figures agree with each other."""
+    printed step figures agree with each other. Its trace goes to the test's own
+    directory (the default, /tmp/profile_train_step, kept one from every suite run)."""
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.profile_train_step", "--preset", "tiny", "--data", "embedded",
-         "--vocab-size", "200", "--batch-tokens", "256", "--batches", "1", "--passes", "2", "--peak-size", "256"],
+         "--vocab-size", "200", "--batch-tokens", "256", "--batches", "1", "--passes", "2", "--peak-size", "256",
+         "--logdir", str(tmp_path / "logdir")],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = result.stdout

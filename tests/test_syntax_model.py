@@ -275,11 +275,11 @@ def test_a_syntax_aware_model_saves_and_loads(tmp_path):
 # -- the annotated input pipeline (graph ops) against NumPy ----------------------------
 
 @pytest.fixture(scope="module")
-def pieces():
+def pieces(tmp_path_factory):
     """A SentencePiece model that splits some words into several pieces."""
     from keras_transformer.data import Tokenizer, train_tokenizer
 
-    directory = pathlib.Path(__import__("tempfile").mkdtemp())
+    directory = tmp_path_factory.mktemp("pieces")  # pytest's, not a /tmp directory left behind
     words = ["the big dog barks loudly .", "unbelievably big dogs barked", "a small cat sleeps ."] * 40
     return Tokenizer.load(train_tokenizer(words, directory / "sp", 40))
 

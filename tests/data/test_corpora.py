@@ -35,6 +35,17 @@ def german(n, tag):
     return [f"{tag} Satz {i} auf Deutsch – groß ." for i in range(n)]
 
 
+@pytest.fixture(autouse=True)
+def _tfds_temporary_directories_kept_out_of_tmp(tmp_path_factory, monkeypatch):
+    """This module's own `tfds.load` and `tfds.builder` calls (the references our loader is
+    compared with) leave TFDS 4.9's empty `tmp*tfds` directories, which our loader no longer
+    does (`test_a_tfds_corpus_leaves_no_temporary_directories`): they go to a directory of
+    pytest's, not seven into /tmp at every suite run."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("tempfile")))
+
+
 @pytest.fixture
 def corpus_dir(tmp_path):
     for stem, n in (("train", 7), ("valid", 3), ("test2016", 2)):
