@@ -37,6 +37,7 @@ import io
 import os
 import pathlib
 import random
+import re
 from collections.abc import Iterable
 
 import sentencepiece as spm
@@ -203,6 +204,14 @@ def train_tokenizer(texts: Iterable[str], model_prefix_path: str | os.PathLike,
         )
     except (RuntimeError, OSError) as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # A vocabulary below the text's characters (`--vocab-size 5`) failed with SentencePiece's
+        # C++ check, "INTERNAL: src/trainer_interface.cc(638) [(static_cast<int>(...` first.
+        needed = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", first_line)
+        if needed:
+            raise TokenizerError(
+                f"{path}: vocab_size={vocab_size} is below the {needed.group(1)} pieces that the training "
+                f"text's characters and the special ids need; give a larger vocabulary size "
+                f"(train.py --vocab-size)") from e
         raise TokenizerError(f"{path}: SentencePiece training failed: {first_line}") from e
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_bytes_atomically(path, model.getvalue())  # never a half-written tokenizer

@@ -181,6 +181,23 @@ def test_bpe_model_is_refused(tmp_path):
         train_tokenizer(sentences(10, seed=8), tmp_path / "x", vocab_size=60, model_type="bpe")
 
 
+def test_a_vocabulary_below_the_texts_characters_is_one_line_naming_both_sizes(tmp_path):
+    """`train.py --vocab-size 5` was SentencePiece's C++ check, "INTERNAL: src/trainer_interface.cc(638)
+    [(static_cast<int>(required_chars_.size() + ...". The text has 28 distinct characters (the
+    space as "▁"), all within the character coverage: 28 + the 4 special ids."""
+    texts = sentences(300, seed=9)
+    with pytest.raises(TokenizerError) as error:
+        train_tokenizer(texts, tmp_path / "small", vocab_size=10)
+    message = one_line(error)
+    assert message == (f"{tmp_path / 'small.model'}: vocab_size=10 is below the 32 pieces that the training "
+                       f"text's characters and the special ids need; give a larger vocabulary size "
+                       f"(train.py --vocab-size)")
+    assert not (tmp_path / "small.model").exists()
+    # Other failures keep SentencePiece's own first line.
+    with pytest.raises(TokenizerError, match=r"SentencePiece training failed: .*Vocabulary size too high \(5000\)"):
+        train_tokenizer(texts, tmp_path / "large", vocab_size=5000, hard_vocab_limit=True)
+
+
 def test_check_vocab_size(tokenizer):
     check_vocab_size(tokenizer, tokenizer.vocab_size)
     with pytest.raises(TokenizerError) as error:
