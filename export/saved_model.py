@@ -71,17 +71,17 @@ import sys
 from export.errors import ExportWriteError, output_problem
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import OneLineArgumentParser, PositiveInt
+from keras_transformer.constants import MAX_BEAM_SIZE
 from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
 
 import tensorflow as tf
 
-# Beam sizes the options signature can run (larger requests are clipped to it). One
-# search takes the beam size at run time (`beam_search(max_beam_size=...)`); it was one
-# `switch_case` branch per beam size, eight copies of the search to export, load and
-# instantiate at the first request (BENCHMARKS.md, "Export and load time").
-MAX_BEAM_SIZE = 8
+# `MAX_BEAM_SIZE` (constants): the beam sizes the options signature can run. One search takes
+# the beam size at run time; it was one `switch_case` branch per beam size, eight copies of
+# the search to export, load and instantiate at the first request (BENCHMARKS.md, "Export
+# and load time").
 # Most sentences per call of the LiteRT variant (see Translator.decode_ids);
 # the LiteRT runner sends larger inputs in chunks.
 LITERT_MAX_BATCH = 64

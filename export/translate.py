@@ -27,7 +27,7 @@ import sys
 
 from export.errors import missing_saved_model
 from keras_transformer.config import TransformerConfig
-from keras_transformer.constants import UTF8_BOM
+from keras_transformer.constants import MAX_BEAM_SIZE, UTF8_BOM
 from keras_transformer.console import OneLineArgumentParser, PositiveInt, harmless_lines_dropped, stdout_failed
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
@@ -44,13 +44,14 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
     parser.add_argument("--beam-size", type=int, default=None,
-                        help="1..8 (default: the export's own, recorded in its assets.extra/keras_transformer.json; "
+                        help=f"1..{MAX_BEAM_SIZE} (default: the export's own, recorded in its "
+                             f"assets.extra/keras_transformer.json; "
                              f"{PAPER.beam_size} for exports older than that file)")
     parser.add_argument("--alpha", type=float, default=None,
                         help=f"length penalty exponent (default: the export's own; {PAPER.length_penalty_alpha} "
                              f"for older exports)")
     parser.add_argument("--n-best", type=int, action=PositiveInt, default=1,
-                        help="print the n best, tab-separated with scores")
+                        help="print the n best, tab-separated with scores (at most the beam size)")
     parser.add_argument("--patience", type=float, default=None,
                         help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
                              "does (faster, not exact; default: the export's own, the exact search unless "
@@ -62,6 +63,17 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
+    # translate_options clips what it cannot run (a server must answer): here the user hears it.
+    # (--beam-size 0 had translated with beam 1, --beam-size 20 with 8, --n-best 9 printed 4.)
+    if args.beam_size is not None and not 1 <= args.beam_size <= MAX_BEAM_SIZE:
+        parser.error(f"--beam-size must be 1..{MAX_BEAM_SIZE} (the beams the export's translate_options "
+                     f"runs), got {args.beam_size}")
+    if args.n_best > MAX_BEAM_SIZE:
+        parser.error(f"--n-best must be 1..{MAX_BEAM_SIZE} (the results of the export's largest beam), "
+                     f"got {args.n_best}")
+    if args.beam_size is not None and args.n_best > args.beam_size:
+        parser.error(f"--n-best {args.n_best} asks for more results than --beam-size {args.beam_size} keeps; "
+                     f"give a larger beam or fewer results")
 
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
@@ -102,6 +114,11 @@ def main(argv=None) -> int:
 
     recorded = read_export_config(args.saved_model)
     defaults, default_patience = recorded or (PAPER, 0.0)
+    if args.beam_size is None and args.n_best > min(defaults.beam_size, MAX_BEAM_SIZE):
+        print(f"export.translate: error: --n-best {args.n_best} asks for more results than the export's beam "
+              f"of {defaults.beam_size} keeps; give --beam-size {args.n_best} (at most {MAX_BEAM_SIZE}) or "
+              f"fewer results", file=sys.stderr)
+        return 2
     patience_value = default_patience if args.patience is None else args.patience
     patience = {"patience": tf.constant(patience_value, tf.float32)} if has_patience else {}
 

@@ -15,6 +15,11 @@ EOS_ID = 3
 # of text (corpora, CoNLL-U, export.translate's stdin) skip it.
 UTF8_BOM = b"\xef\xbb\xbf"
 
+# The largest beam of an export's `translate_options` signature: one search takes the beam
+# size at run time (`beam_search(max_beam_size=...)`), larger requests are clipped to it, and
+# `export.translate` refuses them.
+MAX_BEAM_SIZE = 8
+
 # A large negative number used instead of -inf for masked attention logits and
 # dead beams: -inf produces NaN in `inf - inf` and in softmax of an all-masked
 # row, a finite value does not.

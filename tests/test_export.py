@@ -311,6 +311,13 @@ def test_translate_command_takes_its_defaults_from_the_export(exported, loaded, 
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(GOLDEN) and all(len(line.split("\t")) == 4 for line in lines)  # 2 x (text, score)
     assert optimizer_options == []
+    # More results than the export's beam keeps: refused in one line, nothing translated (the
+    # signature clips them, so --n-best 3 had printed 2 results a line).
+    assert translate.main(["--saved-model", str(other), "--n-best", "3"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(calls) == 1
+    assert captured.err == ("export.translate: error: --n-best 3 asks for more results than the export's beam of 2 "
+                            "keeps; give --beam-size 3 (at most 8) or fewer results\n")
 
 
 def test_translate_command_stops_quietly_for_a_closed_pipe_and_in_one_line_for_a_full_disk(exported, loaded,
@@ -1016,6 +1023,15 @@ def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsy
         (translate.main, ["--saved-model", str(tmp_path), "--batch-size", "0"],
          "--batch-size must be a positive integer, got 0"),  # it sent all of stdin as one request
         (translate.main, ["--saved-model", str(tmp_path), "--n-best", "-1"], "--n-best must be a positive integer"),
+        # what translate_options would clip, refused before TensorFlow loads (--beam-size 0 had
+        # translated with beam 1, --beam-size 20 with 8, --n-best 9 had printed 4 results a line)
+        (translate.main, ["--saved-model", str(tmp_path), "--beam-size", "0"],
+         "--beam-size must be 1..8 (the beams the export's translate_options runs), got 0"),
+        (translate.main, ["--saved-model", str(tmp_path), "--beam-size", "20"], "--beam-size must be 1..8"),
+        (translate.main, ["--saved-model", str(tmp_path), "--n-best", "9"],
+         "--n-best must be 1..8 (the results of the export's largest beam), got 9"),
+        (translate.main, ["--saved-model", str(tmp_path), "--n-best", "5", "--beam-size", "3"],
+         "--n-best 5 asks for more results than --beam-size 3 keeps; give a larger beam or fewer results"),
         # an output that cannot be written, refused before the conversion (it failed after it, "[Errno 17] File exists")
         (tflite.main, ["--saved-model", str(foreign), "--output", str(tmp_path / "model.tflite" / "m.tflite")],
          f"--output {tmp_path / 'model.tflite' / 'm.tflite'}: {tmp_path / 'model.tflite'} is a file, not a directory"),
