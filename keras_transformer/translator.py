@@ -25,6 +25,8 @@ signature, which `export.translate` and the speed benchmark call.
 
 from __future__ import annotations
 
+import numbers
+
 import tensorflow as tf
 import tensorflow_text as tf_text
 
@@ -269,7 +271,12 @@ class Translator:
         same translations. A syntax-aware model takes CoNLL-U sentences and
         always runs the plain graph."""
         xla = xla and not self.config.syntax_aware
-        beam_size = beam_size or self.config.beam_size
+        # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
+        beam_size = self.config.beam_size if beam_size is None else beam_size
+        for name, value in (("beam_size", beam_size), ("num_results", num_results)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        beam_size, num_results = int(beam_size), int(num_results)
         alpha = self.config.length_penalty_alpha if alpha is None else alpha
         key = (beam_size, num_results, bool(xla))
         if key not in self._functions:

@@ -143,6 +143,16 @@ def test_translate_takes_a_list_of_sentences_and_names_anything_else(exported):
                          (tf.constant("a house"), "a 1-D string tensor, got string of shape ()")):
         with pytest.raises(TypeError, match=re.escape(message)):
             translator.translate(bad)
+    # A beam of 0 searched with the config's beam (`beam_size or ...`); 2.5 was named as a
+    # tensor beam without `max_beam_size`.
+    for options, message in (({"beam_size": 0}, "beam_size must be a positive int, got 0"),
+                             ({"beam_size": 2.5}, "beam_size must be a positive int, got 2.5"),
+                             ({"num_results": True}, "num_results must be a positive int, got True"),
+                             ({"beam_size": 2, "num_results": 3}, "num_results must be a python int in "
+                                                                  "[1, beam_size=2], got 3")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            translator.translate(GOLDEN[:1], xla=False, **options)
+    assert translator.translate(GOLDEN[:2], beam_size=np.int64(4), xla=False) == want  # NumPy ints are ints
 
 
 def test_fresh_process_with_only_tensorflow_translates_as_in_process(exported, export_processes):
