@@ -150,10 +150,10 @@ def main(argv=None) -> int:
         print(f"train.py: error: {where}{write_failure(error)}. Free space (or fix the permissions) and rerun the "
               f"same command: it resumes from the newest complete checkpoint", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a second Ctrl-C/SIGTERM: quit at once, no new checkpoint
-        print("train.py: interrupted; run the same command again to resume from the newest complete "
-              "checkpoint", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:  # a second Ctrl-C/SIGTERM in training: quit at once, no new checkpoint;
+        # or one while final.weights.h5 or the export was written: their temporary files removed
+        return console.interrupted("train.py", error, "run the same command again to resume from the newest "
+                                                      "complete checkpoint")
     print(json.dumps(results), flush=True)
     return 0
 

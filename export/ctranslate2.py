@@ -96,7 +96,7 @@ import shutil
 import sys
 
 from keras_transformer.config import TransformerConfig  # first: the package imports TensorFlow (quietly)
-from keras_transformer.console import OneLineArgumentParser, PositiveInt
+from keras_transformer.console import OneLineArgumentParser, PositiveInt, interrupted, sigterm_raises
 from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 from keras_transformer.constants import BOS_ID, EOS_ID, UNK_ID
 from keras_transformer.layers import sinusoidal_encoding
@@ -307,21 +307,22 @@ def convert(model, config: TransformerConfig, tokenizer, output_dir, quantizatio
     staging = output.parent / f".{output.name}.tmp-{os.getpid()}"
     retired = output.parent / f".{output.name}.old-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    try:
-        KerasTransformerConverter(model, config, tokenizer).convert(str(staging), quantization=quantization)
-        (staging / TOKENIZER_FILE).write_bytes(tokenizer.model_bytes)
-        if output.exists():
-            # Two renames: the old model stays whole until the new one is in place.
-            os.rename(output, retired)
-        os.rename(staging, output)  # atomic on one file system
-    except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        if retired.exists() and not output.exists():
-            os.rename(retired, output)
-        if isinstance(error, OSError):  # a full disk said only "[Errno 28] No space left on device"
-            raise ExportWriteError(f"cannot write {output}: {write_failure(error)}; nothing was left there"
-                                   + (" (the model that was there is unchanged)" if output.exists() else "")) from None
-        raise
+    with sigterm_raises():  # a SIGTERM while converting removes the staging directory, as Ctrl-C does
+        try:
+            KerasTransformerConverter(model, config, tokenizer).convert(str(staging), quantization=quantization)
+            (staging / TOKENIZER_FILE).write_bytes(tokenizer.model_bytes)
+            if output.exists():
+                # Two renames: the old model stays whole until the new one is in place.
+                os.rename(output, retired)
+            os.rename(staging, output)  # atomic on one file system
+        except BaseException as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            if retired.exists() and not output.exists():
+                os.rename(retired, output)
+            if isinstance(error, OSError):  # a full disk said only "[Errno 28] No space left on device"
+                raise ExportWriteError(f"cannot write {output}: {write_failure(error)}; nothing was left there"
+                                       + (" (the model that was there is unchanged)" if output.exists() else "")) from None
+            raise
     shutil.rmtree(retired, ignore_errors=True)
     return output
 
@@ -391,6 +392,8 @@ def main(argv=None) -> int:
     except (RunError, TokenizerError, OSError, ConversionError) as error:  # OSError: FileExistsError, permissions
         print(f"export.ctranslate2: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM while it wrote (it was a traceback)
+        return interrupted("export.ctranslate2", error, f"{args.output} was left as it was")
     print(path)
     return 0
 

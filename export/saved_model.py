@@ -70,7 +70,7 @@ import sys
 
 from export.errors import ExportWriteError, output_problem
 from keras_transformer.config import TransformerConfig
-from keras_transformer.console import OneLineArgumentParser, PositiveInt
+from keras_transformer.console import OneLineArgumentParser, PositiveInt, interrupted, sigterm_raises
 from keras_transformer.constants import MAX_BEAM_SIZE
 from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
@@ -345,26 +345,27 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
     module = TranslationModule(model, config, tokenizer_model, patience=patience)
     staging = output / f".tmp-{version}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    try:
-        signatures = module.signatures()
-        if only_signatures is not None:
-            signatures = {name: function for name, function in signatures.items()
-                          if name in {SERVING_DEFAULT, *only_signatures}}
-        tf.saved_model.save(module, str(staging), signatures=signatures)
-        if xla_warmup and config.syntax_aware:
-            raise ValueError("--xla-warmup: a syntax-aware model has no translate_xla signature")
-        xla_texts = [text for _, text in bucket_warmup_texts(tokenizer_model, config)] if xla_warmup else None
-        options = options_warmup_inputs(config, patience) if OPTIONS_SIGNATURE in signatures else None
-        write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware, options=options)
-        write_export_config(staging, config, patience)
-        os.rename(staging, final)  # atomic on one file system
-    except (OSError, tf.errors.OpError) as error:  # a full disk, no permission: one line, not TF's traceback
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ExportWriteError(f"cannot write the export {final}: {write_failure(error)}; nothing was left "
-                               f"in {output}") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with sigterm_raises():  # a SIGTERM while writing removes the staging directory, as Ctrl-C does
+        try:
+            signatures = module.signatures()
+            if only_signatures is not None:
+                signatures = {name: function for name, function in signatures.items()
+                              if name in {SERVING_DEFAULT, *only_signatures}}
+            tf.saved_model.save(module, str(staging), signatures=signatures)
+            if xla_warmup and config.syntax_aware:
+                raise ValueError("--xla-warmup: a syntax-aware model has no translate_xla signature")
+            xla_texts = [text for _, text in bucket_warmup_texts(tokenizer_model, config)] if xla_warmup else None
+            options = options_warmup_inputs(config, patience) if OPTIONS_SIGNATURE in signatures else None
+            write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware, options=options)
+            write_export_config(staging, config, patience)
+            os.rename(staging, final)  # atomic on one file system
+        except (OSError, tf.errors.OpError) as error:  # a full disk, no permission: one line, not TF's traceback
+            shutil.rmtree(staging, ignore_errors=True)
+            raise ExportWriteError(f"cannot write the export {final}: {write_failure(error)}; nothing was left "
+                                   f"in {output}") from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return final
 
 
@@ -402,6 +403,8 @@ def main(argv=None) -> int:
     except (RunError, TokenizerError, OSError, ValueError) as error:  # OSError: FileExistsError, permissions
         print(f"export.saved_model: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM while it wrote (it was a traceback)
+        return interrupted("export.saved_model", error, f"no version was added to {args.output}")
     print(path)
     return 0
 

@@ -26,6 +26,7 @@ import re
 import shutil
 
 from keras_transformer.config import SCHEDULE_ONLY_FIELDS, TransformerConfig
+from keras_transformer.console import sigterm_raises
 
 RUN_FILE = "run.json"
 HISTORY_FILE = "history.csv"
@@ -323,14 +324,18 @@ def save_final_weights(model, config, model_dir) -> pathlib.Path:
     final = build_transformer(config)
     final.set_weights(weights)
     tmp = path.with_name(f".{path.name.removesuffix('.weights.h5')}.tmp-{os.getpid()}.weights.h5")
-    try:
-        final.save_weights(tmp)
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as error:  # h5py raises both
-        tmp.unlink(missing_ok=True)
-        raise RunError(f"cannot write {path}: {write_failure(error)}; "
-                       f"the checkpoints are complete. Free space (or fix the permissions) and rerun the same "
-                       f"command: it averages them again") from None
+    with sigterm_raises():  # a SIGTERM or Ctrl-C while writing removes the temporary file (named by the pid)
+        try:
+            final.save_weights(tmp)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as error:  # h5py raises both
+            tmp.unlink(missing_ok=True)
+            raise RunError(f"cannot write {path}: {write_failure(error)}; "
+                           f"the checkpoints are complete. Free space (or fix the permissions) and rerun the same "
+                           f"command: it averages them again") from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     return path
 
 

@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+from keras_transformer.console import Terminated
+
 
 class Interrupted(Exception):
     """Raised inside `fit` after a step when a stop signal arrived."""
@@ -67,7 +69,7 @@ class StopSignals:
 
     def _handle(self, signum, frame):
         if self.received is not None:  # a second SIGTERM/Ctrl-C quits at once
-            raise KeyboardInterrupt
+            raise Terminated("SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt
         self.received = signal.Signals(signum).name
         print(f"\n{self.received} received: stopping after the current step and writing a checkpoint "
               f"(Ctrl-C again to quit at once)", file=sys.stderr, flush=True)

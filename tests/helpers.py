@@ -118,3 +118,21 @@ def full_disk_writes(monkeypatch, keep=1000):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(pathlib.Path, "write_bytes", full_disk)
+
+
+def sigterm_self():
+    """Sends SIGTERM to this process, as `kill PID` does, from the main thread (elsewhere the
+    handler of `console.sigterm_raises` is not installed and the signal would end the test
+    worker), and waits for the handler to raise `console.Terminated` at the next bytecode."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from keras_transformer.console import _raise_terminated
+
+    assert threading.current_thread() is threading.main_thread()
+    assert signal.getsignal(signal.SIGTERM) is _raise_terminated, "not inside console.sigterm_raises"
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+    raise AssertionError("SIGTERM did not raise Terminated")

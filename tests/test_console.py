@@ -56,3 +56,47 @@ def test_onednns_once_per_process_fallback_notice_is_said_and_dropped_ahead_of_t
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == "64 (3, 2)\n"
     assert not [line for line in result.stderr.splitlines() if ONEDNN_FALLBACK_LINES[0] in line], result.stderr
+
+
+def test_sigterm_raises_terminated_inside_the_block_only_and_names_it_in_one_line(capsys):
+    """`console.sigterm_raises`: a SIGTERM inside the block raises `Terminated` (a
+    KeyboardInterrupt, so Ctrl-C's clean-up handles it); the previous handler is back after the
+    block, an ignored SIGTERM stays ignored, and another thread's block changes nothing."""
+    import signal
+    import threading
+    import time
+
+    from helpers import sigterm_self
+
+    from keras_transformer.console import Terminated, interrupted, sigterm_raises
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated):
+        with sigterm_raises():
+            sigterm_self()
+    assert signal.getsignal(signal.SIGTERM) is before and issubclass(Terminated, KeyboardInterrupt)
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # e.g. under a parent that ignores it
+    try:
+        with sigterm_raises():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # ignored: nothing raised
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+    seen = []
+
+    def elsewhere():
+        with sigterm_raises():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert seen == [before]
+
+    assert interrupted("export.x", Terminated("SIGTERM"), "nothing was left in OUT") == 143
+    assert interrupted("export.x", KeyboardInterrupt(), "nothing was left in OUT") == 130
+    assert capsys.readouterr().err == ("export.x: interrupted by SIGTERM; nothing was left in OUT\n"
+                                       "export.x: interrupted by Ctrl-C; nothing was left in OUT\n")

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import sentencepiece
 import tensorflow as tf
-from helpers import WORDS_DE, WORDS_EN, full_disk_writes
+from helpers import WORDS_DE, WORDS_EN, full_disk_writes, sigterm_self
 
 from export.ctranslate2 import (MODEL_FILE, TOKENIZER_FILE, ConversionError, convert, main,
                                 translation_options)
@@ -220,6 +221,26 @@ def test_output_is_replaced_only_when_forced_and_never_half_written(toy, tmp_pat
                                "model that was there is unchanged)"
     assert (output / MODEL_FILE).read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "notes"]  # no temporary directories
+
+
+def test_a_sigterm_while_converting_leaves_no_temporary_directory_and_the_old_model(toy, tmp_path, capsys):
+    """A SIGTERM had ended the process at once, leaving `.model.tmp-PID` beside the output (a
+    new one at every such stop); the command now removes it, keeps the model that was there
+    and says so in one line, exit 143 (128 + SIGTERM)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tokenizer.model").write_bytes(toy["tokenizer"].model_bytes)
+    check_run_file(run, toy["config"], toy["tokenizer"], {"data": "toy", "source_lang": "en", "target_lang": "de"})
+    toy["model"].save_weights(run / FINAL_WEIGHTS)
+    output = tmp_path / "ct2"
+    shutil.copytree(toy["output"], output)
+    before = (output / MODEL_FILE).read_bytes()
+    with pytest.MonkeyPatch.context() as patch:  # `kill PID` after model.bin, at the tokenizer's copy
+        patch.setattr(pathlib.Path, "write_bytes", lambda self, data: sigterm_self())
+        assert main(["--model-dir", str(run), "--output", str(output), "--force"]) == 143
+    assert capsys.readouterr().err == f"export.ctranslate2: interrupted by SIGTERM; {output} was left as it was\n"
+    assert (output / MODEL_FILE).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "run"]  # no temporary directories
 
 
 def test_command_line_converts_a_run_directory(toy, tmp_path, capsys):

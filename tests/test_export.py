@@ -7,6 +7,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -991,6 +992,23 @@ def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch)
     assert str(error.value) == f"cannot write the export {output / '2'}: No space left on device; nothing was " \
                                f"left in {output}"
     assert sorted(p.name for p in output.iterdir()) == ["1"]
+
+    # SIGTERM midway had ended the process at once, leaving `.tmp-2-PID` (8 MB for `tiny`, a new
+    # one at every such stop): it now raises Terminated, which removes the staging directory.
+    from helpers import sigterm_self
+    from keras_transformer.console import Terminated
+
+    def terminated_midway(obj, path, **kwargs):
+        real_save(tf.Module(), path)
+        sigterm_self()
+
+    monkeypatch.setattr(tf.saved_model, "save", terminated_midway)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated):
+        export_model(model, config, tokenizer, output)
+    monkeypatch.undo()
+    assert sorted(p.name for p in output.iterdir()) == ["1"]
+    assert signal.getsignal(signal.SIGTERM) is handler  # put back after the export
 
 
 def test_a_litert_model_that_cannot_be_written_leaves_no_partial_file(tmp_path, monkeypatch):

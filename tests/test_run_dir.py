@@ -189,6 +189,21 @@ def test_final_weights_hold_the_model_only_and_a_full_disk_is_refused_before_wri
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == [run_dir.FINAL_WEIGHTS] and path.read_bytes() == before
 
+    # SIGTERM midway (`kill PID`, a scheduler's preemption) had ended the process at once, leaving
+    # `.final.tmp-PID.weights.h5`, a new one at each such stop; now it is removed, as for Ctrl-C.
+    from helpers import sigterm_self
+    from keras_transformer.console import Terminated
+
+    def terminated(self, filepath, *args, **kwargs):
+        pathlib.Path(filepath).write_bytes(b"HDF5 cut short")
+        sigterm_self()
+
+    monkeypatch.setattr(keras.Model, "save_weights", terminated)
+    with pytest.raises(Terminated):
+        run_dir.save_final_weights(model, config, tmp_path)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [run_dir.FINAL_WEIGHTS] and path.read_bytes() == before
+
 
 def test_write_failure_is_the_systems_reason_without_tensorflows_wrapping():
     import tensorflow as tf
