@@ -32,7 +32,7 @@ import sys
 from export.errors import ConversionError, ExportWriteError, missing_saved_model, output_problem
 from export.op_audit import audit_tflite
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
-from keras_transformer.console import OneLineArgumentParser, harmless_lines_dropped, stdout_failed
+from keras_transformer.console import OneLineArgumentParser, harmless_lines_dropped, interrupted, stdout_failed
 from keras_transformer.run_dir import write_bytes_atomically
 
 # --quantize choices: weights as trained; float16 weights (dequantized to
@@ -140,6 +140,8 @@ def main(argv=None) -> int:
     except (ConversionError, OSError) as error:  # OSError: the output cannot be written
         print(f"export.tflite: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as error:  # Ctrl-C in the conversion's minutes (it was a traceback)
+        return interrupted("export.tflite", error, f"{args.output} was left as it was")
     print(path, file=sys.stderr)
     if args.translate:
         lines = [line.rstrip("\n") for line in sys.stdin]

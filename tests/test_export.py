@@ -1011,7 +1011,7 @@ def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch)
     assert signal.getsignal(signal.SIGTERM) is handler  # put back after the export
 
 
-def test_a_litert_model_that_cannot_be_written_leaves_no_partial_file(tmp_path, monkeypatch):
+def test_a_litert_model_that_cannot_be_written_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
     """export.tflite on a full disk (a 3 MB tmpfs, by hand) said `[Errno 28] No space left on
     device` and kept 3 MB of `m.tflite.tmp` on that disk."""
     from export.tflite import write_model
@@ -1027,6 +1027,21 @@ def test_a_litert_model_that_cannot_be_written_leaves_no_partial_file(tmp_path, 
                                "was left there"
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["m.tflite"]
     assert (tmp_path / "out" / "m.tflite").read_bytes() == flatbuffer  # the previous model, untouched
+
+    # Ctrl-C in the conversion's minutes was a KeyboardInterrupt traceback: now one line, exit 130.
+    from export import tflite
+
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "saved_model.pb").write_bytes(b"")  # what the command checks before converting
+
+    def interrupted_conversion(saved_model, output, quantize):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tflite, "convert", interrupted_conversion)
+    output = tmp_path / "out" / "m.tflite"
+    assert tflite.main(["--saved-model", str(tmp_path / "1"), "--output", str(output)]) == 130
+    assert capsys.readouterr().err == f"export.tflite: interrupted by Ctrl-C; {output} was left as it was\n"
+    assert output.read_bytes() == flatbuffer
 
 
 def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsys):
