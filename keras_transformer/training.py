@@ -345,6 +345,7 @@ def _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run):
     if chief:
         store = CheckpointStore(chief_checkpoints, model, model.optimizer, tokenizer.sha256,
                                 max_to_keep=run.keep_checkpoints + 1)
+        store.remove_unfinished_saves()
         return store, store.restore_latest(), None
     # Every worker saves (TensorFlow's rule for multi-worker checkpoints), a
     # non-chief into its own directory, removed at the end; all resume from

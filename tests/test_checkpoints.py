@@ -165,3 +165,33 @@ def test_a_save_that_tensorflow_fails_mid_write_leaves_no_partial_files(tmp_path
                                                           "ckpt-5.index"]
     model2, optimizer2 = fresh()
     assert CheckpointStore(tmp_path, model2, optimizer2, "hash").restore_latest() == 5
+
+
+def test_what_a_killed_save_left_is_removed_and_listed_checkpoints_are_kept(tmp_path):
+    """A SIGKILL mid-save (by hand: `train.py` killed as `ckpt-20.index` appeared) left the files
+    of a checkpoint the state file does not list, or `ckpt-N_temp/`. The chief removes them before
+    it resumes; listed checkpoints, and unlisted files older than the newest listed one (a lost
+    state file is no reason to delete checkpoints), stay."""
+    import os
+    import shutil
+
+    model, optimizer = fresh()
+    store = CheckpointStore(tmp_path, model, optimizer, "hash")
+    for step in (5, 10):
+        optimizer.iterations.assign(step)
+        store.save(step)
+    os.mkdir(tmp_path / "ckpt-9_temp")
+    (tmp_path / "ckpt-9_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"partial")
+    for name in ("ckpt-10.index", "ckpt-10.data-00000-of-00001"):  # a complete save, never listed
+        shutil.copy(tmp_path / name, tmp_path / name.replace("ckpt-10", "ckpt-13"))
+        shutil.copy(tmp_path / name, tmp_path / name.replace("ckpt-10", "ckpt-3"))
+    os.mkdir(tmp_path / "ckpt-13_temp")
+    (tmp_path / "ckpt-7.txt").write_text("not a checkpoint file")
+    store = CheckpointStore(tmp_path, *fresh(), "hash")
+    assert store.remove_unfinished_saves() == ["ckpt-13.data-00000-of-00001", "ckpt-13.index", "ckpt-13_temp",
+                                               "ckpt-9_temp"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "ckpt-10.data-00000-of-00001", "ckpt-10.index",
+                                            "ckpt-3.data-00000-of-00001", "ckpt-3.index",
+                                            "ckpt-5.data-00000-of-00001", "ckpt-5.index", "ckpt-7.txt"]
+    assert store.restore_latest() == 10 and store.remove_unfinished_saves() == []
+    assert CheckpointStore(tmp_path / "none", *fresh(), "hash").remove_unfinished_saves() == []

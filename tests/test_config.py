@@ -101,6 +101,27 @@ def test_readme_option_table_is_the_generated_one():
     assert table == options_table()
 
 
+def test_every_test_the_documents_name_is_a_test_where_they_say():
+    """README's "What can go wrong" rows and BENCHMARKS.md name the tests behind what they
+    claim; two README rows named tests that had been renamed since
+    (`test_sigkill_after_first_checkpoint_then_resume`, `test_sigterm_checkpoints_exits_0_and_resumes`).
+    Each `[tests/]FILE::test_name` is a test function of that file, each bare `test_name` one of tests/."""
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sources = {path.relative_to(root / "tests").as_posix(): path.read_text(encoding="utf-8")
+               for path in (root / "tests").rglob("test_*.py")}
+    checked = 0
+    for document in ("README.md", "BENCHMARKS.md"):
+        text = (root / document).read_text(encoding="utf-8")
+        for file, name in re.findall(r"`(?:(?:tests/)?([\w/]+\.py)::)?(test_\w+)(?:\[[^\]`]*\])?`", text):
+            where = {file: sources.get(file, "")} if file else sources
+            assert any(re.search(rf"^def {name}\(", source, re.M) for source in where.values()), (
+                f"{document} names {file + '::' if file else ''}{name}, which is no test there")
+            checked += 1
+    assert checked > 50
+
+
 def test_options_cover_every_field_and_show_each_presets_default(capsys):
     """Every TrainingConfig field is a flag (syntax and model through their own flags),
     with its help and, where the presets differ, each preset's default as `create` makes it."""
