@@ -110,7 +110,12 @@ class CheckpointStore:
                 continue
             if match.group(2) == "_temp" or (newest is not None and int(match.group(1)) > newest):
                 path = os.path.join(self.directory, name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+                try:
+                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+                except OSError as error:  # left, as before: nothing reads it
+                    log.warning("could not remove %s, left by a checkpoint save that did not finish: %s",
+                                path, error)
+                    continue
                 removed.append(name)
         if removed:
             log.warning("removed %s: left by a checkpoint save that did not finish (the process was killed)",
