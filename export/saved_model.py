@@ -334,6 +334,9 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
             see the module docstring).
     """
     output = pathlib.Path(output)
+    if version is not None and int(version) < 0:  # (`--version -1` wrote export/-1, which TF Serving never loads)
+        raise ValueError(f"version must be >= 0: TF Serving loads only versions named by a non-negative "
+                         f"integer, got {version}")
     output.mkdir(parents=True, exist_ok=True)
     version = next_version(output) if version is None else int(version)
     final = output / str(version)
@@ -389,6 +392,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.patience < 0:
         parser.error(f"--patience must be >= 0 (0: the exact search), got {args.patience}")
+    if args.version is not None and args.version < 0:  # before loading and tracing
+        parser.error(f"--version must be >= 0 (TF Serving loads only non-negative integer versions), "
+                     f"got {args.version}")
     unwritable = output_problem(args.output, directory=True)  # before loading and tracing, not after
     if unwritable:
         print(f"export.saved_model: error: --output {unwritable}", file=sys.stderr)

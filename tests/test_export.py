@@ -980,6 +980,10 @@ def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch)
     assert next_version(output) == 2
     with pytest.raises(FileExistsError, match="versions are immutable"):
         export_model(model, config, tokenizer, output, version=1)
+    with pytest.raises(ValueError, match=r"^version must be >= 0: TF Serving loads only versions named by a "
+                                         r"non-negative integer, got -1$"):
+        export_model(model, config, tokenizer, output, version=-1)  # it wrote output/-1
+    assert sorted(p.name for p in output.iterdir()) == ["1"]
 
     def full_disk(obj, path, **kwargs):  # as TensorFlow fails on a full disk (a tmpfs, by hand): a traceback
         real_save(tf.Module(), path)
@@ -1082,6 +1086,8 @@ def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsy
          f"--output {tmp_path / 'model.tflite' / 'export'}: {tmp_path / 'model.tflite'} is a file, not a directory"),
         (saved_model.main, ["--model-dir", str(tmp_path), "--output", str(tmp_path), "--patience", "-1"],
          "--patience must be >= 0 (0: the exact search), got -1.0"),
+        (saved_model.main, ["--model-dir", str(tmp_path), "--output", str(tmp_path), "--version", "-1"],
+         "--version must be >= 0 (TF Serving loads only non-negative integer versions), got -1"),  # wrote -1/
         (saved_model_cli.main, ["run", "--dir", str(tmp_path / "missing"), "--tag_set", "serve"],
          f"--dir {tmp_path / 'missing'}: no saved_model.pb there"),  # the stock tool: an OSError traceback
         (saved_model_cli.main, ["show", f"--dir={tmp_path}"], f"--dir {tmp_path}: no saved_model.pb there"),
