@@ -205,3 +205,28 @@ def test_the_cli_takes_a_budget_in_updates(tmp_path, capsys):
         parsing.main([*argv[:-1], "-3"])
     assert exit_info.value.code == 2
     assert "--max-steps must be >= 0 (0: no limit), got -3" in capsys.readouterr().err
+
+
+def test_a_spent_budget_ends_training_at_the_next_epoch(tmp_path, monkeypatch, capsys):
+    """Once `--max-minutes` had passed, every epoch was empty but spaCy's loop still shuffled the
+    training examples for each of the up to 10,000 epochs left: ~67 s after a UD-EWT budget
+    (12,544 sentences) on a 2-vCPU EPYC, where a 1-minute budget then took 2.4 minutes in all.
+    Now the first epoch that starts after the deadline ends training. Here the budget is spent
+    before the first update: one shuffle, then the one-line error that no evaluation ran."""
+    import spacy.training.loop
+
+    shuffles = []
+    real_shuffle = spacy.training.loop.random.shuffle
+    monkeypatch.setattr(spacy.training.loop.random, "shuffle", lambda x: shuffles.append(1) or real_shuffle(x))
+    treebank = write_treebank(tmp_path / "treebank", train=40, dev=5, test=5)
+    with pytest.raises(parsing.ParserError, match=r"training ended before its first evaluation \(max_minutes=1e-09"):
+        parsing.train_parser(treebank, tmp_path / "p", max_minutes=1e-9, log=lambda line: None, verbose=False)
+    assert len(shuffles) == 1
+    # The command refuses a budget that is spent before it starts (-1 had shuffled for ~2 minutes, then failed).
+    for minutes in ("0", "-1"):
+        with pytest.raises(SystemExit) as exit_info:
+            parsing.main(["train", "--treebank", str(treebank), "--output", str(tmp_path / "q"), "--max-minutes",
+                          minutes])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err == (f"keras_transformer.parsing: error: --max-minutes must be > 0, got "
+                                           f"{float(minutes)} (see --help)\n")
