@@ -320,8 +320,9 @@ def convert(model, config: TransformerConfig, tokenizer, output_dir, quantizatio
             if retired.exists() and not output.exists():
                 os.rename(retired, output)
             if isinstance(error, OSError):  # a full disk said only "[Errno 28] No space left on device"
-                raise ExportWriteError(f"cannot write {output}: {write_failure(error)}; nothing was left there"
-                                       + (" (the model that was there is unchanged)" if output.exists() else "")) from None
+                unchanged = " (the model that was there is unchanged)" if output.exists() else ""
+                raise ExportWriteError(f"cannot write {output}: {write_failure(error)}; nothing was left "
+                                       f"there{unchanged}") from None
             raise
     shutil.rmtree(retired, ignore_errors=True)
     return output
@@ -387,7 +388,9 @@ def main(argv=None) -> int:
     from keras_transformer.run_dir import RunError, load_trained
 
     try:
-        model, config, tokenizer = load_trained(args.model_dir, average=args.average)
+        model, config, tokenizer = load_trained(args.model_dir, average=args.average,
+                                                log=lambda line: print(f"export.ctranslate2: {line}",
+                                                                       file=sys.stderr))
         path = convert(model, config, tokenizer, args.output, args.quantization, args.force)
     except (RunError, TokenizerError, OSError, ConversionError) as error:  # OSError: FileExistsError, permissions
         print(f"export.ctranslate2: error: {error}", file=sys.stderr)

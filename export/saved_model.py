@@ -403,7 +403,9 @@ def main(argv=None) -> int:
     from keras_transformer.run_dir import RunError, load_trained
 
     try:
-        model, config, tokenizer = load_trained(args.model_dir, average=args.average)
+        model, config, tokenizer = load_trained(args.model_dir, average=args.average,
+                                                log=lambda line: print(f"export.saved_model: {line}",
+                                                                       file=sys.stderr))
         path = export_model(model, config, tokenizer, args.output, args.version, xla_warmup=args.xla_warmup,
                             patience=args.patience)
     except (RunError, TokenizerError, OSError, ValueError) as error:  # OSError: FileExistsError, permissions

@@ -240,10 +240,12 @@ def check_run_tokenizer(model_dir, tokenizer) -> None:
                        f"restore the run's tokenizer.model or use a new --model-dir")
 
 
-def load_trained(model_dir, average=None):
+def load_trained(model_dir, average=None, log=None):
     """Model, config and tokenizer of a `train.py` model directory: its averaged weights
     (`final.weights.h5`), or with `average=K` the mean of its newest K checkpoints
-    (`checkpoint_model`: a run still training, or another K than the run averaged).
+    (`checkpoint_model`: a run still training, or another K than the run averaged), then
+    `log("averaged N checkpoint(s): NAMES")` when `log` is given, with the count the run
+    keeps when it is below K (the exports' `--average 10` had averaged 4 without a word).
 
     Raises `RunError` (or `TokenizerError`) in one line when something is missing
     or does not belong to the run.
@@ -256,7 +258,11 @@ def load_trained(model_dir, average=None):
     check_run_tokenizer(model_dir, tokenizer)
     check_vocab_size(tokenizer, config.vocab_size)
     if average is not None:
-        return checkpoint_model(model_dir, config, tokenizer, average)[0], config, tokenizer
+        model, names = checkpoint_model(model_dir, config, tokenizer, average)
+        if log is not None:
+            fewer = f" ({average} asked; the run keeps {len(names)})" if len(names) < average else ""
+            log(f"averaged {len(names)} checkpoint(s): {', '.join(names)}{fewer}")
+        return model, config, tokenizer
     return final_model(model_dir, config), config, tokenizer
 
 

@@ -129,10 +129,15 @@ def test_exports_can_average_the_newest_checkpoints_instead_of_the_final_weights
     monkeypatch.setattr(ctranslate2, "convert", lambda model, *args, **kwargs: converted.append(values(model)))
     for main in (saved_model.main, ctranslate2.main):
         assert main(["--model-dir", str(model_dir), "--output", str(tmp_path / "out"), "--average", "2"]) == 0
+        assert capsys.readouterr().err == f"{main.__module__}: averaged 2 checkpoint(s): ckpt-20, ckpt-30\n"
+        # more than the run keeps: all three, and the command says so (it had said nothing)
+        assert main(["--model-dir", str(model_dir), "--output", str(tmp_path / "out"), "--average", "9"]) == 0
+        assert capsys.readouterr().err == (f"{main.__module__}: averaged 3 checkpoint(s): ckpt-10, ckpt-20, ckpt-30 "
+                                           f"(9 asked; the run keeps 3)\n")
         with pytest.raises(SystemExit):
             main(["--model-dir", str(model_dir), "--output", str(tmp_path / "out"), "--average", "0"])
         assert "--average must be a positive integer, got 0" in capsys.readouterr().err
-    assert converted == [[pytest.approx(3.0, abs=1e-6)]] * 2
+    assert converted == [[pytest.approx(3.0, abs=1e-6)], [pytest.approx(7 / 3, abs=1e-6)]] * 2
 
     # a checkpoint of another tokenizer is refused, as resuming refuses it
     other = Tokenizer.load(train_tokenizer(texts[::-1] + ["other words"] * 20, tmp_path / "other" / "tok", 40))
