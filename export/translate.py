@@ -34,6 +34,9 @@ from keras_transformer.console import OneLineArgumentParser, PositiveInt, harmle
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
 XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory="
 
+# Lines per request when stdin is not a terminal.
+BATCH_SIZE = 64
+
 # Exports made before `assets.extra/keras_transformer.json` recorded their config were all
 # built with the paper's decoding options (beam 4, alpha 0.6, +50).
 PAPER = TransformerConfig()
@@ -56,7 +59,9 @@ def main(argv=None) -> int:
                         help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
                              "does (faster, not exact; default: the export's own, the exact search unless "
                              "it was exported with --patience)")
-    parser.add_argument("--batch-size", type=int, action=PositiveInt, default=64, help="lines per request")
+    parser.add_argument("--batch-size", type=int, action=PositiveInt, default=None,
+                        help=f"lines per request (default {BATCH_SIZE}; 1 when stdin is a terminal, so that a "
+                             f"line typed is translated when Enter is pressed)")
     parser.add_argument("--no-xla", action="store_true",
                         help="call serving_default (plain TensorFlow, as TF Serving runs it) instead of "
                              "translate_xla")
@@ -162,6 +167,9 @@ def main(argv=None) -> int:
                 print("\t".join(f"{t.decode('utf-8')}\t{s:.4f}" for t, s in zip(row, scores)))
         report(out.get("errors"), done + 1)
 
+    # A terminal's lines one request each: with 64 a request, what a user typed was translated
+    # only after 64 lines or Ctrl-D.
+    batch_size = args.batch_size or (1 if sys.stdin.isatty() else BATCH_SIZE)
     batch, done = [], 0
     unit = "sentences" if source == "conllu" else "lines"
     stdin = sys.stdin.buffer
@@ -171,7 +179,7 @@ def main(argv=None) -> int:
         for item in (_conllu_blocks(stdin) if source == "conllu"
                      else (line.rstrip(b"\r\n") for line in stdin)):
             batch.append(item)
-            if len(batch) == args.batch_size:
+            if len(batch) == batch_size:
                 flush(batch)
                 done, batch = done + len(batch), []
         flush(batch)

@@ -331,6 +331,37 @@ def test_translate_command_takes_its_defaults_from_the_export(exported, loaded, 
                             "keeps; give --beam-size 3 (at most 8) or fewer results\n")
 
 
+def test_translate_command_answers_each_line_typed_at_a_terminal(exported, loaded, monkeypatch, capsys):
+    """With stdin a terminal, each line is translated as soon as it is typed (a request of one
+    line), not after 64 lines or Ctrl-D; piped input keeps its 64-line requests, and
+    `--batch-size` wins over both."""
+    from export import translate
+
+    def load(path):
+        assert pathlib.Path(path) == exported["path"]
+        return loaded
+
+    monkeypatch.setattr(tf.saved_model, "load", load)
+    want = [t.decode() for t in
+            loaded.signatures["serving_default"](text=tf.constant(GOLDEN[:3]))["translation"].numpy()]
+    for terminal, flags, printed in ((True, [], [0, 1, 1]), (False, [], [0, 0, 0]),
+                                     (True, ["--batch-size", "2"], [0, 0, 2])):
+        outputs = []
+
+        class Typed:  # what a user types, a line at a time: what was printed before each line is kept
+            def __iter__(self):
+                for line in GOLDEN[:3]:
+                    outputs.append(capsys.readouterr().out)
+                    yield (line + "\n").encode()
+
+        stdin = type("Stdin", (), {"buffer": Typed(), "isatty": lambda self, terminal=terminal: terminal})()
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert translate.main(["--saved-model", str(exported["path"]), "--no-xla", *flags]) == 0
+        outputs.append(capsys.readouterr().out)
+        assert [out.count("\n") for out in outputs[:3]] == printed, (terminal, flags)
+        assert "".join(outputs).splitlines() == want  # the same translations, however requested
+
+
 def test_translate_command_stops_quietly_for_a_closed_pipe_and_in_one_line_for_a_full_disk(exported, loaded,
                                                                                            tmp_path, monkeypatch,
                                                                                            capsys):
