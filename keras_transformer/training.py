@@ -214,6 +214,9 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     onednn = console.onednn_state()
     log.info("%d replica(s); %d steps in rounds of %d; resuming at step %d; TensorFlow's oneDNN kernels %s",
              strategy.num_replicas_in_sync, run.steps, run.checkpoint_every, start_step, onednn)
+    if start_step >= run.steps:  # (a rerun with a lower --steps said only "20 steps ...; resuming at step 40")
+        log.info("the run is at step %d, %s --steps %d: nothing to train; it is averaged and evaluated "
+                 "as it is", start_step, "past" if start_step > run.steps else "at", run.steps)
     if console.quiet_requested() and onednn == "on":
         console.say_onednn_fallback()  # said and dropped here, not among the first round's lines
 

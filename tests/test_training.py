@@ -5,6 +5,7 @@ decoding) and a few steps of `tiny`. The pieces on their own: test_config.py,
 test_callbacks.py, test_stop_signals.py, test_schedule.py, test_losses.py."""
 
 import json
+import logging
 import time
 
 import keras
@@ -116,7 +117,7 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(toy_data, tmp_pat
     assert all(np.isfinite(w).all() for w in model.get_weights())
 
 
-def test_resume_on_changed_data_needs_allow_data_change(tmp_path):
+def test_resume_on_changed_data_needs_allow_data_change(tmp_path, caplog):
     data = write_train_only(tmp_path / "data")
     model_dir = tmp_path / "run"
     train_and_evaluate(run_config(data, model_dir, steps=2))
@@ -138,8 +139,13 @@ def test_resume_on_changed_data_needs_allow_data_change(tmp_path):
     record = json.loads((model_dir / run_dir.RUN_FILE).read_text())
     assert record["previous_data"][0]["fingerprint"] == recorded
     assert record["data"]["fingerprint"]["splits"]["train"]["pairs"] == 161
-    # The new data is now the run's: resuming again needs no flag.
-    train_and_evaluate(run_config(data, model_dir, steps=4))
+    # The new data is now the run's: resuming again needs no flag. With a --steps below the step
+    # the run reached it trains nothing, and says so (it said "3 steps ...; resuming at step 4").
+    with caplog.at_level(logging.INFO, logger="keras_transformer.training"):
+        again = train_and_evaluate(run_config(data, model_dir, steps=3))
+    assert again.results["steps"] == 4 and [int(r["step"]) for r in run_dir.read_history(model_dir)] == [2, 4]
+    assert ("the run is at step 4, past --steps 3: nothing to train; it is averaged and evaluated as it "
+            "is") in caplog.messages
 
 
 def test_a_second_train_py_on_a_run_directory_in_use_is_refused(toy_data, tmp_path, monkeypatch):
