@@ -9,12 +9,21 @@ from keras_transformer.stop_signals import StopSignals
 
 
 def test_stop_signals_ask_once_then_interrupt():
+    from keras_transformer.console import Terminated
+
     before = signal.getsignal(signal.SIGTERM)
     with StopSignals() as signals:
         signal.raise_signal(signal.SIGTERM)
         assert signals.received == "SIGTERM"
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as stop:
             signal.raise_signal(signal.SIGINT)  # a second Ctrl-C quits at once
+    assert not isinstance(stop.value, Terminated)
+    assert signal.getsignal(signal.SIGTERM) is before
+    with StopSignals():
+        signal.raise_signal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt) as stop:
+            signal.raise_signal(signal.SIGTERM)
+    assert isinstance(stop.value, Terminated)  # a second SIGTERM is named so: train.py says it and exits 143
     assert signal.getsignal(signal.SIGTERM) is before
 
 
