@@ -119,7 +119,7 @@ def main(argv=None) -> int:
 
     recorded = read_export_config(args.saved_model)
     defaults, default_patience = recorded or (PAPER, 0.0)
-    if args.beam_size is None and args.n_best > min(defaults.beam_size, MAX_BEAM_SIZE):
+    if args.beam_size is None and args.n_best > defaults.beam_size:  # (n_best <= MAX_BEAM_SIZE: checked above)
         print(f"export.translate: error: --n-best {args.n_best} asks for more results than the export's beam "
               f"of {defaults.beam_size} keeps; give --beam-size {args.n_best} (at most {MAX_BEAM_SIZE}) or "
               f"fewer results", file=sys.stderr)

@@ -81,11 +81,7 @@ class CheckpointStore:
             return
         for name in set(os.listdir(self.directory)) - before:
             if name == f"{prefix}_temp" or name.startswith(f"{prefix}."):
-                path = os.path.join(self.directory, name)
-                try:
-                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-                except OSError as error:
-                    log.warning("could not remove the partial checkpoint file %s: %s", path, error)
+                _remove_partial_file(os.path.join(self.directory, name))
 
     def remove_unfinished_saves(self) -> list[str]:
         """Removes what a save that never finished (SIGKILL, a lost machine) left in the
@@ -109,14 +105,8 @@ class CheckpointStore:
             if not match or f"ckpt-{match.group(1)}" in listed:
                 continue
             if match.group(2) == "_temp" or (newest is not None and int(match.group(1)) > newest):
-                path = os.path.join(self.directory, name)
-                try:
-                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-                except OSError as error:  # left, as before: nothing reads it
-                    log.warning("could not remove %s, left by a checkpoint save that did not finish: %s",
-                                path, error)
-                    continue
-                removed.append(name)
+                if _remove_partial_file(os.path.join(self.directory, name)):  # else left, as before: nothing reads it
+                    removed.append(name)
         if removed:
             log.warning("removed %s: left by a checkpoint save that did not finish (the process was killed)",
                         ", ".join(removed))
@@ -139,6 +129,17 @@ class CheckpointStore:
                 continue
             return int(self.optimizer.iterations.numpy())
         return 0
+
+
+def _remove_partial_file(path: str) -> bool:
+    """Removes a file or directory of a checkpoint save that did not finish; a warning, and
+    False, when it cannot be removed (the save's own error, or the resume, goes on)."""
+    try:
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    except OSError as error:
+        log.warning("could not remove the partial checkpoint file %s: %s", path, error)
+        return False
+    return True
 
 
 def check_checkpoint_tokenizer(path: str, tokenizer_sha256: str) -> None:
