@@ -32,7 +32,8 @@ import sys
 from export.errors import ConversionError, ExportWriteError, missing_saved_model, output_problem
 from export.op_audit import audit_tflite
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
-from keras_transformer.console import OneLineArgumentParser, harmless_lines_dropped, interrupted, stdout_failed
+from keras_transformer.console import (OneLineArgumentParser, harmless_lines_dropped, input_lines, interrupted,
+                                       stdout_failed)
 from keras_transformer.run_dir import write_bytes_atomically
 
 # --quantize choices: weights as trained; float16 weights (dequantized to
@@ -143,16 +144,41 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as error:  # Ctrl-C in the conversion's minutes (it was a traceback)
         return interrupted("export.tflite", error, f"{args.output} was left as it was")
     print(path, file=sys.stderr)
-    if args.translate:
-        lines = [line.rstrip("\n") for line in sys.stdin]
+    return _translate_stdin(path) if args.translate else 0
+
+
+def _translate_stdin(path) -> int:
+    """`--translate`: stdin's lines (`input_lines`: bytes, so invalid UTF-8 is translated, not a
+    traceback; CR LF and a byte order mark are no part of them) in requests of the model's
+    batch (one line from a terminal, as `export.translate`), each answer printed as it comes.
+    All of stdin used to be read first, and an empty stdin printed an empty line."""
+    batch_size = 1 if sys.stdin.isatty() else LITERT_MAX_BATCH
+    interpreter, batch, done = None, [], 0
+
+    def flush():
+        nonlocal interpreter
+        if not batch:
+            return
         # LiteRT's own "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." off a quiet console
         with harmless_lines_dropped():
-            translations, _ = translate_lines(load_interpreter(path), lines)
-        try:
-            print("\n".join(translations))
-            sys.stdout.flush()
-        except OSError as error:  # a reader that stopped (`| head`), a full disk
-            return stdout_failed("export.tflite", error, f"the model {path} was written")
+            interpreter = interpreter or load_interpreter(path)
+            translations, _ = translate_lines(interpreter, batch)
+        print("\n".join(translations))
+        sys.stdout.flush()
+
+    try:
+        for line in input_lines(sys.stdin.buffer):
+            batch.append(line)
+            if len(batch) == batch_size:
+                flush()
+                done, batch = done + len(batch), []
+        flush()
+    except OSError as error:  # a reader that stopped (`| head`), a full disk
+        return stdout_failed("export.tflite", error, f"the model {path} was written; {done} lines had been "
+                                                     "translated")
+    except KeyboardInterrupt as error:  # Ctrl-C while translating (the model is complete)
+        return interrupted("export.tflite", error, f"the model {path} was written; the first {done} lines "
+                                                   "were translated")
     return 0
 
 

@@ -27,8 +27,9 @@ import sys
 
 from export.errors import missing_saved_model
 from keras_transformer.config import TransformerConfig
-from keras_transformer.constants import MAX_BEAM_SIZE, UTF8_BOM
-from keras_transformer.console import OneLineArgumentParser, PositiveInt, harmless_lines_dropped, stdout_failed
+from keras_transformer.constants import MAX_BEAM_SIZE
+from keras_transformer.console import (OneLineArgumentParser, PositiveInt, harmless_lines_dropped, input_lines,
+                                       stdout_failed)
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
@@ -172,12 +173,9 @@ def main(argv=None) -> int:
     batch_size = args.batch_size or (1 if sys.stdin.isatty() else BATCH_SIZE)
     batch, done = [], 0
     unit = "sentences" if source == "conllu" else "lines"
-    stdin = sys.stdin.buffer
-    if hasattr(stdin, "peek") and stdin.peek(len(UTF8_BOM))[:len(UTF8_BOM)] == UTF8_BOM:
-        stdin.read(len(UTF8_BOM))  # a byte order mark (a file saved on Windows) is no part of the first line
+    lines = input_lines(sys.stdin.buffer)
     try:
-        for item in (_conllu_blocks(stdin) if source == "conllu"
-                     else (line.rstrip(b"\r\n") for line in stdin)):
+        for item in (_conllu_blocks(lines) if source == "conllu" else lines):
             batch.append(item)
             if len(batch) == batch_size:
                 flush(batch)
@@ -243,10 +241,10 @@ def _xla_cache_problem(flags):
 
 
 def _conllu_blocks(lines):
-    """CoNLL-U lines -> one bytes block per sentence (blank lines separate sentences)."""
+    """CoNLL-U lines (bytes without line ends, `input_lines`) -> one bytes block per sentence
+    (blank lines separate sentences)."""
     block = []
     for line in lines:
-        line = line.rstrip(b"\r\n")
         if line.strip():
             block.append(line)
         elif block:

@@ -283,6 +283,20 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def input_lines(stream):
+    """The lines of a binary stream (`sys.stdin.buffer`) as bytes, as a file saved by any
+    editor means them: without the line ends (LF, or CR LF from Windows) and without a UTF-8
+    byte order mark before the first line. Bytes, never decoded: the export's tokenizer
+    takes any bytes, so invalid UTF-8 is translated, not a UnicodeDecodeError. Read lazily,
+    so a command can answer each request before the next line is typed."""
+    from keras_transformer.constants import UTF8_BOM
+
+    for number, line in enumerate(stream):
+        if number == 0 and line.startswith(UTF8_BOM):
+            line = line[len(UTF8_BOM):]
+        yield line.rstrip(b"\r\n")
+
+
 def stdout_failed(prog: str, error: OSError, written: str) -> int:
     """The exit code of a command whose standard output failed: quiet for a reader that
     stopped (`... | head -2` was a BrokenPipeError traceback), one line `PROG: error:

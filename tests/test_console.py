@@ -100,3 +100,26 @@ def test_sigterm_raises_terminated_inside_the_block_only_and_names_it_in_one_lin
     assert interrupted("export.x", KeyboardInterrupt(), "nothing was left in OUT") == 130
     assert capsys.readouterr().err == ("export.x: interrupted by SIGTERM; nothing was left in OUT\n"
                                        "export.x: interrupted by Ctrl-C; nothing was left in OUT\n")
+
+
+def test_input_lines_are_the_bytes_of_each_line_as_an_editor_means_them():
+    """The stdin of `export.translate` and `export.tflite --translate`: a file saved on
+    Windows (a UTF-8 byte order mark first, CR LF line ends) gives the same lines as one
+    saved on Linux; a mark anywhere but at the start stays (it is text there); invalid UTF-8
+    stays as it is (the tokenizer takes any bytes); a last line without its line end
+    counts; lines come one at a time, as they are read."""
+    import io
+
+    from keras_transformer.console import input_lines
+
+    linux = b"a house\nthe \xff dog\n\n\xef\xbb\xbfinside\nlast"
+    windows = b"\xef\xbb\xbf" + linux.replace(b"\n", b"\r\n")
+    expected = [b"a house", b"the \xff dog", b"", b"\xef\xbb\xbfinside", b"last"]
+    assert list(input_lines(io.BytesIO(linux))) == list(input_lines(io.BytesIO(windows))) == expected
+    assert list(input_lines(io.BytesIO(b""))) == [] and list(input_lines(io.BytesIO(b"\xef\xbb\xbf"))) == [b""]
+
+    def typed():  # a terminal: the second line does not exist until the first is answered
+        yield b"first\n"
+        raise AssertionError("read ahead")
+
+    assert next(input_lines(typed())) == b"first"

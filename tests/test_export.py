@@ -504,15 +504,72 @@ def test_tflite_translate_keeps_litert_delegate_notice_off_a_quiet_terminal(tmp_
 
     def translate_lines(interpreter, lines):
         os.write(2, (LITERT_DELEGATE + "E0000 a real error\n").encode())
-        return [line.upper() for line in lines], [0.0] * len(lines)
+        return [line.decode("utf-8").upper() for line in lines], [0.0] * len(lines)  # stdin's lines: bytes
 
     monkeypatch.setattr(tflite, "translate_lines", translate_lines)
     for quiet, err in (("1", "E0000 a real error\n"), ("0", LITERT_DELEGATE + "E0000 a real error\n")):
         monkeypatch.setenv("KERAS_TRANSFORMER_QUIET", quiet)
-        monkeypatch.setattr(sys, "stdin", io.StringIO("a house\nthe dog\n"))
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a house\nthe dog\n")))
         argv = ["--saved-model", str(tmp_path / "export"), "--output", str(tmp_path / "m.tflite"), "--translate"]
         assert tflite.main(argv) == 0
         assert capfd.readouterr() == ("A HOUSE\nTHE DOG\n", f"{tmp_path / 'm.tflite'}\n{err}")
+
+
+def test_tflite_translate_reads_stdin_as_export_translate_does(tmp_path, monkeypatch, capsys):
+    """`export.tflite --translate` read stdin as text, all of it before the first request: a
+    line of invalid UTF-8 was a UnicodeEncodeError traceback after the conversion's minutes, a
+    file saved on Windows left its byte order mark and CRs in the sentences, and an empty
+    stdin printed an empty line. Now it reads as `export.translate` does (`input_lines`):
+    bytes, without line ends or the mark, in requests of the model's batch (one line from a
+    terminal), each answered before the next is read. (Stand-ins for the conversion and the
+    interpreter: LiteRT runs in subprocesses in these tests.)"""
+    import io
+
+    from export import tflite
+    from export.saved_model import LITERT_MAX_BATCH
+
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "saved_model.pb").write_bytes(b"")
+    monkeypatch.setattr(tflite, "convert", lambda saved_model, output, quantize: output)
+    monkeypatch.setattr(tflite, "load_interpreter", lambda path: "interpreter")
+    monkeypatch.setenv("KERAS_TRANSFORMER_QUIET", "1")
+    requests, read = [], []
+
+    def translate_lines(interpreter, lines):
+        requests.append((list(lines), len(read)))  # the request, and how many lines had been read then
+        return [line.decode("utf-8", "replace").upper() for line in lines], [0.0] * len(lines)
+
+    monkeypatch.setattr(tflite, "translate_lines", translate_lines)
+
+    class Stdin:  # stdin whose binary buffer counts the lines read from it
+        def __init__(self, data, tty):
+            self.buffer, self.tty = self._counted(data), tty
+
+        @staticmethod
+        def _counted(data):
+            for line in io.BytesIO(data):
+                read.append(line)
+                yield line
+
+        def isatty(self):
+            return self.tty
+
+    argv = ["--saved-model", str(tmp_path / "export"), "--output", str(tmp_path / "m.tflite"), "--translate"]
+    windows = b"\xef\xbb\xbfa house\r\nthe \xff dog\r\n" + b"".join(b"line %d\r\n" % i for i in range(128))
+    for data, tty, sizes in ((windows, False, [LITERT_MAX_BATCH, LITERT_MAX_BATCH, 2]),
+                             (b"a house\nthe dog\n", True, [1, 1]),
+                             (b"", False, [])):
+        requests.clear(), read.clear()
+        monkeypatch.setattr(sys, "stdin", Stdin(data, tty))
+        assert tflite.main(argv) == 0
+        out = capsys.readouterr().out
+        assert [len(lines) for lines, _ in requests] == sizes
+        # each request goes out once its lines are read, not after all of stdin
+        assert [seen for _, seen in requests] == [sum(sizes[:i + 1]) for i in range(len(sizes))]
+        sent = [line for lines, _ in requests for line in lines]
+        assert sent == data.replace(b"\xef\xbb\xbf", b"").replace(b"\r", b"").splitlines()
+        assert out == "".join(line.decode("utf-8", "replace").upper() + "\n" for line in sent)
+    assert requests == [] and out == ""  # an empty stdin: nothing printed
 
 
 def test_translate_command_names_a_persistent_xla_cache_it_cannot_use(exported, loaded, tmp_path, monkeypatch,
