@@ -69,6 +69,11 @@ def prepare_tokenizer(model_dir, corpus, vocab_size, seed):
     if not path.exists():
         log.info("training a %d-piece SentencePiece vocabulary on %s", vocab_size, corpus.name)
         train_tokenizer(corpus.texts("train"), path.with_suffix(""), vocab_size, seed=seed)
+        tokenizer = Tokenizer.load(path)
+        if tokenizer.vocab_size < vocab_size:  # `vocab_size` is an upper bound (hard_vocab_limit off)
+            log.info("the vocabulary has %d pieces: the training text holds fewer than the %d asked",
+                     tokenizer.vocab_size, vocab_size)
+        return tokenizer
     return Tokenizer.load(path)
 
 
@@ -296,6 +301,7 @@ def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
     """Token-budget batches for training (every batch a multiple of `replicas` sentences)
     and validation."""
     from keras_transformer.data import SubwordSampling, make_batches
+    from keras_transformer.data.corpora import VALID_STEMS
     from keras_transformer.model import source_feature_names
 
     # A syntax-aware model reads CoNLL-U sources (pairs, batches, BLEU alike).
@@ -313,6 +319,12 @@ def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
     except ValueError as error:  # e.g. the budget cannot give every replica a longest pair
         raise run_dir.RunError(f"--batch-tokens {run.batch_tokens} with {replicas} replica(s): {error}") from None
     valid_split = "valid" if "valid" in corpus.splits else None
+    if valid_split is None:  # optional, but a misnamed file (`newstest2013.en`) had passed in silence
+        looked_for = (f"{' or '.join(f'{stem}.{corpus.source_lang}' for stem in VALID_STEMS)} with its "
+                      f".{corpus.target_lang}" if (corpus.origin or {}).get("kind") == "directory"
+                      else "a validation split")
+        log.warning("%s has no validation data (looked for %s): this run has no validation loss, no BLEU "
+                    "curve and no validation BLEU", corpus.name, looked_for)
     valid = None
     if valid_split:
         valid = make_batches(pairs(valid_split), tokenizer, batch_tokens=run.batch_tokens,

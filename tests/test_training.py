@@ -257,11 +257,14 @@ def test_signal_checkpoint_is_not_averaged():
         "d/ckpt-10", "d/ckpt-20", "d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]
 
 
-def test_validation_batches_are_the_pipelines_own_with_autotuning_off(toy_data, tmp_path):
+def test_validation_batches_are_the_pipelines_own_with_autotuning_off(toy_data, tmp_path, caplog):
     """Keras's evaluate deletes the last round's validation iterator every round, and with
     tf.data's autotuning on that deletion sometimes waited ~44 s, idle (training._validation_options):
     the validation batches are made with autotuning off, and are the same batches, number for
-    number, as the pipeline gives without the options."""
+    number, as the pipeline gives without the options. A directory without validation files
+    trains without them, as it did, but now says so (a dev set under another name, such as
+    `newstest2013.en`, had been left out in silence)."""
+    import logging
     import shutil
 
     import tensorflow as tf
@@ -271,14 +274,24 @@ def test_validation_batches_are_the_pipelines_own_with_autotuning_off(toy_data, 
 
     data = tmp_path / "data"
     shutil.copytree(toy_data, data)
-    for lang in ("en", "de"):
-        lines = (toy_data / f"train.{lang}").read_text(encoding="utf-8").splitlines()
-        (data / f"valid.{lang}").write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")
     run = run_config(data, tmp_path / "run")
     corpus = load_corpus(str(data), seed=0)
     tokenizer = Tokenizer.load(train_tokenizer(corpus.texts("train"), tmp_path / "tokenizer", 60))
     config = run.model_config(tokenizer.vocab_size)
-    valid = _make_datasets(run, corpus, tokenizer, config, 1).valid
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.training"):
+        datasets = _make_datasets(run, corpus, tokenizer, config, 1)
+    assert datasets.valid is None and datasets.valid_split is None
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"{data} has no validation data (looked for valid.en or dev.en or val.en or validation.en with its .de): "
+        "this run has no validation loss, no BLEU curve and no validation BLEU"]
+    caplog.clear()
+    for lang in ("en", "de"):  # TFDS's name for the split is taken too
+        lines = (toy_data / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        (data / f"validation.{lang}").write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")
+    corpus = load_corpus(str(data), seed=0)
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.training"):
+        valid = _make_datasets(run, corpus, tokenizer, config, 1).valid
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
     assert valid.options().autotune.enabled is False
     plain = make_batches(corpus.dataset("valid"), tokenizer, batch_tokens=run.batch_tokens,
                          max_length=config.max_length).cache()
@@ -288,6 +301,29 @@ def test_validation_batches_are_the_pipelines_own_with_autotuning_off(toy_data, 
     for batch, expected in zip(got, want):
         tf.nest.map_structure(np.testing.assert_array_equal, batch, expected)
     assert sum(len(target_output) for _, target_output in got) == 40  # every validation pair
+
+
+def test_a_vocabulary_smaller_than_asked_is_said_once_when_trained(toy_data, tmp_path, caplog):
+    """`--vocab-size` is an upper bound: SentencePiece stops where the training text has no
+    more pieces (1,000 asked of the tiny preset gave 9 on a one-pair corpus, said only by the
+    config's line). The run says so when it trains the tokenizer, and not when it reuses it."""
+    import logging
+
+    from keras_transformer.data import load_corpus
+    from keras_transformer.training import prepare_tokenizer
+
+    corpus = load_corpus(str(toy_data), seed=0)
+    for asked, directory, said in ((1000, "a", True), (40, "b", False), (1000, "b", False)):  # the last reuses b's
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="keras_transformer.training"):
+            tokenizer = prepare_tokenizer(tmp_path / directory, corpus, asked, seed=0)
+        messages = [r.getMessage() for r in caplog.records if "pieces:" in r.getMessage()]
+        if said:
+            assert 40 < tokenizer.vocab_size < 1000
+            assert messages == [f"the vocabulary has {tokenizer.vocab_size} pieces: the training text holds "
+                                f"fewer than the 1000 asked"]
+        else:
+            assert tokenizer.vocab_size == 40 and messages == []
 
 
 # /proc/cpuinfo lines of the two kinds of 2-vCPU AMD EPYC VM this project measures on, cut to

@@ -5,8 +5,8 @@
 * ``"embedded"``: the generated English->German corpus shipped with the
   package (``keras_transformer.data.embedded``), splits train/valid/test;
 * a directory of plain-text, line-aligned UTF-8 files ``train.SRC`` /
-  ``train.TGT`` (required), ``valid.*`` or ``dev.*`` or ``val.*`` (optional,
-  split name ``valid``) and ``test*.SRC`` / ``test*.TGT`` (optional; a single
+  ``train.TGT`` (required), ``valid.*`` or ``dev.*`` or ``val.*`` or
+  ``validation.*`` (optional, split name ``valid``; a run without one says so) and ``test*.SRC`` / ``test*.TGT`` (optional; a single
   set such as multi30k's ``test2016.*`` is split ``test``, several sets keep
   their stems as split names);
 * ``tfds:NAME`` or a TensorFlow Datasets name such as
@@ -67,7 +67,7 @@ EMBEDDED = "embedded"
 DEFAULT_SOURCE_LANG = "en"
 DEFAULT_TARGET_LANG = "de"
 # Accepted file stems of the validation split, in order of preference.
-VALID_STEMS = ("valid", "dev", "val")
+VALID_STEMS = ("valid", "dev", "val", "validation")  # "validation": TFDS's name for the split
 # TFDS split name for each of ours.
 TFDS_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 # Files are read (line counts, SHA-256) in blocks of this many bytes.
