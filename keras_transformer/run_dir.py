@@ -353,7 +353,15 @@ def final_model(model_dir, config):
 
     weights = pathlib.Path(model_dir) / FINAL_WEIGHTS
     if not weights.exists():
-        raise RunError(f"{weights} not found: train.py writes it (the averaged checkpoints) when training ends")
+        import tensorflow as tf
+
+        directory = pathlib.Path(model_dir) / CHECKPOINT_DIR
+        newest = tf.train.latest_checkpoint(str(directory)) if directory.is_dir() else None
+        # A run still training, or stopped before its end, has checkpoints that can be exported.
+        instead = (f"; the run's newest checkpoint is {pathlib.Path(newest).name}: `--average K` of "
+                   f"export.saved_model and export.ctranslate2 exports the mean of its newest K") if newest else ""
+        raise RunError(f"{weights} not found: train.py writes it (the averaged checkpoints) when training "
+                       f"ends{instead}")
     model = build_transformer(config)
     try:
         model.load_weights(weights)

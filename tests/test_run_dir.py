@@ -105,6 +105,10 @@ def test_exports_can_average_the_newest_checkpoints_instead_of_the_final_weights
     run_dir.check_run_file(model_dir, config, tokenizer, {"data": "toy"})
     with pytest.raises(run_dir.RunError, match=r"checkpoints: no checkpoints to average"):
         run_dir.load_trained(model_dir, average=2)
+    with pytest.raises(run_dir.RunError) as no_checkpoint:  # nothing to export at all
+        run_dir.load_trained(model_dir)
+    assert str(no_checkpoint.value) == (f"{model_dir / 'final.weights.h5'} not found: train.py writes it (the "
+                                        f"averaged checkpoints) when training ends")
     model = build_transformer(config)
     optimizer = make_optimizer(config)
     optimizer.build(model.trainable_variables)
@@ -120,8 +124,13 @@ def test_exports_can_average_the_newest_checkpoints_instead_of_the_final_weights
         loaded, _, _ = run_dir.load_trained(model_dir, average=count)
         assert values(loaded) == [pytest.approx(mean, abs=1e-6)], count
     assert run_dir.checkpoint_model(model_dir, config, tokenizer, 2)[1] == ["ckpt-20", "ckpt-30"]
-    with pytest.raises(run_dir.RunError, match=r"final\.weights\.h5 not found"):
+    with pytest.raises(run_dir.RunError) as missing:
         run_dir.load_trained(model_dir)  # without --average: the final weights, which a running run lacks
+    # ... and the message says what can be exported instead (it named only train.py)
+    assert str(missing.value) == (f"{model_dir / 'final.weights.h5'} not found: train.py writes it (the averaged "
+                                  f"checkpoints) when training ends; the run's newest checkpoint is ckpt-30: "
+                                  f"`--average K` of export.saved_model and export.ctranslate2 exports the mean "
+                                  f"of its newest K")
 
     # The commands pass --average through (their conversions replaced by a probe of the model).
     converted = []
