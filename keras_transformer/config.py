@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from keras_transformer.constants import SOURCE_TAG_SETS
@@ -176,14 +177,19 @@ class TransformerConfig:
             if not 0.0 <= value < 1.0:
                 raise ConfigError(name, f"TransformerConfig.{name} must be in [0, 1), got {value!r}")
         if (isinstance(self.learning_rate_scale, bool) or not isinstance(self.learning_rate_scale, (int, float))
-                or not self.learning_rate_scale > 0):
+                or not 0 < self.learning_rate_scale < math.inf):
             raise ConfigError("learning_rate_scale",
                               f"learning_rate_scale must be a positive number, got {self.learning_rate_scale!r}")
+        if not 0 < self.layer_norm_epsilon < math.inf:  # NaN too: it made every output NaN
+            raise ConfigError("layer_norm_epsilon",
+                              f"layer_norm_epsilon must be a positive number, got {self.layer_norm_epsilon!r}")
         if self.decode_extra_length < 0:
             raise ConfigError("decode_extra_length", f"decode_extra_length must be >= 0, got {self.decode_extra_length}")
-        if self.length_penalty_alpha < 0:
+        # `not 0 <= x`, not `x < 0`: NaN passed that, and a NaN alpha scored every hypothesis NaN, so
+        # the final BLEU and every served translation were empty.
+        if not 0 <= self.length_penalty_alpha < math.inf:
             raise ConfigError("length_penalty_alpha",
-                              f"length_penalty_alpha must be >= 0, got {self.length_penalty_alpha}")
+                              f"length_penalty_alpha must be a finite number >= 0, got {self.length_penalty_alpha}")
         self._check_syntax_options()
 
     def _check_syntax_options(self):
@@ -472,11 +478,13 @@ class TrainingConfig:
             if name in given and (isinstance(given[name], bool) or not isinstance(given[name], int)
                                   or given[name] <= 0):
                 raise ConfigError(name, f"{name} must be a positive integer, got {given[name]!r}")
-        if given.get("max_minutes", 0) < 0 or isinstance(given.get("max_minutes", 0), bool):
+        # `not x >= 0` rather than `x < 0`: NaN passed that (`--max-minutes nan` trained without a
+        # budget, `--subword-alpha nan` was a ValueError traceback from the sampler).
+        if not given.get("max_minutes", 0) >= 0 or isinstance(given.get("max_minutes", 0), bool):
             raise ConfigError("max_minutes", f"max_minutes must be >= 0, got {given['max_minutes']!r}")
         alpha, nbest = given.get("subword_alpha", 0), given.get("subword_nbest", 64)
-        if isinstance(alpha, bool) or alpha < 0:
-            raise ConfigError("subword_alpha", f"subword_alpha must be >= 0 (0: off), got {alpha!r}")
+        if isinstance(alpha, bool) or not 0 <= alpha < math.inf:
+            raise ConfigError("subword_alpha", f"subword_alpha must be a finite number >= 0 (0: off), got {alpha!r}")
         if isinstance(nbest, bool) or not isinstance(nbest, int) or nbest in (0, 1) or nbest < -1:
             raise ConfigError("subword_nbest", f"subword_nbest must be -1 (all) or >= 2, got {nbest!r}")
         if alpha > 0 and given.get("syntax"):

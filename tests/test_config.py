@@ -172,7 +172,10 @@ def test_subword_sampling_options(capsys):
     run = train.parse_args(["--config", "multi30k", "--subword-alpha", "0.1", "--subword-nbest", "-1"]).run
     assert (run.subword_alpha, run.subword_nbest) == (0.1, -1)
     assert (TrainingConfig.create("multi30k").subword_alpha, TrainingConfig.create("multi30k").subword_nbest) == (0.0, 64)
-    for flags, message in ((["--subword-alpha", "-0.5"], "--subword-alpha must be >= 0 (0: off), got -0.5"),
+    for flags, message in ((["--subword-alpha", "-0.5"], "--subword-alpha must be a finite number >= 0 (0: off), "
+                                                          "got -0.5"),
+                           (["--subword-alpha", "nan"], "--subword-alpha must be a finite number >= 0 (0: off), "
+                                                        "got nan"),
                            (["--subword-nbest", "1"], "--subword-nbest must be -1 (all) or >= 2, got 1"),
                            (["--subword-alpha", "0.1", "--source-tags", "upos"],
                             "--subword-alpha cannot be used with a syntax-aware model")):
@@ -215,3 +218,28 @@ def test_a_write_that_fails_outside_the_checkpoints_is_one_line(monkeypatch, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["train.py: error: cannot write runs/x/valid.hyp.txt: No space left on device. Free space (or fix "
                    "the permissions) and rerun the same command: it resumes from the newest complete checkpoint"]
+
+
+def test_nan_and_infinite_values_are_refused_where_they_broke_the_run(capsys):
+    """Each check read `x < 0`, which NaN passes: `--set length_penalty_alpha=nan` trained a model
+    whose final BLEU was 0.0 and whose export served "" for every sentence (every hypothesis
+    scored NaN), `--max-minutes nan` trained without its budget, `--subword-alpha nan` was a
+    ValueError traceback from the sampler, and `--set layer_norm_epsilon=nan` was not checked
+    at all. Each is now the one-line error of its field."""
+    import train
+
+    for flags, message in (
+            (["--set", "length_penalty_alpha=nan"], "length_penalty_alpha must be a finite number >= 0, got nan"),
+            (["--set", "length_penalty_alpha=inf"], "length_penalty_alpha must be a finite number >= 0, got inf"),
+            (["--set", "layer_norm_epsilon=nan"], "layer_norm_epsilon must be a positive number, got nan"),
+            (["--set", "layer_norm_epsilon=0"], "layer_norm_epsilon must be a positive number, got 0"),
+            (["--set", "learning_rate_scale=inf"], "learning_rate_scale must be a positive number, got inf"),
+            (["--max-minutes", "nan"], "--max-minutes must be >= 0, got nan"),
+            (["--subword-alpha", "inf"], "--subword-alpha must be a finite number >= 0 (0: off), got inf")):
+        with pytest.raises(SystemExit) as stop:
+            train.parse_args(flags)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, (flags, err)
+    # the values that were right stay right
+    assert TransformerConfig.from_preset("tiny", length_penalty_alpha=0.0, layer_norm_epsilon=1e-6)
+    assert train.parse_args(["--max-minutes", "0", "--subword-alpha", "0"]).run.max_minutes == 0
