@@ -70,7 +70,7 @@ import sys
 
 from export.errors import ExportWriteError, output_problem
 from keras_transformer.config import TransformerConfig
-from keras_transformer.console import OneLineArgumentParser, PositiveInt, interrupted, sigterm_raises
+from keras_transformer.console import FiniteFloat, OneLineArgumentParser, PositiveInt, interrupted, sigterm_raises
 from keras_transformer.constants import MAX_BEAM_SIZE
 from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
@@ -85,6 +85,9 @@ import tensorflow as tf
 # Most sentences per call of the LiteRT variant (see Translator.decode_ids);
 # the LiteRT runner sends larger inputs in chunks.
 LITERT_MAX_BATCH = 64
+# `translate_options`' largest patience: round(8 * 1e6) finished hypotheses is more than any search
+# finishes (at most 2 * beam a step), and stays an int32.
+MAX_PATIENCE = 1e6
 WARMUP_SENTENCES = ("Hello.", "This is a warm-up request for the translation model.", "")
 # The same for a syntax-aware model's `conllu` input.
 WARMUP_CONLLU = ("1\tHello\t_\tINTJ\t_\t_\t0\troot\t_\t_\n2\t.\t_\tPUNCT\t_\t_\t1\tpunct\t_\t_", "")
@@ -174,6 +177,12 @@ class TranslationModule(tf.Module):
     def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results, patience):
         beam_size = tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE)
         num_results = tf.clip_by_value(num_results, 1, beam_size)
+        # A NaN or infinite alpha is the export's own: it scored every hypothesis NaN (or -inf,
+        # or 0), so every translation was "" with score -1e9. A NaN patience is off (<= 0), and
+        # one above MAX_PATIENCE (more hypotheses than any search finishes) is that bound, so
+        # round(beam * patience) stays an int32.
+        alpha = tf.where(tf.math.is_finite(alpha), alpha, self._config.length_penalty_alpha)
+        patience = tf.where(tf.math.is_nan(patience), 0.0, tf.minimum(patience, MAX_PATIENCE))
         strings, scores, errors = self._search_options(text, beam_size, alpha, extra_length, num_results,
                                                        patience)  # [batch, beam_size] x2
         outputs = {"translations": strings[:, :num_results], "scores": scores[:, :num_results]}
@@ -382,7 +391,7 @@ def main(argv=None) -> int:
                         help="also warm up translate_xla, one request per length and batch bucket; only for "
                              "a TF Serving started with --xla_cpu_compilation_enabled (a default one fails the "
                              "load on these requests)")
-    parser.add_argument("--patience", type=float, default=0.0,
+    parser.add_argument("--patience", type=float, action=FiniteFloat, default=0.0,
                         help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
                              "does, in serving_default, translate_xla and translate_litert (default 0: the exact "
                              "search; translate_options takes it per request)")

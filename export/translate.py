@@ -28,8 +28,8 @@ import sys
 from export.errors import missing_saved_model
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE
-from keras_transformer.console import (OneLineArgumentParser, PositiveInt, harmless_lines_dropped, input_lines,
-                                       stdout_failed)
+from keras_transformer.console import (FiniteFloat, OneLineArgumentParser, PositiveInt, harmless_lines_dropped,
+                                       input_lines, stdout_failed)
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
@@ -51,12 +51,12 @@ def main(argv=None) -> int:
                         help=f"1..{MAX_BEAM_SIZE} (default: the export's own, recorded in its "
                              f"assets.extra/keras_transformer.json; "
                              f"{PAPER.beam_size} for exports older than that file)")
-    parser.add_argument("--alpha", type=float, default=None,
+    parser.add_argument("--alpha", type=float, action=FiniteFloat, default=None,
                         help=f"length penalty exponent (default: the export's own; {PAPER.length_penalty_alpha} "
                              f"for older exports)")
     parser.add_argument("--n-best", type=int, action=PositiveInt, default=1,
                         help="print the n best, tab-separated with scores (at most the beam size)")
-    parser.add_argument("--patience", type=float, default=None,
+    parser.add_argument("--patience", type=float, action=FiniteFloat, default=None,
                         help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
                              "does (faster, not exact; default: the export's own, the exact search unless "
                              "it was exported with --patience)")

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import errno
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -272,6 +273,17 @@ class PositiveInt(argparse.Action):
     def __call__(self, parser, namespace, value, option_string=None):
         if value < 1:
             parser.error(f"{option_string} must be a positive integer, got {value}")
+        setattr(namespace, self.dest, value)
+
+
+class FiniteFloat(argparse.Action):
+    """`type=float` flag whose value must be a finite number (Python's `float` reads `nan` and
+    `inf`), refused as the parser's one-line error `FLAG must be a finite number, got X`
+    (export.translate's `--alpha nan` had printed an empty line for every sentence)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if not math.isfinite(value):
+            parser.error(f"{option_string} must be a finite number, got {value}")
         setattr(namespace, self.dest, value)
 
 

@@ -25,6 +25,7 @@ signature, which `export.translate` and the speed benchmark call.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import tensorflow as tf
@@ -278,6 +279,9 @@ class Translator:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         beam_size, num_results = int(beam_size), int(num_results)
         alpha = self.config.length_penalty_alpha if alpha is None else alpha
+        if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not math.isfinite(alpha):
+            # (NaN scored every hypothesis NaN: every translation was "")
+            raise ValueError(f"alpha must be a finite number, got {alpha!r}")
         key = (beam_size, num_results, bool(xla))
         if key not in self._functions:
             self._functions[key] = tf.function(

@@ -150,7 +150,11 @@ def test_translate_takes_a_list_of_sentences_and_names_anything_else(exported):
                              ({"beam_size": 2.5}, "beam_size must be a positive int, got 2.5"),
                              ({"num_results": True}, "num_results must be a positive int, got True"),
                              ({"beam_size": 2, "num_results": 3}, "num_results must be a python int in "
-                                                                  "[1, beam_size=2], got 3")):
+                                                                  "[1, beam_size=2], got 3"),
+                             # NaN scored every hypothesis NaN: the translation was ""
+                             ({"alpha": float("nan")}, "alpha must be a finite number, got nan"),
+                             ({"alpha": float("inf")}, "alpha must be a finite number, got inf"),
+                             ({"alpha": "0.6"}, "alpha must be a finite number, got '0.6'")):
         with pytest.raises(ValueError, match=re.escape(message)):
             translator.translate(GOLDEN[:1], xla=False, **options)
     assert translator.translate(GOLDEN[:2], beam_size=np.int64(4), xla=False) == want  # NumPy ints are ints
@@ -738,6 +742,17 @@ def test_options_signature_n_best_and_clipping(exported, loaded):
     assert run(0, 0)["translations"].shape == (2, 1)
     np.testing.assert_array_equal(run(0, 0)["translations"].numpy()[:, 0],
                                   run(1, 1)["translations"].numpy()[:, 0])
+    # A NaN or infinite alpha is the export's own (NaN and -inf had given "" with score -1e9 for
+    # every sentence); a NaN patience is off, and a huge one stops no earlier than the exact search.
+    own = run(4, 3, alpha=exported["translator"].config.length_penalty_alpha)
+    assert len({t for row in own["translations"].numpy() for t in row}) > 1 and (own["scores"].numpy() > -1e8).all()
+    for alpha, patience in ((float("nan"), 0.0), (float("inf"), 0.0), (-float("inf"), 0.0),
+                            (own_alpha := exported["translator"].config.length_penalty_alpha, float("nan")),
+                            (own_alpha, 1e12), (own_alpha, float("inf"))):
+        out = options(text=tf.constant(GOLDEN[:2]), beam_size=tf.constant(4), alpha=tf.constant(alpha),
+                      extra_length=tf.constant(10), num_results=tf.constant(3), patience=tf.constant(patience))
+        np.testing.assert_array_equal(out["translations"].numpy(), own["translations"].numpy(), err_msg=str(alpha))
+        np.testing.assert_array_equal(out["scores"].numpy(), own["scores"].numpy(), err_msg=str(alpha))
 
 
 def test_options_signature_searches_as_each_static_beam_size(exported, loaded):
@@ -1167,6 +1182,12 @@ def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsy
          "--n-best must be 1..8 (the results of the export's largest beam), got 9"),
         (translate.main, ["--saved-model", str(tmp_path), "--n-best", "5", "--beam-size", "3"],
          "--n-best 5 asks for more results than --beam-size 3 keeps; give a larger beam or fewer results"),
+        # Python's float reads them: --alpha nan had printed an empty line for every sentence
+        (translate.main, ["--saved-model", str(tmp_path), "--alpha", "nan"], "--alpha must be a finite number, got nan"),
+        (translate.main, ["--saved-model", str(tmp_path), "--patience", "inf"],
+         "--patience must be a finite number, got inf"),
+        (saved_model.main, ["--model-dir", str(tmp_path), "--output", str(tmp_path), "--patience", "nan"],
+         "--patience must be a finite number, got nan"),
         # an output that cannot be written, refused before the conversion (it failed after it, "[Errno 17] File exists")
         (tflite.main, ["--saved-model", str(foreign), "--output", str(tmp_path / "model.tflite" / "m.tflite")],
          f"--output {tmp_path / 'model.tflite' / 'm.tflite'}: {tmp_path / 'model.tflite'} is a file, not a directory"),
