@@ -47,7 +47,7 @@ import shutil
 import sys
 import time
 
-from keras_transformer.console import OneLineArgumentParser
+from keras_transformer.console import OneLineArgumentParser, input_lines
 from keras_transformer.data.syntax import AnnotatedSentence, AnnotationError, read_conllu, to_conllu
 
 # spaCy's recipe for a UD treebank: its components and the config preset.
@@ -391,7 +391,9 @@ def main(argv=None) -> int:
                                          args.target_lang, log=lambda line: print(line, file=sys.stderr))
             print(json.dumps(counts))
         else:
-            lines = sys.stdin.read().removeprefix("\ufeff").splitlines()  # less a byte order mark
+            # As export.translate reads stdin (`input_lines`): a byte order mark and CR LF are no part
+            # of a sentence, and invalid UTF-8 becomes U+FFFD (it was a UnicodeDecodeError traceback).
+            lines = [line.decode("utf-8", "replace") for line in input_lines(sys.stdin.buffer)]
             for sentence in parse_text(load_parser(args.parser), lines):
                 sys.stdout.write(to_conllu(sentence) + "\n\n")
     except (ParserError, AnnotationError, conllu_exceptions.ParseException, OSError) as error:  # bad trees, unreadable files

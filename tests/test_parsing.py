@@ -140,11 +140,18 @@ def test_the_sentences_command_writes_conllu_the_loader_reads(embedded_parser, m
     nlp, _, root = embedded_parser
     lines = ["the dog sees the cat .", "a bird sings"]
     # a byte order mark first (a file saved on Windows) is no part of the first sentence's first word
-    monkeypatch.setattr("sys.stdin", io.StringIO("\ufeff" + "\n".join(lines) + "\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(("\ufeff" + "\n".join(lines) + "\n").encode())))
     assert parsing.main(["sentences", "--parser", str(root / "parser")]) == 0
     out = tmp_path / "out.conllu"
     out.write_text(capsys.readouterr().out)
     assert syntax.read_conllu(out) == parsing.parse_text(nlp, lines)
+    # CR LF line ends are none of the words, and invalid UTF-8 is U+FFFD (it was a
+    # UnicodeDecodeError traceback), as export.translate reads its stdin
+    windows = b"\xef\xbb\xbf" + b"\r\n".join(line.encode() for line in lines) + b"\r\nthe \xff dog\r\n"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(windows)))
+    assert parsing.main(["sentences", "--parser", str(root / "parser")]) == 0
+    out.write_text(capsys.readouterr().out)
+    assert syntax.read_conllu(out) == parsing.parse_text(nlp, lines + ["the \ufffd dog"])
 
 
 def test_evaluate_on_a_bad_conllu_file_is_a_one_line_error(embedded_parser, tmp_path, capsys):
