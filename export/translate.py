@@ -29,7 +29,7 @@ from export.errors import missing_saved_model
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE
 from keras_transformer.console import (FiniteFloat, OneLineArgumentParser, PositiveInt, harmless_lines_dropped,
-                                       input_lines, stdout_failed)
+                                       input_lines, interrupted, sigterm_raises, stdout_failed)
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
@@ -152,21 +152,23 @@ def main(argv=None) -> int:
         text = tf.constant(batch)
         if plain_request:
             out = default(**{source: text})
-            for line in out["translation"].numpy():
-                print(line.decode("utf-8"))
-            report(out.get("error"), done + 1)
-            return
-        alpha = defaults.length_penalty_alpha if args.alpha is None else args.alpha
-        out = options(**{source: text}, beam_size=tf.constant(args.beam_size or defaults.beam_size),
-                      alpha=tf.constant(alpha, tf.float32),
-                      extra_length=tf.constant(defaults.decode_extra_length),
-                      num_results=tf.constant(args.n_best), **patience)
-        for row, scores in zip(out["translations"].numpy(), out["scores"].numpy()):
-            if args.n_best == 1:
-                print(row[0].decode("utf-8"))
-            else:
-                print("\t".join(f"{t.decode('utf-8')}\t{s:.4f}" for t, s in zip(row, scores)))
-        report(out.get("errors"), done + 1)
+            lines, errors = [line.decode("utf-8") for line in out["translation"].numpy()], out.get("error")
+        else:
+            alpha = defaults.length_penalty_alpha if args.alpha is None else args.alpha
+            out = options(**{source: text}, beam_size=tf.constant(args.beam_size or defaults.beam_size),
+                          alpha=tf.constant(alpha, tf.float32),
+                          extra_length=tf.constant(defaults.decode_extra_length),
+                          num_results=tf.constant(args.n_best), **patience)
+            lines = [row[0].decode("utf-8") if args.n_best == 1 else
+                     "\t".join(f"{t.decode('utf-8')}\t{s:.4f}" for t, s in zip(row, scores))
+                     for row, scores in zip(out["translations"].numpy(), out["scores"].numpy())]
+            errors = out.get("errors")
+        # A request's lines in one write, flushed: a stop (SIGTERM, Ctrl-C, kill -9) leaves whole
+        # requests in a redirected file, where up to 8 KB of printed lines had waited in the buffer
+        # (a line and its newline were two writes, so the file could end between them).
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        sys.stdout.flush()
+        report(errors, done + 1)
 
     # A terminal's lines one request each: with 64 a request, what a user typed was translated
     # only after 64 lines or Ctrl-D.
@@ -175,14 +177,14 @@ def main(argv=None) -> int:
     unit = "sentences" if source == "conllu" else "lines"
     lines = input_lines(sys.stdin.buffer)
     try:
-        for item in (_conllu_blocks(lines) if source == "conllu" else lines):
-            batch.append(item)
-            if len(batch) == batch_size:
-                flush(batch)
-                done, batch = done + len(batch), []
-        flush(batch)
-        done, batch = done + len(batch), []
-        sys.stdout.flush()
+        with sigterm_raises():  # SIGTERM, as Ctrl-C: the lines so far stay, and one line says how many
+            for item in (_conllu_blocks(lines) if source == "conllu" else lines):
+                batch.append(item)
+                if len(batch) == batch_size:
+                    flush(batch)
+                    done, batch = done + len(batch), []
+            flush(batch)
+            done, batch = done + len(batch), []
     except tf.errors.InvalidArgumentError as error:  # a request that fails whole (an export without `error`)
         sys.stdout.flush()
         # A graph error's first line is "Graph execution error:"; the op's own message comes later.
@@ -195,9 +197,9 @@ def main(argv=None) -> int:
         return 1
     except OSError as error:  # standard output: a reader that stopped (`| head`) or a full disk
         return stdout_failed("export.translate", error, f"{done} {unit} had been translated")
-    except KeyboardInterrupt:  # Ctrl-C (once the running request returns): it was a TensorFlow traceback
-        print(f"export.translate: interrupted; the first {done} {unit} were translated", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:  # Ctrl-C or SIGTERM, once the running request returns (it was a
+        # TensorFlow traceback, and SIGTERM ended the process with up to 8 KB of translations unwritten)
+        return interrupted("export.translate", error, f"the first {done} {unit} were translated")
     if failed:
         print(f"export.translate: error: {len(failed)} of {done} sentences were malformed CoNLL-U "
               f"(named above); the others were translated", file=sys.stderr)

@@ -405,32 +405,50 @@ def test_translate_command_stops_quietly_for_a_closed_pipe_and_in_one_line_for_a
 def test_translate_command_interrupted_keeps_what_it_printed_and_says_so_in_one_line(exported, loaded,
                                                                                       monkeypatch, capsys):
     """Ctrl-C during `export.translate` was a KeyboardInterrupt traceback from inside
-    TensorFlow's function call. It now says how many lines were translated (they stay
-    printed) and exits 130, as a shell reports a command stopped by SIGINT."""
+    TensorFlow's function call, and SIGTERM ended the process at once, losing the translations
+    still in stdout's buffer (up to 8 KB), without a word of how many were done. Both now say how
+    many lines were translated (they stay printed, a request's lines in one write, flushed)
+    and exit 130 or 143, as a shell reports a command stopped by SIGINT or SIGTERM."""
     import io
 
     from export import translate
+    from keras_transformer.console import Terminated
 
     served = loaded.signatures["serving_default"]
-    calls = []
 
-    class InterruptedSecond:  # serving_default, with Ctrl-C arriving during its second request
+    class InterruptedSecond:  # serving_default, with the signal arriving during its second request
         structured_input_signature = served.structured_input_signature
 
+        def __init__(self, signal):
+            self.signal, self.calls = signal, []
+
         def __call__(self, **inputs):
-            calls.append(len(inputs["text"]))
-            if len(calls) == 2:
-                raise KeyboardInterrupt
+            self.calls.append(len(inputs["text"]))
+            if len(self.calls) == 2:
+                raise self.signal
             return served(**inputs)
 
-    signatures = {**loaded.signatures, "serving_default": InterruptedSecond()}
-    monkeypatch.setattr(tf.saved_model, "load", lambda path: type("Loaded", (), {"signatures": signatures})())
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
-    assert translate.main(["--saved-model", str(exported["path"]), "--no-xla", "--batch-size", "2"]) == 130
-    out, err = capsys.readouterr()
-    assert calls == [2, 2]
-    assert out.splitlines() == in_process(exported["translator"], GOLDEN[:2])[0]
-    assert err.strip() == "export.translate: interrupted; the first 2 lines were translated"
+    class Stdout(io.StringIO):  # what reaches the file: only what was flushed
+        def __init__(self):
+            super().__init__()
+            self.flushed = []
+
+        def flush(self):
+            self.flushed.append(self.getvalue()[sum(map(len, self.flushed)):])
+
+    for signal, code, name in ((KeyboardInterrupt(), 130, "Ctrl-C"), (Terminated("SIGTERM"), 143, "SIGTERM")):
+        stand_in = InterruptedSecond(signal)
+        signatures = {**loaded.signatures, "serving_default": stand_in}
+        monkeypatch.setattr(tf.saved_model, "load", lambda path: type("Loaded", (), {"signatures": signatures})())
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
+        monkeypatch.setattr(sys, "stdout", stdout := Stdout())
+        assert translate.main(["--saved-model", str(exported["path"]), "--no-xla", "--batch-size", "2"]) == code
+        monkeypatch.undo()
+        assert stand_in.calls == [2, 2]
+        want = in_process(exported["translator"], GOLDEN[:2])[0]
+        assert stdout.flushed == ["".join(line + "\n" for line in want)]  # the first request, whole and flushed
+        assert capsys.readouterr().err.strip() == (f"export.translate: interrupted by {name}; the first 2 lines "
+                                                   f"were translated")
 
 
 def test_translate_command_turns_grappler_off_before_its_first_xla_request(exported, loaded, monkeypatch, capsys):
@@ -1183,7 +1201,8 @@ def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsy
         (translate.main, ["--saved-model", str(tmp_path), "--n-best", "5", "--beam-size", "3"],
          "--n-best 5 asks for more results than --beam-size 3 keeps; give a larger beam or fewer results"),
         # Python's float reads them: --alpha nan had printed an empty line for every sentence
-        (translate.main, ["--saved-model", str(tmp_path), "--alpha", "nan"], "--alpha must be a finite number, got nan"),
+        (translate.main, ["--saved-model", str(tmp_path), "--alpha", "nan"],
+         "--alpha must be a finite number, got nan"),
         (translate.main, ["--saved-model", str(tmp_path), "--patience", "inf"],
          "--patience must be a finite number, got inf"),
         (saved_model.main, ["--model-dir", str(tmp_path), "--output", str(tmp_path), "--patience", "nan"],

@@ -6,9 +6,10 @@
   package (``keras_transformer.data.embedded``), splits train/valid/test;
 * a directory of plain-text, line-aligned UTF-8 files ``train.SRC`` /
   ``train.TGT`` (required), ``valid.*`` or ``dev.*`` or ``val.*`` or
-  ``validation.*`` (optional, split name ``valid``; a run without one says so) and ``test*.SRC`` / ``test*.TGT`` (optional; a single
-  set such as multi30k's ``test2016.*`` is split ``test``, several sets keep
-  their stems as split names);
+  ``validation.*`` (optional, split name ``valid``; a run without one says
+  so) and ``test*.SRC`` / ``test*.TGT`` (optional; a single set such as
+  multi30k's ``test2016.*`` is split ``test``, several sets keep their stems
+  as split names);
 * ``tfds:NAME`` or a TensorFlow Datasets name such as
   ``wmt14_translate/de-en`` or ``ted_hrlr_translate/pt_to_en`` (TFDS splits
   train/validation/test become train/valid/test).
