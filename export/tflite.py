@@ -33,7 +33,7 @@ from export.errors import ConversionError, ExportWriteError, missing_saved_model
 from export.op_audit import audit_tflite
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
 from keras_transformer.console import (OneLineArgumentParser, harmless_lines_dropped, input_lines, interrupted,
-                                       stdout_failed)
+                                       sigterm_raises, stdout_failed)
 from keras_transformer.run_dir import write_bytes_atomically
 
 # --quantize choices: weights as trained; float16 weights (dequantized to
@@ -163,20 +163,21 @@ def _translate_stdin(path) -> int:
         with harmless_lines_dropped():
             interpreter = interpreter or load_interpreter(path)
             translations, _ = translate_lines(interpreter, batch)
-        print("\n".join(translations))
+        sys.stdout.write("".join(line + "\n" for line in translations))  # one write a request, flushed
         sys.stdout.flush()
 
     try:
-        for line in input_lines(sys.stdin.buffer):
-            batch.append(line)
-            if len(batch) == batch_size:
-                flush()
-                done, batch = done + len(batch), []
-        flush()
+        with sigterm_raises():  # SIGTERM, as Ctrl-C: the lines so far stay, and one line says how many
+            for line in input_lines(sys.stdin.buffer):
+                batch.append(line)
+                if len(batch) == batch_size:
+                    flush()
+                    done, batch = done + len(batch), []
+            flush()
     except OSError as error:  # a reader that stopped (`| head`), a full disk
         return stdout_failed("export.tflite", error, f"the model {path} was written; {done} lines had been "
                                                      "translated")
-    except KeyboardInterrupt as error:  # Ctrl-C while translating (the model is complete)
+    except KeyboardInterrupt as error:  # Ctrl-C or SIGTERM while translating (the model is complete)
         return interrupted("export.tflite", error, f"the model {path} was written; the first {done} lines "
                                                    "were translated")
     return 0

@@ -543,8 +543,8 @@ def test_tflite_translate_reads_stdin_as_export_translate_does(tmp_path, monkeyp
     file saved on Windows left its byte order mark and CRs in the sentences, and an empty
     stdin printed an empty line. Now it reads as `export.translate` does (`input_lines`):
     bytes, without line ends or the mark, in requests of the model's batch (one line from a
-    terminal), each answered before the next is read. (Stand-ins for the conversion and the
-    interpreter: LiteRT runs in subprocesses in these tests.)"""
+    terminal), each answered before the next is read; SIGTERM stops it as Ctrl-C does. (Stand-ins
+    for the conversion and the interpreter: LiteRT runs in subprocesses in these tests.)"""
     import io
 
     from export import tflite
@@ -592,6 +592,22 @@ def test_tflite_translate_reads_stdin_as_export_translate_does(tmp_path, monkeyp
         assert sent == data.replace(b"\xef\xbb\xbf", b"").replace(b"\r", b"").splitlines()
         assert out == "".join(line.decode("utf-8", "replace").upper() + "\n" for line in sent)
     assert requests == [] and out == ""  # an empty stdin: nothing printed
+
+    # SIGTERM (or Ctrl-C) during the second request: the first one's lines stay, one line says so
+    from keras_transformer.console import Terminated
+
+    def stopped_second(interpreter, lines):
+        if requests:
+            raise Terminated("SIGTERM")
+        return translate_lines(interpreter, lines)
+
+    monkeypatch.setattr(tflite, "translate_lines", stopped_second)
+    monkeypatch.setattr(sys, "stdin", Stdin(windows, False))
+    assert tflite.main(argv) == 143
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [line.decode("utf-8", "replace").upper() for line in requests[0][0]]
+    assert err.splitlines()[-1] == (f"export.tflite: interrupted by SIGTERM; the model {tmp_path / 'm.tflite'} was "
+                                    f"written; the first {LITERT_MAX_BATCH} lines were translated")
 
 
 def test_translate_command_names_a_persistent_xla_cache_it_cannot_use(exported, loaded, tmp_path, monkeypatch,
