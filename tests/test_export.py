@@ -412,7 +412,7 @@ def test_translate_command_interrupted_keeps_what_it_printed_and_says_so_in_one_
     import io
 
     from export import translate
-    from keras_transformer.console import Terminated
+    from helpers import sigterm_self
 
     served = loaded.signatures["serving_default"]
 
@@ -424,6 +424,8 @@ def test_translate_command_interrupted_keeps_what_it_printed_and_says_so_in_one_
 
         def __call__(self, **inputs):
             self.calls.append(len(inputs["text"]))
+            if len(self.calls) == 2 and self.signal == "SIGTERM":
+                sigterm_self()  # a real one: `kill PID`
             if len(self.calls) == 2:
                 raise self.signal
             return served(**inputs)
@@ -436,7 +438,7 @@ def test_translate_command_interrupted_keeps_what_it_printed_and_says_so_in_one_
         def flush(self):
             self.flushed.append(self.getvalue()[sum(map(len, self.flushed)):])
 
-    for signal, code, name in ((KeyboardInterrupt(), 130, "Ctrl-C"), (Terminated("SIGTERM"), 143, "SIGTERM")):
+    for signal, code, name in ((KeyboardInterrupt(), 130, "Ctrl-C"), ("SIGTERM", 143, "SIGTERM")):
         stand_in = InterruptedSecond(signal)
         signatures = {**loaded.signatures, "serving_default": stand_in}
         monkeypatch.setattr(tf.saved_model, "load", lambda path: type("Loaded", (), {"signatures": signatures})())
@@ -593,12 +595,12 @@ def test_tflite_translate_reads_stdin_as_export_translate_does(tmp_path, monkeyp
         assert out == "".join(line.decode("utf-8", "replace").upper() + "\n" for line in sent)
     assert requests == [] and out == ""  # an empty stdin: nothing printed
 
-    # SIGTERM (or Ctrl-C) during the second request: the first one's lines stay, one line says so
-    from keras_transformer.console import Terminated
+    # a real SIGTERM during the second request: the first one's lines stay, one line says so
+    from helpers import sigterm_self
 
     def stopped_second(interpreter, lines):
         if requests:
-            raise Terminated("SIGTERM")
+            sigterm_self()
         return translate_lines(interpreter, lines)
 
     monkeypatch.setattr(tflite, "translate_lines", stopped_second)
