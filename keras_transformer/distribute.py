@@ -73,13 +73,38 @@ def enable_multi_worker_fit(model, strategy) -> None:
     keras_trainer.reduce_per_replica = reduce_per_replica
 
 
+# What `TF_CONFIG` holds, for the messages that refuse a malformed one.
+TF_CONFIG_FORM = ('{"cluster": {"worker": ["HOST:PORT", ...]}, "task": {"type": "worker", "index": I}}, '
+                  'I this worker\'s place in the list')
+
+
 def cluster_tasks():
-    """The number of worker tasks `TF_CONFIG` names (0 when unset or malformed)."""
-    try:
-        cluster = json.loads(os.environ.get("TF_CONFIG", "") or "{}").get("cluster", {})
-    except (ValueError, AttributeError):
+    """The number of worker tasks `TF_CONFIG` names (0 when unset or empty).
+
+    Raises `run_dir.RunError` in one line when it is set but is no JSON object of that
+    form, or when a cluster of several tasks has no `task` among them: a malformed
+    TF_CONFIG had counted as none, so that worker trained alone, as a single process,
+    while the others waited for it."""
+    text = os.environ.get("TF_CONFIG", "")
+    if not text.strip():
         return 0
-    return sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
+    try:
+        config = json.loads(text)
+    except ValueError as error:
+        raise run_dir.RunError(f"TF_CONFIG is not valid JSON ({error}); give {TF_CONFIG_FORM}, or unset it "
+                               f"to train in one process") from None
+    cluster = config.get("cluster", {}) if isinstance(config, dict) else None
+    if not isinstance(cluster, dict) or not all(isinstance(hosts, list) for hosts in cluster.values()):
+        raise run_dir.RunError(f"TF_CONFIG={text[:200]} is not of the form {TF_CONFIG_FORM}")
+    tasks = sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
+    task = config.get("task", {})
+    kind, index = (task.get("type"), task.get("index")) if isinstance(task, dict) else (None, None)
+    if tasks > 1 and (kind not in cluster or isinstance(index, bool) or not isinstance(index, int)
+                      or not 0 <= index < len(cluster[kind])):
+        sizes = json.dumps({name: len(hosts) for name, hosts in cluster.items()})
+        raise run_dir.RunError(f"TF_CONFIG's task {json.dumps(task)} is none of its cluster's tasks ({sizes}); "
+                               f"give each worker its own type and index (0-based)")
+    return tasks
 
 
 def make_strategy():

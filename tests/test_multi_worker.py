@@ -150,3 +150,37 @@ def test_train_py_as_two_workers_writes_the_run_once(process_waves):
     history = (model_dir / "history.csv").read_text().splitlines()
     assert len(history) == 2 and history[1].startswith("3,")  # one row, from the chief
     assert '"steps": 3' in chief_out and '"steps"' not in worker_out  # results printed by the chief only
+
+
+def test_a_malformed_tf_config_is_a_one_line_error_not_a_single_process_run(monkeypatch):
+    """A TF_CONFIG that was no JSON, or named a task its cluster lacks, counted as none: that
+    worker trained alone as a single process (`train.py` ran 1 step and exported, 2026-12-01),
+    while the others waited for it. Now `cluster_tasks` (which `train_and_evaluate` asks before
+    anything else) refuses it in one line naming what to give; the forms that mean one process
+    still do."""
+    from keras_transformer.distribute import cluster_tasks
+    from keras_transformer.run_dir import RunError
+
+    two = {"worker": ["localhost:1", "localhost:2"]}
+    for value, count in (("", 0), ("  ", 0), ('{"cluster": {}, "task": {}}', 0),
+                         (json.dumps({"cluster": {"worker": ["localhost:1"]}}), 1),
+                         (json.dumps({"cluster": two, "task": {"type": "worker", "index": 1}}), 2),
+                         (json.dumps({"cluster": {"chief": ["localhost:0"], **two},
+                                      "task": {"type": "chief", "index": 0}}), 3)):
+        monkeypatch.setenv("TF_CONFIG", value)
+        assert cluster_tasks() == count, value
+    for value, message in (
+            ("{bad json", r"^TF_CONFIG is not valid JSON \(Expecting property name .*\); give \{\"cluster\": "
+                          r"\{\"worker\": \[\"HOST:PORT\", \.\.\.\]\}, \"task\": \{\"type\": \"worker\", \"index\": I\}\}, "
+                          r"I this worker's place in the list, or unset it to train in one process$"),
+            ("[1]", r"^TF_CONFIG=\[1\] is not of the form \{\"cluster\""),
+            ('{"cluster": {"worker": "localhost:1"}}', r"is not of the form"),
+            (json.dumps({"cluster": two, "task": {"type": "worker", "index": 2}}),
+             r"^TF_CONFIG's task \{\"type\": \"worker\", \"index\": 2\} is none of its cluster's tasks "
+             r"\(\{\"worker\": 2\}\); give each worker its own type and index \(0-based\)$"),
+            (json.dumps({"cluster": two}), r"^TF_CONFIG's task \{\} is none of its cluster's tasks"),
+            (json.dumps({"cluster": two, "task": {"type": "chief", "index": 0}}), r"is none of its cluster's"),
+            (json.dumps({"cluster": two, "task": {"type": "worker", "index": True}}), r"is none of its cluster's")):
+        monkeypatch.setenv("TF_CONFIG", value)
+        with pytest.raises(RunError, match=message):
+            cluster_tasks()
