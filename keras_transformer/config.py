@@ -188,8 +188,8 @@ class TransformerConfig:
         # `not 0 <= x`, not `x < 0`: NaN passed that, and a NaN alpha scored every hypothesis NaN, so
         # the final BLEU and every served translation were empty.
         if not 0 <= self.length_penalty_alpha < math.inf:
-            raise ConfigError("length_penalty_alpha",
-                              f"length_penalty_alpha must be a finite number >= 0, got {self.length_penalty_alpha}")
+            raise ConfigError("length_penalty_alpha", f"length_penalty_alpha must be a finite number >= 0, "
+                                                      f"got {self.length_penalty_alpha}")
         self._check_syntax_options()
 
     def _check_syntax_options(self):
@@ -478,6 +478,9 @@ class TrainingConfig:
             if name in given and (isinstance(given[name], bool) or not isinstance(given[name], int)
                                   or given[name] <= 0):
                 raise ConfigError(name, f"{name} must be a positive integer, got {given[name]!r}")
+        seed = given.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:  # NumPy's and Keras's range
+            raise ConfigError("seed", f"seed must be an integer in [0, 2**32 - 1], got {seed!r}")  # (-1: a traceback)
         # `not x >= 0` rather than `x < 0`: NaN passed that (`--max-minutes nan` trained without a
         # budget, `--subword-alpha nan` was a ValueError traceback from the sampler).
         if not given.get("max_minutes", 0) >= 0 or isinstance(given.get("max_minutes", 0), bool):

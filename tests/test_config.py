@@ -235,7 +235,10 @@ def test_nan_and_infinite_values_are_refused_where_they_broke_the_run(capsys):
             (["--set", "layer_norm_epsilon=0"], "layer_norm_epsilon must be a positive number, got 0"),
             (["--set", "learning_rate_scale=inf"], "learning_rate_scale must be a positive number, got inf"),
             (["--max-minutes", "nan"], "--max-minutes must be >= 0, got nan"),
-            (["--subword-alpha", "inf"], "--subword-alpha must be a finite number >= 0 (0: off), got inf")):
+            (["--subword-alpha", "inf"], "--subword-alpha must be a finite number >= 0 (0: off), got inf"),
+            # not NaN, but the same kind of hole: NumPy's seeding raised its own traceback
+            (["--seed", "-1"], "--seed must be an integer in [0, 2**32 - 1], got -1"),
+            (["--seed", str(2 ** 32)], f"--seed must be an integer in [0, 2**32 - 1], got {2 ** 32}")):
         with pytest.raises(SystemExit) as stop:
             train.parse_args(flags)
         err = capsys.readouterr().err
@@ -243,3 +246,4 @@ def test_nan_and_infinite_values_are_refused_where_they_broke_the_run(capsys):
     # the values that were right stay right
     assert TransformerConfig.from_preset("tiny", length_penalty_alpha=0.0, layer_norm_epsilon=1e-6)
     assert train.parse_args(["--max-minutes", "0", "--subword-alpha", "0"]).run.max_minutes == 0
+    assert train.parse_args(["--seed", str(2 ** 32 - 1)]).run.seed == 2 ** 32 - 1
