@@ -66,15 +66,15 @@ def prepare_tokenizer(model_dir, corpus, vocab_size, seed):
     from keras_transformer.data import Tokenizer, tokenizer_path, train_tokenizer
 
     path = tokenizer_path(model_dir)
-    if not path.exists():
+    trained = not path.exists()
+    if trained:
         log.info("training a %d-piece SentencePiece vocabulary on %s", vocab_size, corpus.name)
         train_tokenizer(corpus.texts("train"), path.with_suffix(""), vocab_size, seed=seed)
-        tokenizer = Tokenizer.load(path)
-        if tokenizer.vocab_size < vocab_size:  # `vocab_size` is an upper bound (hard_vocab_limit off)
-            log.info("the vocabulary has %d pieces: the training text holds fewer than the %d asked",
-                     tokenizer.vocab_size, vocab_size)
-        return tokenizer
-    return Tokenizer.load(path)
+    tokenizer = Tokenizer.load(path)
+    if trained and tokenizer.vocab_size < vocab_size:  # `vocab_size` is an upper bound (hard_vocab_limit off)
+        log.info("the vocabulary has %d pieces: the training text holds fewer than the %d asked",
+                 tokenizer.vocab_size, vocab_size)
+    return tokenizer
 
 
 # -- the run -----------------------------------------------------------------------
