@@ -186,7 +186,7 @@ class TransformerConfig:
         if self.decode_extra_length < 0:
             raise ConfigError("decode_extra_length", f"decode_extra_length must be >= 0, got {self.decode_extra_length}")
         # `not 0 <= x`, not `x < 0`: NaN passed that, and a NaN alpha scored every hypothesis NaN, so
-        # the final BLEU and every served translation were empty.
+        # the final BLEU's translations and every served one were empty.
         if not 0 <= self.length_penalty_alpha < math.inf:
             raise ConfigError("length_penalty_alpha", f"length_penalty_alpha must be a finite number >= 0, "
                                                       f"got {self.length_penalty_alpha}")

@@ -222,8 +222,8 @@ def test_a_write_that_fails_outside_the_checkpoints_is_one_line(monkeypatch, cap
 
 def test_nan_and_infinite_values_are_refused_where_they_broke_the_run(capsys):
     """Each check read `x < 0`, which NaN passes: `--set length_penalty_alpha=nan` trained a model
-    whose final BLEU was 0.0 and whose export served "" for every sentence (every hypothesis
-    scored NaN), `--max-minutes nan` trained without its budget, `--subword-alpha nan` was a
+    whose beam search, the final BLEU's and the export's, gave "" for every sentence (every
+    hypothesis scored NaN), `--max-minutes nan` trained without its budget, `--subword-alpha nan` was a
     ValueError traceback from the sampler, and `--set layer_norm_epsilon=nan` was not checked
     at all. Each is now the one-line error of its field."""
     import train
