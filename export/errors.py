@@ -1,6 +1,7 @@
 """The exporters' error types: a conversion that cannot be made as asked and an
 export that cannot be written (one-line messages for the command line), and the
-commands' shared check of a SavedModel path."""
+commands' shared check of a SavedModel path (a version directory, or the newest version
+under an export or model directory)."""
 
 import os
 
@@ -23,6 +24,26 @@ def missing_saved_model(path) -> str | None:
     if os.path.isfile(os.path.join(path, "saved_model.pb")):
         return None
     return f"{path}: no saved_model.pb there; give an export version directory such as MODEL_DIR/export/1"
+
+
+def newest_version(path) -> str | None:
+    """The SavedModel a command given `path` should load, or None when there is none: `path`
+    itself when it holds `saved_model.pb`; else, as TF Serving reads a model's base path, its
+    version directory of the highest number (`EXPORT/10` before `EXPORT/9`) that holds one;
+    else the same in `path/export` (a model directory of `train.py`). Directories that are not
+    a non-negative integer (an export being written, `.tmp-VERSION-PID`) are not versions."""
+    if missing_saved_model(path) is None:
+        return str(path)
+    for base in (path, os.path.join(path, "export")):
+        try:
+            names = os.listdir(base)
+        except OSError:  # no such directory, a file, no permission
+            continue
+        versions = sorted((int(name), name) for name in names
+                          if name.isdigit() and missing_saved_model(os.path.join(base, name)) is None)
+        if versions:
+            return os.path.join(base, versions[-1][1])
+    return None
 
 
 def output_problem(path, directory: bool) -> str | None:

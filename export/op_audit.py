@@ -19,7 +19,7 @@ import json
 import pathlib
 import sys
 
-from export.errors import missing_saved_model
+from export.errors import missing_saved_model, newest_version
 from keras_transformer.console import OneLineArgumentParser
 
 REFERENCE = pathlib.Path(__file__).with_name("reference")
@@ -127,13 +127,15 @@ def audit_tflite(model) -> dict:
 def main(argv=None) -> int:
     parser = OneLineArgumentParser(prog="export.op_audit", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("saved_model", nargs="?", help="an export version directory")
+    parser.add_argument("saved_model", nargs="?", help="an export version directory (EXPORT/1), or EXPORT or the model "
+                        "directory that holds it: its newest version")
     parser.add_argument("--tflite", help="a .tflite file")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
     if not args.saved_model and not args.tflite:
         parser.error("give an export version directory (EXPORT/1), --tflite FILE, or both")
+    args.saved_model = args.saved_model and (newest_version(args.saved_model) or args.saved_model)
     missing = args.saved_model and missing_saved_model(args.saved_model)
     if missing:
         parser.error(missing)

@@ -29,7 +29,7 @@ import os
 import pathlib
 import sys
 
-from export.errors import ConversionError, ExportWriteError, missing_saved_model, output_problem
+from export.errors import ConversionError, ExportWriteError, missing_saved_model, newest_version, output_problem
 from export.op_audit import audit_tflite
 from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
 from keras_transformer.console import (OneLineArgumentParser, harmless_lines_dropped, input_lines, interrupted,
@@ -114,7 +114,9 @@ def translate_lines(interpreter, lines):
 def main(argv=None) -> int:
     parser = OneLineArgumentParser(prog="export.tflite", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
+    parser.add_argument("--saved-model", required=True,
+                        help="an export version directory, e.g. EXPORT/1; or EXPORT, or the model "
+                             "directory that holds it: its newest version, as TF Serving picks")
     parser.add_argument("--output", required=True, help="the .tflite file to write")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, default="none",
                         help="weight quantization (default none; float16 halves the file, dynamic_int8 "
@@ -124,6 +126,7 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
+    args.saved_model = newest_version(args.saved_model) or args.saved_model
     missing = missing_saved_model(args.saved_model)
     if missing:
         print(f"export.tflite: error: {missing}", file=sys.stderr)

@@ -25,7 +25,7 @@ import argparse
 import os
 import sys
 
-from export.errors import missing_saved_model
+from export.errors import missing_saved_model, newest_version
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE
 from keras_transformer.console import (FiniteFloat, OneLineArgumentParser, PositiveInt, harmless_lines_dropped,
@@ -46,7 +46,9 @@ PAPER = TransformerConfig()
 def main(argv=None) -> int:
     parser = OneLineArgumentParser(prog="export.translate", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--saved-model", required=True, help="an export version directory, e.g. EXPORT/1")
+    parser.add_argument("--saved-model", required=True,
+                        help="an export version directory, e.g. EXPORT/1; or EXPORT, or the model "
+                             "directory that holds it: its newest version, as TF Serving picks")
     parser.add_argument("--beam-size", type=int, default=None,
                         help=f"1..{MAX_BEAM_SIZE} (default: the export's own, recorded in its "
                              f"assets.extra/keras_transformer.json; "
@@ -84,6 +86,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
 
+    args.saved_model = newest_version(args.saved_model) or args.saved_model
     missing = missing_saved_model(args.saved_model)
     if missing:
         print(f"export.translate: error: {missing}", file=sys.stderr)

@@ -333,6 +333,10 @@ def test_translate_command_takes_its_defaults_from_the_export(exported, loaded, 
     assert captured.out == "" and len(calls) == 1
     assert captured.err == ("export.translate: error: --n-best 3 asks for more results than the export's beam of 2 "
                             "keeps; give --beam-size 3 (at most 8) or fewer results\n")
+    # the directory holding the export version, as TF Serving's base path: its newest version (the copy)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
+    assert translate.main(["--saved-model", str(tmp_path), "--n-best", "2"]) == 0
+    assert calls[1] == calls[0] and capsys.readouterr().out.splitlines() == lines
 
 
 def test_translate_command_answers_each_line_typed_at_a_terminal(exported, loaded, monkeypatch, capsys):
@@ -1259,9 +1263,40 @@ def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsy
         assert len(err) == 1 and err[0].startswith(f"{main.__module__}: error: ") and message in err[0], (argv, err)
 
 
-def test_op_audit_accepts_the_export_and_flags_foreign_ops(exported, tmp_path):
+def test_export_commands_take_the_newest_version_of_an_export_or_model_directory(tmp_path, capsys):
+    """TF Serving loads the highest-numbered version under a model's base path. Given that
+    base (EXPORT) or the model directory holding it, `export.translate`, `export.tflite`
+    and `export.op_audit` said `no saved_model.pb there` (after `train.py` was rerun on a
+    finished run, its export is EXPORT/2). They now take its newest version, by number."""
+    from export.errors import newest_version
+
+    export = tmp_path / "run" / "export"
+    for name in ("1", "2", "9", "10", ".tmp-12-345", "latest", "-3"):
+        (export / name).mkdir(parents=True)
+        (export / name / "saved_model.pb").write_bytes(b"")
+    (export / "11").mkdir()  # no saved_model.pb: not a version
+    (export / "13").write_text("a file")
+    assert newest_version(export) == str(export / "10")  # by number: a sort of the names gives 9
+    assert newest_version(export.parent) == str(export / "10")
+    assert newest_version(export / "2") == str(export / "2")  # a version directory as given
+    assert newest_version(export / "latest") == str(export / "latest")
+    for nothing in (tmp_path, tmp_path / "missing", export / "11", export / "13"):
+        assert newest_version(nothing) is None, nothing
+    # export.tflite takes the model directory: its next check is the output (a directory here)
+    from export import tflite
+
+    assert tflite.main(["--saved-model", str(export.parent), "--output", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"export.tflite: error: --output {tmp_path} is a directory; give the "
+                                       ".tflite file to write\n")
+
+
+def test_op_audit_accepts_the_export_and_flags_foreign_ops(exported, tmp_path, capsys):
+    from export import op_audit
     from export.op_audit import audit_saved_model
 
+    # given the export's base directory, the command audits its newest version (here 1)
+    assert op_audit.main([str(pathlib.Path(exported["path"]).parent)]) == 0
+    assert capsys.readouterr().out.startswith(f"{exported['path']}: ")
     rows = audit_saved_model(exported["path"])
     kinds = {row["op"]: row["kind"] for row in rows}
     assert not [row for row in rows if "problem" in row]
