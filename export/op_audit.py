@@ -20,7 +20,7 @@ import pathlib
 import sys
 
 from export.errors import missing_saved_model, newest_version
-from keras_transformer.console import OneLineArgumentParser
+from keras_transformer.console import OneLineArgumentParser, stops_quietly_for_a_closed_pipe
 
 REFERENCE = pathlib.Path(__file__).with_name("reference")
 # Core TensorFlow ops that run a Python function of the process that built the graph: in
@@ -124,6 +124,7 @@ def audit_tflite(model) -> dict:
     return {kind: dict(sorted(counts.items())) for kind, counts in report.items()}
 
 
+@stops_quietly_for_a_closed_pipe
 def main(argv=None) -> int:
     parser = OneLineArgumentParser(prog="export.op_audit", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -18,7 +18,7 @@ from tensorflow.python.platform import tf_logging
 from tensorflow.python.tools import saved_model_cli
 
 from export.errors import missing_saved_model
-from keras_transformer.console import quiet_requested
+from keras_transformer.console import quiet_requested, stops_quietly_for_a_closed_pipe
 
 
 def quiet_stock_tool():
@@ -43,6 +43,7 @@ class _KeepVerbosity:
         return getattr(self._module, name)
 
 
+@stops_quietly_for_a_closed_pipe
 def main(argv=None) -> int:
     """Checks `--dir` (one line, exit 2, where the stock tool raised a traceback), then runs
     the stock tool on the arguments (`sys.argv[1:]`), less our `--verbose`."""

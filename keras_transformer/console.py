@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import logging
 import math
 import os
@@ -318,11 +319,40 @@ def stdout_failed(prog: str, error: OSError, written: str) -> int:
     if not isinstance(error, BrokenPipeError) and error.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT,
                                                                       errno.EIO):
         raise error
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    _stdout_to_devnull()
     if isinstance(error, BrokenPipeError):
         return 1
     print(f"{prog}: error: cannot write the translations: {error.strerror}; {written}", file=sys.stderr)
     return 2
+
+
+def _stdout_to_devnull():
+    """Points standard output at /dev/null, so that the interpreter's own flush at exit, of
+    what a failed write left in the buffer, stays quiet (Python's documented recipe for a
+    closed pipe)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def stops_quietly_for_a_closed_pipe(main):
+    """Decorates the `main(argv) -> int` of a command that prints to standard output: when
+    its reader stops (`python -m export.op_audit EXPORT | head -3`), the command exits 1
+    without a word, as `stdout_failed` makes the translate commands do. It was a
+    BrokenPipeError traceback, and Python's `Exception ignored ... BrokenPipeError` once
+    more at exit. Standard output is flushed before `main` returns, so that a pipe closed
+    after the last write fails here, not in the interpreter's flush at exit."""
+    @functools.wraps(main)
+    def command(argv=None) -> int:
+        try:
+            try:
+                code = main(argv)
+            finally:  # (also when `main` raises SystemExit: a failed flush then takes its place)
+                sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            return 1
+        return code
+
+    return command
 
 
 class Terminated(KeyboardInterrupt):

@@ -47,7 +47,7 @@ import shutil
 import sys
 import time
 
-from keras_transformer.console import OneLineArgumentParser, input_lines
+from keras_transformer.console import OneLineArgumentParser, input_lines, stops_quietly_for_a_closed_pipe
 from keras_transformer.data.syntax import AnnotatedSentence, AnnotationError, read_conllu, to_conllu
 
 # spaCy's recipe for a UD treebank: its components and the config preset.
@@ -343,6 +343,7 @@ def write_parsed_corpus(nlp, data: str | os.PathLike, output: str | os.PathLike,
     return counts
 
 
+@stops_quietly_for_a_closed_pipe
 def main(argv=None) -> int:
     # One line per error, named by the command, as the other commands do (argparse printed its
     # usage block first; `python -m keras_transformer.parsing train` without flags: 6 lines).
@@ -396,6 +397,8 @@ def main(argv=None) -> int:
             lines = [line.decode("utf-8", "replace") for line in input_lines(sys.stdin.buffer)]
             for sentence in parse_text(load_parser(args.parser), lines):
                 sys.stdout.write(to_conllu(sentence) + "\n\n")
+    except BrokenPipeError:  # a reader that stopped (`... | head`): the decorator's quiet exit
+        raise
     except (ParserError, AnnotationError, conllu_exceptions.ParseException, OSError) as error:  # bad trees, unreadable files
         print(f"keras_transformer.parsing: error: {error}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """keras_transformer.console: what the commands' quiet mode keeps off a user's terminal."""
 
 import os
+import sys
 
 import pytest
 
@@ -123,3 +124,42 @@ def test_input_lines_are_the_bytes_of_each_line_as_an_editor_means_them():
         raise AssertionError("read ahead")
 
     assert next(input_lines(typed())) == b"first"
+
+
+def test_a_command_whose_reader_stops_exits_1_without_a_word(monkeypatch, capsys):
+    """`stops_quietly_for_a_closed_pipe`: a command printing into a pipe whose reader has
+    gone (`... | head -3`) returns 1 and says nothing, whether the write fails in the
+    command or in the last flush (after a `sys.exit`, as the stock saved_model_cli ends);
+    with a reader, the command's output and exit code; any other OSError is raised."""
+    import errno
+
+    from keras_transformer.console import stops_quietly_for_a_closed_pipe
+
+    @stops_quietly_for_a_closed_pipe
+    def command(argv):
+        for line in range(argv[0]):
+            print(f"line {line}")
+        if argv[1] == "exit":
+            sys.exit(0)
+        if argv[1] == "full disk":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return 0
+
+    for argv, buffering in (([10_000, ""], 1), ([1, "exit"], -1)):  # a line at a time / kept until the flush
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone
+        with os.fdopen(write, "w", buffering=buffering) as closed:
+            monkeypatch.setattr(sys, "stdout", closed)
+            assert command(argv) == 1, argv
+        assert capsys.readouterr().err == ""
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as piped, os.fdopen(read) as reader:
+        monkeypatch.setattr(sys, "stdout", piped)
+        assert command([3, ""]) == 0
+        with pytest.raises(SystemExit) as exit_:
+            command([0, "exit"])
+        assert exit_.value.code == 0
+        with pytest.raises(OSError, match="No space left on device"):
+            command([0, "full disk"])
+        piped.close()
+        assert reader.read() == "line 0\nline 1\nline 2\n"

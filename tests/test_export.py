@@ -1297,6 +1297,13 @@ def test_op_audit_accepts_the_export_and_flags_foreign_ops(exported, tmp_path, c
     # given the export's base directory, the command audits its newest version (here 1)
     assert op_audit.main([str(pathlib.Path(exported["path"]).parent)]) == 0
     assert capsys.readouterr().out.startswith(f"{exported['path']}: ")
+    # `python -m export.op_audit EXPORT | head -3`: a quiet exit 1 (it was a BrokenPipeError traceback)
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as closed, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdout", closed)
+        assert op_audit.main([str(exported["path"])]) == 1
+    assert capsys.readouterr().err == ""
     rows = audit_saved_model(exported["path"])
     kinds = {row["op"]: row["kind"] for row in rows}
     assert not [row for row in rows if "problem" in row]

@@ -6,6 +6,7 @@ A parser is trained here for a few seconds on the embedded corpus's gold trees
 """
 
 import io
+import os
 
 import numpy as np
 import pytest
@@ -152,6 +153,15 @@ def test_the_sentences_command_writes_conllu_the_loader_reads(embedded_parser, m
     assert parsing.main(["sentences", "--parser", str(root / "parser")]) == 0
     out.write_text(capsys.readouterr().out)
     assert syntax.read_conllu(out) == parsing.parse_text(nlp, lines + ["the \ufffd dog"])
+    # read by a reader that stopped (`... | head -2`): a quiet exit 1; it was one error line,
+    # "[Errno 32] Broken pipe", then Python's `Exception ignored ... BrokenPipeError` at exit
+    read, write = os.pipe()
+    os.close(read)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(("\n".join(lines * 50) + "\n").encode())))
+    with os.fdopen(write, "w") as closed:
+        monkeypatch.setattr("sys.stdout", closed)
+        assert parsing.main(["sentences", "--parser", str(root / "parser")]) == 1
+        assert capsys.readouterr().err == ""
 
 
 def test_evaluate_on_a_bad_conllu_file_is_a_one_line_error(embedded_parser, tmp_path, capsys):
