@@ -4,18 +4,21 @@
 
 Only TensorFlow and tensorflow-text are needed to run the export (the
 project's own code is not imported by the model). With the export's
-defaults it calls the `translate_xla` signature (the search XLA-compiled:
-this is our own Python process, where XLA runs; same translations as
-`serving_default`, which `--no-xla` calls, and which exports older than
-that signature fall back to); `--beam-size`, `--alpha`, `--n-best`,
-`--patience` use the `translate_options` signature. A syntax-aware export reads CoNLL-U from
-stdin instead (sentences separated by blank lines) and prints one
-translation per sentence; a malformed sentence gets an empty line, one
-line on stderr naming it and its problem, and exit status 1, while the
-sentences around it are translated.
+defaults it calls the `serving_default` signature, the plain TensorFlow
+graph TF Serving runs; `--xla` calls `translate_xla` instead (the same
+translations, the search XLA-compiled). A command of a few seconds' work
+does not pay back XLA's compile of each (length, batch) bucket it meets: on
+a Multi30k-shaped export, 1, 16, 200 and 1,000 lines took 1.1-1.3x, 2.3x,
+4.7-5.2x and 2.1-2.2x the process time with `--xla` (BENCHMARKS.md, "The
+translate command without XLA"). `--beam-size`, `--alpha`, `--n-best` and
+`--patience` use the `translate_options` signature. A syntax-aware export
+reads CoNLL-U from stdin instead (sentences separated by blank lines) and
+prints one translation per sentence; a malformed sentence gets an empty
+line, one line on stderr naming it and its problem, and exit status 1,
+while the sentences around it are translated.
 
-`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR` in the environment keeps
-`translate_xla`'s compiled programs in DIR, so that a later run skips compiling
+With `--xla`, `TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR` in the environment
+keeps `translate_xla`'s compiled programs in DIR, so that a later run skips compiling
 each (length, batch) bucket an earlier one compiled (TensorFlow reads the
 variable once, when it first lists its devices, which the command's quiet
 import does: set it before the process starts).
@@ -65,9 +68,14 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, action=PositiveInt, default=None,
                         help=f"lines per request (default {BATCH_SIZE}; 1 when stdin is a terminal, so that a "
                              f"line typed is translated when Enter is pressed)")
-    parser.add_argument("--no-xla", action="store_true",
-                        help="call serving_default (plain TensorFlow, as TF Serving runs it) instead of "
-                             "translate_xla")
+    engine = parser.add_mutually_exclusive_group()
+    engine.add_argument("--xla", action="store_true",
+                        help="call translate_xla, the search XLA-compiled (same translations; each (length, "
+                             "batch) bucket of the requests compiles first, 5-15 s each), instead of "
+                             "serving_default")
+    engine.add_argument("--no-xla", action="store_true",
+                        help="call serving_default, plain TensorFlow as TF Serving runs it (the default since "
+                             "2026-12-02; kept for the scripts that give it)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     args = parser.parse_args(argv)
@@ -97,7 +105,12 @@ def main(argv=None) -> int:
               f"are {sorted(loaded.signatures)}; export.saved_model writes serving_default and "
               f"translate_options)", file=sys.stderr)
         return 2
-    xla = not args.no_xla and "translate_xla" in loaded.signatures
+    if args.xla and "translate_xla" not in loaded.signatures:
+        print(f"export.translate: error: --xla: {args.saved_model} has no translate_xla signature (a "
+              f"syntax-aware export, or one older than that signature); translate without --xla",
+              file=sys.stderr)
+        return 2
+    xla = args.xla
     default = loaded.signatures["translate_xla" if xla else "serving_default"]
     xla_flags = os.environ.get("TF_XLA_FLAGS", "")
     problem = xla and _xla_cache_problem(xla_flags)

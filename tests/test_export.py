@@ -81,7 +81,7 @@ def export_processes(exported, tmp_path_factory, request):
             run_module("export.saved_model_cli", "run", "--dir", path, "--tag_set", "serve",
                        "--signature_def", "serving_default", "--input_exprs", f"text={GOLDEN[:2]!r}")),
         "test_translate_command_reads_stdin": lambda: (xla_cache, run_module(
-            "export.translate", "--saved-model", path, stdin="\n".join(GOLDEN) + "\n",
+            "export.translate", "--saved-model", path, "--xla", stdin="\n".join(GOLDEN) + "\n",
             env={"TF_XLA_FLAGS": f"--tf_xla_persistent_cache_directory={xla_cache}"})),
         "test_multi30k_benchmark_scores_a_finished_runs_export": lambda: (multi30k_run, subprocess.run(
             [sys.executable, "-m", "benchmarks.multi30k", "--model-dir", str(multi30k_run),
@@ -274,7 +274,8 @@ def test_every_signature_is_traced_once_into_the_saved_model(exported):
 
 
 def test_translate_command_reads_stdin(exported, export_processes):
-    # TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=CACHE python -m export.translate --saved-model PATH < GOLDEN
+    # TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=CACHE python -m export.translate --saved-model PATH --xla
+    #     < GOLDEN
     cache, out = export_processes["test_translate_command_reads_stdin"].result()
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines() == in_process(exported["translator"], GOLDEN)[0]
@@ -458,28 +459,42 @@ def test_translate_command_interrupted_keeps_what_it_printed_and_says_so_in_one_
 
 
 def test_translate_command_turns_grappler_off_before_its_first_xla_request(exported, loaded, monkeypatch, capsys):
-    """Without options every request goes to translate_xla, which XLA compiles: Grappler,
-    which would optimize its graph first (2-3 s a bucket, BENCHMARKS.md part 30), is off
-    before the first request; the process calls nothing else."""
+    """Without options every request goes to serving_default (the plain graph: a command's
+    few seconds of work did not pay back XLA's compile of each bucket, BENCHMARKS.md, "The
+    translate command without XLA"), with Grappler on. With `--xla` they go to translate_xla,
+    which XLA compiles: Grappler, which would optimize its graph first (2-3 s a bucket,
+    BENCHMARKS.md part 30), is off before the first request; the process calls nothing else.
+    `--xla` on an export without translate_xla is one line."""
     import io
 
     from export import translate
 
     events = []
 
-    def translate_xla(text):
-        events.append(("translate_xla", text.numpy().tolist()))
-        return {"translation": tf.constant([b"x"] * int(text.shape[0]))}
+    def recording(name):
+        def signature(text):
+            events.append((name, text.numpy().tolist()))
+            return {"translation": tf.constant([name.encode()] * int(text.shape[0]))}
 
-    translate_xla.structured_input_signature = loaded.signatures["translate_xla"].structured_input_signature
-    signatures = {**loaded.signatures, "translate_xla": translate_xla}
+        signature.structured_input_signature = loaded.signatures[name].structured_input_signature
+        return signature
+
+    signatures = {**loaded.signatures, "translate_xla": recording("translate_xla"),
+                  "serving_default": recording("serving_default")}
     monkeypatch.setattr(tf.saved_model, "load", lambda path: type("Loaded", (), {"signatures": signatures})())
     monkeypatch.setattr(tf.config.optimizer, "set_experimental_options", lambda options: events.append(options))
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the man sees the dog\na red house today\n")))
-    assert translate.main(["--saved-model", str(exported["path"]), "--batch-size", "1"]) == 0
-    assert events == [{"disable_meta_optimizer": True}, ("translate_xla", [b"the man sees the dog"]),
-                      ("translate_xla", [b"a red house today"])]
-    assert capsys.readouterr().out == "x\nx\n"
+    for flags, name, grappler in (([], "serving_default", []), (["--no-xla"], "serving_default", []),
+                                  (["--xla"], "translate_xla", [{"disable_meta_optimizer": True}])):
+        events.clear()
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the man sees the dog\na red house today\n")))
+        assert translate.main(["--saved-model", str(exported["path"]), "--batch-size", "1", *flags]) == 0
+        assert events == grappler + [(name, [b"the man sees the dog"]), (name, [b"a red house today"])], flags
+        assert capsys.readouterr().out == f"{name}\n{name}\n"
+    del signatures["translate_xla"]
+    assert translate.main(["--saved-model", str(exported["path"]), "--xla"]) == 2
+    assert capsys.readouterr().err == (f"export.translate: error: --xla: {exported['path']} has no translate_xla "
+                                       f"signature (a syntax-aware export, or one older than that signature); "
+                                       f"translate without --xla\n")
 
 
 def test_translate_command_keeps_tensorflows_harmless_lines_off_the_terminal(exported, loaded, monkeypatch,
@@ -505,7 +520,7 @@ def test_translate_command_keeps_tensorflows_harmless_lines_off_the_terminal(exp
     expected = {}
     for quiet in ("1", "0"):
         monkeypatch.setenv("KERAS_TRANSFORMER_QUIET", quiet)
-        for flags in (["--n-best", "2"], ["--no-xla"], []):
+        for flags in (["--n-best", "2"], ["--no-xla"], [], ["--xla"]):
             monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN[:2]) + "\n").encode())))
             assert translate.main(["--saved-model", str(exported["path"]), *flags]) == 0
             out = capfd.readouterr()
@@ -513,7 +528,8 @@ def test_translate_command_keeps_tensorflows_harmless_lines_off_the_terminal(exp
                                + CACHE_HIT), flags
             expected.setdefault(tuple(flags), out.out)
             assert out.out == expected[tuple(flags)] and len(out.out.splitlines()) == 2  # the same translations
-    assert expected[()] == expected[("--no-xla",)] == "\n".join(in_process(exported["translator"], GOLDEN[:2])[0]) + "\n"
+    assert expected[()] == expected[("--no-xla",)] == expected[("--xla",)] == "\n".join(
+        in_process(exported["translator"], GOLDEN[:2])[0]) + "\n"
 
 
 def test_tflite_translate_keeps_litert_delegate_notice_off_a_quiet_terminal(tmp_path, monkeypatch, capfd):
@@ -620,7 +636,8 @@ def test_translate_command_names_a_persistent_xla_cache_it_cannot_use(exported, 
                                                                       capsys):
     """TF_XLA_FLAGS naming a cache directory that cannot be made failed the first request with
     a graph traceback ("No such file or directory [[{{node cond/StatefulPartitionedCall}}]]"):
-    now one line names the variable, the path and the problem, before any request."""
+    now one line names the variable, the path and the problem, before any request (with
+    `--xla`: the plain graph of the default reads no cache)."""
     import io
 
     from export import translate
@@ -632,7 +649,7 @@ def test_translate_command_names_a_persistent_xla_cache_it_cannot_use(exported, 
     for path, problem in ((afile, "which is not a directory"),
                           (afile / "cache", "which cannot be created (Not a directory)")):
         monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_min_cluster_size=2 --tf_xla_persistent_cache_directory={path}")
-        assert translate.main(["--saved-model", str(exported["path"])]) == 2
+        assert translate.main(["--saved-model", str(exported["path"]), "--xla"]) == 2
         out = capsys.readouterr()
         assert out.out == "" and out.err == (
             f"export.translate: error: TF_XLA_FLAGS names {path} as the persistent XLA cache "
