@@ -110,10 +110,9 @@ def main(argv=None) -> int:
               f"syntax-aware export, or one older than that signature); translate without --xla",
               file=sys.stderr)
         return 2
-    xla = args.xla
-    default = loaded.signatures["translate_xla" if xla else "serving_default"]
+    default = loaded.signatures["translate_xla" if args.xla else "serving_default"]
     xla_flags = os.environ.get("TF_XLA_FLAGS", "")
-    problem = xla and _xla_cache_problem(xla_flags)
+    problem = args.xla and _xla_cache_problem(xla_flags)
     if problem:  # (TensorFlow would fail the first request with a graph traceback)
         print(f"export.translate: error: {problem}", file=sys.stderr)
         return 2
@@ -146,7 +145,7 @@ def main(argv=None) -> int:
 
     # Without options every request goes to `default`; with any, to translate_options.
     plain_request = args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None
-    if xla and plain_request:
+    if args.xla and plain_request:
         # Grappler would optimize translate_xla's graph before XLA compiles it: 2-3 s more per
         # bucket's first request on the multi30k preset's shape, for the same program speed and
         # translations (BENCHMARKS.md, serving speed part 30). This process calls nothing else.
