@@ -18,9 +18,11 @@ The ids-to-ids search is `keras_transformer.searcher.Searcher`
 (`Translator.searcher`), in two ways (same translations): the plain
 TensorFlow graph (`xla=False`), what TF Serving runs by default, and the
 XLA-compiled search (`xla=True`), with the string ops outside it since they
-have no XLA kernels. Everything that runs in our own process uses XLA:
-`translate`, hence training's BLEU, and the export's `translate_xla`
-signature, which `export.translate` and the speed benchmark call.
+have no XLA kernels. `translate`, hence training's BLEU, runs the plain
+graph by default, as `export.translate` calls `serving_default`: a run meets
+each (length, batch) bucket a few times, and XLA's compile of each costs more
+than it saves (BENCHMARKS.md, "Training's BLEU in the plain graph"). The
+export's `translate_xla` signature is the XLA one, for servers that warm it up.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from keras_transformer.data.annotated import annotated_features
 from keras_transformer.model import source_feature_names
 from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted
 
-# `Translator.translate` (train.py's BLEU, in our own process) runs a few batches
-# per shape, not a server's many: the branches' compile time (13.6 s instead of
+# `Translator.translate(xla=True)` (in our own process) runs a few batches per
+# shape, not a server's many: the branches' compile time (13.6 s instead of
 # 5.6 s for a batch-32 bucket of the Multi30k model) would cost more than the
 # halving saves, so it searches without them (same translations).
 IN_PROCESS_BATCH_HALVINGS = 0
@@ -262,15 +264,18 @@ class Translator:
         return strings, scores
 
     # -- eager convenience -----------------------------------------------
-    def translate(self, texts, beam_size=None, alpha=None, num_results=1, xla=True):
+    def translate(self, texts, beam_size=None, alpha=None, num_results=1, xla=False):
         """Translates a list (or string tensor) of sentences; returns a list of str
         (or, with `num_results > 1`, a list of lists).
 
-        `xla=True` (the default here, in our own process) runs the search
-        XLA-compiled (without the export's batch halvings:
-        `IN_PROCESS_BATCH_HALVINGS`), `xla=False` as the SavedModel's `serving_default` does:
-        same translations. A syntax-aware model takes CoNLL-U sentences and
-        always runs the plain graph."""
+        By default the search runs as the SavedModel's `serving_default` does (the
+        plain graph, which drops each sentence once it is done); `xla=True` runs
+        it XLA-compiled (without the export's batch halvings:
+        `IN_PROCESS_BATCH_HALVINGS`), which compiles a program for each (length,
+        batch) bucket it meets: same translations. train.py's final BLEU took
+        1.8-4.1x less time in the plain graph (BENCHMARKS.md, "Training's BLEU in
+        the plain graph"). A syntax-aware model takes CoNLL-U sentences and always runs the
+        plain graph."""
         xla = xla and not self.config.syntax_aware
         # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
         beam_size = self.config.beam_size if beam_size is None else beam_size

@@ -160,6 +160,30 @@ def test_translate_takes_a_list_of_sentences_and_names_anything_else(exported):
     assert translator.translate(GOLDEN[:2], beam_size=np.int64(4), xla=False) == want  # NumPy ints are ints
 
 
+def test_translate_and_trainings_bleu_run_the_plain_graph_unless_asked_for_xla(exported, monkeypatch):
+    """`Translator.translate`, hence train.py's BLEU (`compute_bleu`), runs the plain graph
+    (serving_default's) by default: it had compiled an XLA program for every bucket a run met,
+    which took train.py's final BLEU 1.8-4.1x the time (BENCHMARKS.md, "Training's BLEU in the
+    plain graph"). `xla=True` still runs the compiled search, with the same translations."""
+    from keras_transformer.evaluation import compute_bleu
+
+    model, config = exported["model"], exported["config"]
+    translator = Translator(model, config, exported["translator"].sentencepiece_model)  # nothing traced yet
+    compiled = []
+    search_xla = translator.searcher.search_xla
+    monkeypatch.setattr(translator.searcher, "search_xla",
+                        lambda *args, **kwargs: compiled.append(args[2]) or search_xla(*args, **kwargs))
+    want = in_process(translator, GOLDEN)[0]
+    assert any(want)
+    assert translator.translate(GOLDEN) == want
+    pairs = tf.data.Dataset.from_tensor_slices((GOLDEN, want))
+    score, _, hypotheses = compute_bleu(translator, pairs, beam_size=4)
+    assert hypotheses == want and score.score == pytest.approx(100.0)
+    assert compiled == []
+    assert translator.translate(GOLDEN, xla=True) == want
+    assert compiled == [4]  # traced once, for beam 4
+
+
 def test_fresh_process_with_only_tensorflow_translates_as_in_process(exported, export_processes):
     want, want_scores = in_process(exported["translator"], GOLDEN)
     got = json.loads(export_processes["test_fresh_process_with_only_tensorflow_translates_as_in_process"].result())
