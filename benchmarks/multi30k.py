@@ -12,9 +12,12 @@ What it does, as a user would:
    (`results.json`) is evaluated again without training, never trained
    further; if its own export failed, the newest one in `D/export` is used
    (or the script stops, naming the command that makes one).
-2. Loads that export (`tf.saved_model.load`, the `translate_xla` signature:
-   the run's own decoding, e.g. the preset's beam 5 and alpha 1.0, +50, the
-   search XLA-compiled) and translates test2016.en in batches of 64.
+2. Loads that export (`tf.saved_model.load`, the `serving_default` signature,
+   as `python -m export.translate` calls it: the run's own decoding, e.g. the
+   preset's beam 5 and alpha 1.0, +50) and translates test2016.en in batches
+   of 64. (Until 2026-12-02 it called `translate_xla`, the same translations,
+   whose compile of each bucket cost more than its search saved on one file:
+   BENCHMARKS.md, "The translate command without XLA".)
 3. Prints cased sacreBLEU on the raw references (the project's figure),
    lowercased (`-lc`), each with its signature, and lowercased
    Moses-tokenized BLEU (`benchmarks.literature_bleu`: how the Multi30k
@@ -115,13 +118,16 @@ def train(args):
     return json.loads(results_path.read_text())
 
 
+# The export's signature that translates the test file: what `export.translate` calls by default.
+SIGNATURE = "serving_default"
+
+
 def translate(export, sources, batch_size=64):
     import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the tokenizer ops)
 
-    signatures = tf.saved_model.load(str(export)).signatures
-    signature = signatures["translate_xla" if "translate_xla" in signatures else "serving_default"]
+    signature = tf.saved_model.load(str(export)).signatures[SIGNATURE]
     hypotheses = []
     for i in range(0, len(sources), batch_size):
         out = signature(text=tf.constant(sources[i:i + batch_size]))["translation"].numpy()
@@ -227,7 +233,7 @@ def main(argv=None):
     print(f"# trained {results['steps']} steps in {minutes} min"
           + (" (stopped by the time budget)" if results.get("stopped_by_time_budget") else "")
           + f"; {results.get('averaged_checkpoints')} checkpoints averaged; export {results['export']}")
-    print(f"# {len(sources)} {args.test} sentences translated by the export in {seconds:.1f} s")
+    print(f"# {len(sources)} {args.test} sentences translated by the export's {SIGNATURE} in {seconds:.1f} s")
     print(f"# {args.test} cased BLEU {score.score:.2f} [{cased}]")
     print(f"# {args.test} lowercased BLEU {lower.score:.2f} [{lowercased}]")
     literature = lc_tok_bleu(hypotheses, references, "de")

@@ -1022,6 +1022,9 @@ def test_multi30k_benchmark_scores_a_finished_runs_export(exported, export_proce
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = result.stdout
     assert "holds a finished run: evaluating it without training" in out
+    # as export.translate does by default (translate_xla compiled a program per bucket)
+    assert re.search(rf"\n# {len(sources)} valid sentences translated by the export's serving_default in "
+                     r"[0-9.]+ s\n", out), out
     assert (model_dir / "valid.export.hyp.de").read_text(encoding="utf-8").splitlines() == want
     cased = sacrebleu.corpus_bleu(want, [references]).score
     lower = sacrebleu.corpus_bleu(want, [references], lowercase=True).score
