@@ -103,9 +103,10 @@ def onednn_requested(argv=None, environ=None) -> bool:
     TensorFlow turns them on by itself only on CPUs with AVX-512 VNNI or BF16, or AMX. On a
     2-vCPU AMD EPYC with AVX2 they trained the `multi30k` preset 1.4-1.8x and `base` 1.1-1.2x
     as fast, with the same losses up to float rounding, and the export's XLA search
-    (`translate_xla`, which `export.translate` and `train.py`'s BLEU call) translated batches
-    of 32 1.25-1.35x as fast and single sentences about as fast (README "Flags";
-    BENCHMARKS.md, "Training with oneDNN on an AVX2 CPU").
+    (`translate_xla`, `export.translate --xla`) translated batches of 32 1.25-1.35x as fast
+    and single sentences about as fast (README "Flags"; BENCHMARKS.md, "Training with
+    oneDNN on an AVX2 CPU"). `export.translate` without `--xla` (`serving_default`) took
+    the same time either way (BENCHMARKS.md, "Training's BLEU in the plain graph").
     """
     environ = os.environ if environ is None else environ
     program = main_program(argv)
