@@ -272,9 +272,9 @@ class Translator:
         plain graph, which drops each sentence once it is done); `xla=True` runs
         it XLA-compiled (without the export's batch halvings:
         `IN_PROCESS_BATCH_HALVINGS`), which compiles a program for each (length,
-        batch) bucket it meets: same translations. train.py's final BLEU took
-        1.8-4.1x less time in the plain graph (BENCHMARKS.md, "Training's BLEU in
-        the plain graph"). A syntax-aware model takes CoNLL-U sentences and always runs the
+        batch) bucket it meets: same translations. With XLA, train.py's final BLEU
+        took 1.8-4.1x the time (BENCHMARKS.md, "Training's BLEU in the plain
+        graph"). A syntax-aware model takes CoNLL-U sentences and always runs the
         plain graph."""
         xla = xla and not self.config.syntax_aware
         # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
