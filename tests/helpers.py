@@ -1,5 +1,8 @@
 """Small corpora and models made inside the tests."""
 
+import contextlib
+import os
+
 WORDS_EN = "the a man woman dog cat sees buys red big small house book today".split()
 WORDS_DE = "der die Mann Frau Hund Katze sieht kauft rot groß klein Haus Buch heute".split()
 
@@ -103,6 +106,17 @@ def in_background(function, *args, **kwargs):
         return executor.submit(function, *args, **kwargs)
     finally:
         executor.shutdown(wait=False)
+
+
+@contextlib.contextmanager
+def closed_pipe(buffering=-1):
+    """A text stream into a pipe whose reader is gone, as `command | head -3` leaves the
+    command's standard output once `head` has its lines: a write or flush that reaches the
+    pipe raises `BrokenPipeError`. Closed on leaving the block."""
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w", buffering=buffering) as closed:
+        yield closed
 
 
 def full_disk_writes(monkeypatch, keep=1000):

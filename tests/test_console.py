@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers import CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK
+from helpers import CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, closed_pipe
 
 from keras_transformer.console import HARMLESS_CACHE_LINES, HARMLESS_LINES, ONEDNN_FALLBACK_LINES, stderr_without
 
@@ -146,9 +146,7 @@ def test_a_command_whose_reader_stops_exits_1_without_a_word(monkeypatch, capsys
         return 0
 
     for argv, buffering in (([10_000, ""], 1), ([1, "exit"], -1)):  # a line at a time / kept until the flush
-        read, write = os.pipe()
-        os.close(read)  # the reader is gone
-        with os.fdopen(write, "w", buffering=buffering) as closed:
+        with closed_pipe(buffering) as closed:
             monkeypatch.setattr(sys, "stdout", closed)
             assert command(argv) == 1, argv
         assert capsys.readouterr().err == ""

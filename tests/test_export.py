@@ -17,7 +17,7 @@ import hypothesis.strategies
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, in_background, warmup_requests
+from helpers import CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, closed_pipe, in_background, warmup_requests
 
 from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
 from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
@@ -406,9 +406,6 @@ def test_translate_command_stops_quietly_for_a_closed_pipe_and_in_one_line_for_a
     from export import translate
 
     monkeypatch.setattr(tf.saved_model, "load", lambda path: loaded)
-    read, write = os.pipe()
-    os.close(read)  # the reader is gone, as `head` exits after its lines
-    closed = os.fdopen(write, "w", buffering=1)
 
     class FullDisk(io.TextIOBase):
         def __init__(self):
@@ -421,13 +418,14 @@ def test_translate_command_stops_quietly_for_a_closed_pipe_and_in_one_line_for_a
             return self.file.fileno()
 
     full = FullDisk()
-    for stdout, code, err in ((closed, 1, ""), (full, 2, "export.translate: error: cannot write the translations: "
-                                                      "No space left on device; 0 lines had been translated")):
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
-        monkeypatch.setattr(sys, "stdout", stdout)
-        assert translate.main(["--saved-model", str(exported["path"]), "--no-xla"]) == code
-        assert capsys.readouterr().err.strip() == err
-    closed.close()
+    with closed_pipe(buffering=1) as closed:  # the reader is gone, as `head` exits after its lines
+        for stdout, code, err in ((closed, 1, ""), (full, 2, "export.translate: error: cannot write the "
+                                                          "translations: No space left on device; 0 lines had "
+                                                          "been translated")):
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
+            monkeypatch.setattr(sys, "stdout", stdout)
+            assert translate.main(["--saved-model", str(exported["path"]), "--no-xla"]) == code
+            assert capsys.readouterr().err.strip() == err
     full.file.close()
 
 
@@ -1342,9 +1340,7 @@ def test_op_audit_accepts_the_export_and_flags_foreign_ops(exported, tmp_path, c
     assert op_audit.main([str(pathlib.Path(exported["path"]).parent)]) == 0
     assert capsys.readouterr().out.startswith(f"{exported['path']}: ")
     # `python -m export.op_audit EXPORT | head -3`: a quiet exit 1 (it was a BrokenPipeError traceback)
-    read, write = os.pipe()
-    os.close(read)
-    with os.fdopen(write, "w") as closed, pytest.MonkeyPatch.context() as patch:
+    with closed_pipe() as closed, pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "stdout", closed)
         assert op_audit.main([str(exported["path"])]) == 1
     assert capsys.readouterr().err == ""

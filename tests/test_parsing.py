@@ -6,10 +6,10 @@ A parser is trained here for a few seconds on the embedded corpus's gold trees
 """
 
 import io
-import os
 
 import numpy as np
 import pytest
+from helpers import closed_pipe
 
 spacy = pytest.importorskip("spacy")
 
@@ -155,10 +155,8 @@ def test_the_sentences_command_writes_conllu_the_loader_reads(embedded_parser, m
     assert syntax.read_conllu(out) == parsing.parse_text(nlp, lines + ["the \ufffd dog"])
     # read by a reader that stopped (`... | head -2`): a quiet exit 1; it was one error line,
     # "[Errno 32] Broken pipe", then Python's `Exception ignored ... BrokenPipeError` at exit
-    read, write = os.pipe()
-    os.close(read)
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(("\n".join(lines * 50) + "\n").encode())))
-    with os.fdopen(write, "w") as closed:
+    with closed_pipe() as closed:
         monkeypatch.setattr("sys.stdout", closed)
         assert parsing.main(["sentences", "--parser", str(root / "parser")]) == 1
         assert capsys.readouterr().err == ""
