@@ -390,7 +390,7 @@ class SearchProfile:
     def __init__(self, model, config, tokenizer, patience=0.0):
         import tensorflow as tf
 
-        from keras_transformer.searcher import XLA_CACHE_STAGES
+        from keras_transformer.searcher import CACHE_STAGES
         from keras_transformer.translator import Translator
 
         beam_size = config.beam_size
@@ -402,7 +402,7 @@ class SearchProfile:
 
         def count(logits):
             alive = tf.minimum(tf.shape(logits)[0] // beam_size, MAX_PROFILED_BATCH)
-            later = tf.cast(self.step >= XLA_CACHE_STAGES[0], tf.int32)
+            later = tf.cast(self.step >= CACHE_STAGES[0], tf.int32)
             self.steps_by_alive.assign_add(tf.scatter_nd([[later, alive]], tf.ones([1], tf.int64),
                                                          [2, MAX_PROFILED_BATCH + 1]))
             self.step.assign_add(1)

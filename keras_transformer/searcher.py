@@ -38,10 +38,12 @@ from keras_transformer.layers.step_kernels import StepKernels
 # Batch sizes the XLA-compiled search is compiled for: a request is padded
 # to the next one; larger requests to the next multiple of the last one.
 XLA_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-# The XLA-compiled search runs in stages whose self-attention buffers hold this
-# many positions (then the whole buffer): a step reads and reorders a buffer of
-# its stage's size, not `source + 50` (`beam_search(cache_stages=...)`).
-XLA_CACHE_STAGES = (16, 32, 64)
+# The searches of static shapes (XLA-compiled, and the static buffer LiteRT's runs) run in
+# stages whose self-attention buffers hold this many positions (then the whole buffer): a
+# step reads, writes and reorders a buffer of its stage's size, not `source + 50`
+# (`beam_search(cache_stages=...)`). In LiteRT a batch of 32 translated in 0.49x the
+# time, a single sentence in 0.92x (BENCHMARKS.md, serving speed part 38).
+CACHE_STAGES = (16, 32, 64)
 # ... and each step after the first stage runs on the smallest of batch, batch / 2, batch / 4,
 # batch / 8 (rounded up) that holds the sentences not yet done (`beam_search(batch_halvings=...)`):
 # XLA's static shapes cannot drop finished sentences one by one as the plain
@@ -282,9 +284,12 @@ class Searcher:
                 and without dropping finished sentences (with so few rows
                 the drop's bookkeeping costs more than the rows it saves;
                 see the comment at the `cond` below).
-                True: every buffer holds `max_decode_length`
-                positions and every sentence stays in the loop to the end
-                (static shapes, as LiteRT needs). Both give the same
+                True: static shapes, as LiteRT needs: the sequence
+                buffers hold `max_decode_length` positions, the
+                self-attention caches grow in `CACHE_STAGES` (16, 32, 64,
+                then `max_decode_length` positions: one loop per stage,
+                each on buffers of its size), and every sentence stays in
+                the loop until the whole batch is done. Both give the same
                 translations.
             source_features: the syntax-aware model's extra encoder inputs.
             patience: None, or a float scalar: CTranslate2's patience stop
@@ -303,11 +308,12 @@ class Searcher:
         if static_buffer:
             static = self.decoder.static_cache(source_ids, source_features)
             buffer_length = self.max_decode_length
-            cache = self.decoder.initial_self_attention_cache(batch, buffer_length)
+            cache = self.decoder.initial_self_attention_cache(batch, 0)
             return beam_search(self._step_fn(grow=False), cache, batch, max_lengths,
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
                                num_results=num_results, exact_results=exact_results, static_cache=static,
-                               patience=patience, max_beam_size=max_beam_size)
+                               patience=patience, max_beam_size=max_beam_size, cache_stages=CACHE_STAGES,
+                               resize_cache=self.decoder.resize_self_attention_cache)
         buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
                                          1, self.max_decode_length)  # int32 scalar
         static = self.decoder.static_cache(source_ids, source_features)
@@ -405,7 +411,7 @@ class Searcher:
                 return beam_search(step_fn, cache, batch,
                                    max_lengths, beam_size=beam_size,
                                    alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
-                                   static_cache=static, patience=patience, cache_stages=XLA_CACHE_STAGES,
+                                   static_cache=static, patience=patience, cache_stages=CACHE_STAGES,
                                    resize_cache=self.decoder.resize_self_attention_cache,
                                    min_decode_length=self.length_buckets[0] - 1 + extra,
                                    batch_halvings=batch_halvings, gather=tf_gather,

@@ -230,22 +230,18 @@ def test_tf1_session_loader_and_saved_model_cli(exported, export_processes):
     assert result.stderr == ""
 
 
-def test_single_request_loops_keep_the_single_threaded_executor_in_the_saved_model(exported):
-    """TF Serving runs what `saved_model.pb` says: the small-request loop of `serving_default`
-    and of `translate_options` is a `While` node kept out of TensorFlow's lowering whose body
-    and condition run by `SINGLE_THREADED_EXECUTOR` (`Searcher(single_threaded_loop=True)`),
-    and holds no branch or loop (that executor runs no control-flow frames); every other
-    loop (the large-request, XLA and LiteRT searches) is lowered as before, with no executor
-    of its own. The TF1 session test runs single sentences through it."""
+def saved_functions(export_path):
+    """The function library of `export_path/saved_model.pb`: `(nodes, loops, serving)`, where
+    `nodes(name)` lists the nodes of a function and of every function it calls, `loops(name)`
+    those of them that are `While` loops, and `serving(prefix)` names a signature's function
+    (`_serve`, `_serve_litert`, ...)."""
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from keras_transformer.searcher import SINGLE_THREADED_EXECUTOR
-
     saved = saved_model_pb2.SavedModel()
-    saved.ParseFromString((exported["path"] / "saved_model.pb").read_bytes())
+    saved.ParseFromString((export_path / "saved_model.pb").read_bytes())
     functions = {f.signature.name: f for f in saved.meta_graphs[0].graph_def.library.function}
 
-    def nodes(function_name):  # the nodes of a function and of every function it calls
+    def nodes(function_name):
         seen, stack, found = set(), [function_name], []
         while stack:
             name = stack.pop()
@@ -264,6 +260,19 @@ def test_single_request_loops_keep_the_single_threaded_executor_in_the_saved_mod
     def serving(prefix):
         return next(name for name in functions if re.fullmatch(rf"__inference_{prefix}_\d+", name))
 
+    return nodes, loops, serving
+
+
+def test_single_request_loops_keep_the_single_threaded_executor_in_the_saved_model(exported):
+    """TF Serving runs what `saved_model.pb` says: the small-request loop of `serving_default`
+    and of `translate_options` is a `While` node kept out of TensorFlow's lowering whose body
+    and condition run by `SINGLE_THREADED_EXECUTOR` (`Searcher(single_threaded_loop=True)`),
+    and holds no branch or loop (that executor runs no control-flow frames); every other
+    loop (the large-request, XLA and LiteRT searches) is lowered as before, with no executor
+    of its own. The TF1 session test runs single sentences through it."""
+    from keras_transformer.searcher import SINGLE_THREADED_EXECUTOR
+
+    nodes, loops, serving = saved_functions(exported["path"])
     control_flow = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase", "Switch", "Merge")
     for prefix, single_threaded_loops in (("_serve", 1), ("_serve_with_options", 1), ("_serve_xla", 0),
                                           ("_serve_litert", 0)):
@@ -279,6 +288,29 @@ def test_single_request_loops_keep_the_single_threaded_executor_in_the_saved_mod
                      if n.op in control_flow]
             assert not inner, (prefix, inner)
     assert len(loops(serving("_serve"))) >= 2  # the large-request loop is there too, lowered
+
+
+def test_litert_search_runs_in_cache_stages(exported):
+    """The LiteRT signature's search (static shapes) runs one loop per cache stage, each on
+    self-attention buffers of its stage's size: 16 and 32 positions, then the whole buffer
+    (`max_length + decode_extra_length`, 34 for the toy model), not one loop on the whole
+    buffer (serving speed part 38: a batch of 32 in 0.49x the time). The translations are
+    the request-sized search's (`test_request_sized_buffer_equals_the_static_buffer`) and
+    the SavedModel's (`test_litert_translates_like_the_saved_model`)."""
+    from keras_transformer.searcher import CACHE_STAGES
+
+    config = exported["config"]
+    _, loops, serving = saved_functions(exported["path"])
+    positions = []
+    for loop in loops(serving("_serve_litert")):
+        # the self-attention caches among the loop's variables: [rows, heads, positions, head_size]
+        sizes = {shape.dim[2].size for shape in loop.attr["output_shapes"].list.shape
+                 if len(shape.dim) == 4 and shape.dim[1].size == config.num_heads
+                 and shape.dim[3].size == config.head_size and shape.dim[2].size > 0}
+        assert len(sizes) == 1, sizes  # every decoder layer's keys and values in a loop hold one size
+        positions += sizes
+    whole = config.max_length + config.decode_extra_length
+    assert whole == 34 and sorted(positions) == [end for end in CACHE_STAGES if end < whole] + [whole] == [16, 32, 34]
 
 
 def test_every_signature_is_traced_once_into_the_saved_model(exported):
@@ -1469,7 +1501,9 @@ def test_litert_model_uses_only_builtins_and_tf_text_kernels(tflite_model, liter
     assert report["unsupported"] == {}
     assert set(report["tensorflow_text"]) == {"TFText>FastSentencepieceTokenize", "RaggedTensorToTensor",
                                               "TFText>FastSentencepieceDetokenize"}
-    assert report["builtin"]["WHILE"] == 1 and "TOPK_V2" in report["builtin"]
+    # one loop per cache stage (16, 32, then the toy model's 34 positions;
+    # test_litert_search_runs_in_cache_stages)
+    assert report["builtin"]["WHILE"] == 3 and "TOPK_V2" in report["builtin"]
 
 
 def test_litert_translates_like_the_saved_model(exported, loaded, tflite_model, litert_float):
