@@ -9,7 +9,8 @@ tensor fixed for the call) and the loop is a ``keras.ops.while_loop``; new
 tokens are written into the sequence buffers with a one-hot ``where`` blend
 at position ``step`` (no scatter / ``slice_update``), and beams are reordered
 with ``take`` (GATHER). (``drop_finished``, for TensorFlow graphs without
-XLA, adds ``nonzero`` and ``scatter_update`` and changes shapes in the loop;
+XLA and their LiteRT conversion, adds ``nonzero`` and ``scatter_update`` and
+changes shapes in the loop;
 ``batch_halvings``, for XLA, adds a ``switch`` and ``slice_update``.)
 
 The model is hidden behind a *step function*::
@@ -700,6 +701,7 @@ def beam_search(
     max_beam_size=None,
     normalize_after_top_k=False,
     trace_once=None,
+    nonzero=None,
 ):
     """Batched beam search with GNMT length penalty and early termination.
 
@@ -769,8 +771,9 @@ def beam_search(
             step function runs on the sentences still searched only. The
             loop variables then change their leading dimension, so this is
             for eager TensorFlow, or a TensorFlow graph with a `while_loop`
-            that relaxes the loop's shape invariants (not XLA, LiteRT or
-            JAX, which need static shapes). Same results.
+            that relaxes the loop's shape invariants, which LiteRT's WHILE
+            runs too once converted (with `nonzero`); not XLA or JAX, which
+            need static shapes. Same results.
         while_loop: None (``keras.ops.while_loop``) or a function with its
             signature ``(cond, body, loop_vars, maximum_iterations)``.
         cache_stages: None, or increasing python ints: the loop runs in
@@ -826,6 +829,12 @@ def beam_search(
             ``tf.function(body, autograph=False, reduce_retracing=True)`` when
             the search itself is traced with unknown sizes. Same results. Not
             with `drop_finished`, whose loop has a body of its own.
+        nonzero: None, or with `drop_finished` a function ``mask -> indices``: the
+            positions of the True entries of a bool ``[b]`` as int32 ``[m]``,
+            ascending (``keras.ops.nonzero(mask)[0]``, the default): on
+            TensorFlow one ``tf.where``, which LiteRT converts, where
+            ``keras.ops.nonzero`` unstacks int64 indices, which LiteRT's
+            builtins cannot. Same results.
 
     Returns:
         ``(sequences, scores)``:
@@ -972,6 +981,7 @@ def beam_search(
             seqs, scores = ops.take(seqs, order, axis=0), ops.take(scores, order, axis=0)
         return seqs, scores
 
+    nonzero = nonzero or (lambda mask: ops.nonzero(mask)[0])
     # drop_finished: the loop carries only the sentences not done (their
     # original row in `sentence`), and each writes its results when done.
     # No sentence in the loop is done (each leaves when it is): no `done` to carry.
@@ -996,11 +1006,11 @@ def beam_search(
         # of its body on every step.
         kept_state = dict(state)
         seqs, scores = _best_results(state, num_results, spec)  # [b, n, L], [b, n]
-        ended = ops.nonzero(done)[0]  # [e]
+        ended = nonzero(done)  # [e]
         written = ops.expand_dims(spec.gather(state["sentence"], ended, 0), 1)  # [e, 1]
         kept_state["out_seqs"] = ops.scatter_update(state["out_seqs"], written, spec.gather(seqs, ended, 0))
         kept_state["out_scores"] = ops.scatter_update(state["out_scores"], written, spec.gather(scores, ended, 0))
-        kept = ops.nonzero(ops.logical_not(done))[0]  # [b']
+        kept = nonzero(ops.logical_not(done))  # [b']
         # One gather per cache leaf: beam reorder and dropped sentences together.
         rows = _beam_rows(spec.gather(source_beam, kept, 0), beam_size, kept)  # [b' * k]
         kept_state["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)

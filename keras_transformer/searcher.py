@@ -17,6 +17,10 @@ the model's `IncrementalDecoder`, in one of two ways (same translations):
   translations do not change; what they cost is computing the padded rows,
   at most twice the batch.
 
+The LiteRT signature's search (`search_litert`) is the plain graph's for a batch
+and the static buffer's (`search(static_buffer=True)`: cache stages, no dropped
+sentences) for one sentence; both convert to LiteRT builtins.
+
 Strings (tokenizer, detokenizer, CoNLL-U) are `keras_transformer.translator`'s
 concern: `Translator` wraps one `Searcher`.
 """
@@ -38,11 +42,12 @@ from keras_transformer.layers.step_kernels import StepKernels
 # Batch sizes the XLA-compiled search is compiled for: a request is padded
 # to the next one; larger requests to the next multiple of the last one.
 XLA_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-# The searches of static shapes (XLA-compiled, and the static buffer LiteRT's runs) run in
-# stages whose self-attention buffers hold this many positions (then the whole buffer): a
-# step reads, writes and reorders a buffer of its stage's size, not `source + 50`
-# (`beam_search(cache_stages=...)`). In LiteRT a batch of 32 translated in 0.49x the
-# time, a single sentence in 0.92x (BENCHMARKS.md, serving speed part 38).
+# The searches of static shapes (XLA-compiled, and the static buffer that LiteRT runs for a
+# single sentence) run in stages whose self-attention buffers hold this many positions (then
+# the whole buffer): a step reads, writes and reorders a buffer of its stage's size, not
+# `source + 50` (`beam_search(cache_stages=...)`). In LiteRT a single sentence translated in
+# 0.84-0.92x the time, a batch of 32 in 0.49-0.51x, before a batch ran another loop
+# (`search_litert`; BENCHMARKS.md, serving speed part 38).
 CACHE_STAGES = (16, 32, 64)
 # ... and each step after the first stage runs on the smallest of batch, batch / 2, batch / 4,
 # batch / 8 (rounded up) that holds the sentences not yet done (`beam_search(batch_halvings=...)`):
@@ -99,6 +104,13 @@ def tf_gather(x, indices, batch_dims=0):
     (~5 nodes) and `gather_beams` its offsets (~12) to every gather, and a
     `while_loop` runs every node of its body on every step."""
     return tf.gather(x, indices, axis=batch_dims, batch_dims=batch_dims)
+
+
+def tf_nonzero(mask):
+    """`beam_search(nonzero=...)` as one `tf.where`: the positions of a bool `[b]`'s True
+    entries, int32 `[m]`, ascending. `keras.ops.nonzero` unstacks them from int64 `[m, 1]`,
+    and LiteRT's builtins have no Unpack of int64 (its conversion left a custom op)."""
+    return tf.cast(tf.reshape(tf.where(mask), [-1]), tf.int32)
 
 
 def eigen_matmul(x, y, transpose_y=False):
@@ -261,7 +273,7 @@ class Searcher:
     @not_converted
     def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
                static_buffer=False, source_features=None, patience=None, exact_results=None,
-               max_beam_size=None):
+               max_beam_size=None, litert=False, static_cache=None):
         """Beam search over the decoder, `max_lengths = source_lengths + extra_length`.
 
         Args:
@@ -297,6 +309,16 @@ class Searcher:
             exact_results: None (`num_results`), or a python int or int32 scalar in
                 `[1, num_results]`: how many of the best results the stop keeps
                 exact (`beam_search`).
+            litert: (without `static_buffer`; `search_litert`'s for a batch) the loop
+                that drops finished sentences alone, with the layers' own kernels:
+                `Dense`'s projections, which LiteRT's dynamic-range quantization
+                (`export.tflite --quantize dynamic_int8`) stores as int8, where it left
+                the other loops' `BatchMatMulV3` projections in float32, and the
+                attentions' einsums with no choice per call (no `cond` in a step).
+                Same translations.
+            static_cache: None, or `decoder.static_cache(source_ids, source_features)`
+                computed by the caller (`search_litert`: one encoder for its two
+                searches).
 
         Returns:
             ids int32 `[batch, num_results, L]` (EOS, then PAD), with `L`
@@ -305,8 +327,8 @@ class Searcher:
         extra_length = self._clip_extra_length(extra_length)
         max_lengths = source_lengths + extra_length  # [batch]
         batch = tf.shape(source_ids)[0]
+        static = self.decoder.static_cache(source_ids, source_features) if static_cache is None else static_cache
         if static_buffer:
-            static = self.decoder.static_cache(source_ids, source_features)
             buffer_length = self.max_decode_length
             cache = self.decoder.initial_self_attention_cache(batch, 0)
             return beam_search(self._step_fn(grow=False), cache, batch, max_lengths,
@@ -316,17 +338,16 @@ class Searcher:
                                resize_cache=self.decoder.resize_self_attention_cache)
         buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
                                          1, self.max_decode_length)  # int32 scalar
-        static = self.decoder.static_cache(source_ids, source_features)
         cache = self.decoder.initial_self_attention_cache(batch, 0)
 
         def search(small_kernels):
-            kernels = SMALL_REQUEST_KERNELS if small_kernels == "always" else LARGE_REQUEST_KERNELS
+            kernels = {"always": SMALL_REQUEST_KERNELS, True: LARGE_REQUEST_KERNELS, False: None}[small_kernels]
             step_fn = self._step_fn(grow=True, small_kernels=small_kernels, kernels=kernels)
             return beam_search(step_fn, cache, batch, max_lengths,
                                beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
                                num_results=num_results, exact_results=exact_results, static_cache=static,
                                patience=patience, max_beam_size=max_beam_size,
-                               drop_finished=small_kernels != "always", gather=tf_gather,
+                               drop_finished=small_kernels != "always", gather=tf_gather, nonzero=tf_nonzero,
                                while_loop=functools.partial(
                                    relaxed_while_loop,
                                    single_threaded=self.single_threaded_loop and small_kernels == "always"))
@@ -346,9 +367,45 @@ class Searcher:
         # The other loop keeps TensorFlow's default executor, which runs a step's
         # independent nodes side by side: a batch-32 search took 1.19x the time with the
         # single-threaded one (BENCHMARKS.md, serving speed part 34).
+        if litert:
+            return search(False)
         keys = tf.maximum(buffer_length, tf.shape(source_ids)[1])
         return tf.cond(broadcast_products_suffice(batch * beam_size, self.config.d_model, keys),
                        lambda: search("always"), lambda: search(True))
+
+    @not_converted
+    def search_litert(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
+                      patience=None):
+        """The search of the LiteRT signature: `search`'s ids and scores, the ids padded to
+        `max_decode_length` positions (`[batch, num_results, max_decode_length]`, the
+        static width LiteRT's detokenizing needs).
+
+        Both searches convert to LiteRT builtins, and each is the faster there where it
+        is used: more than one sentence runs the loop that drops finished sentences
+        (`search(litert=True)`: caches grown per step; LiteRT's WHILE takes loop variables
+        whose shapes change), a batch of 32 in 0.37x the time of the static buffer's
+        (0.33-0.40); a single sentence runs the static buffer's (`static_buffer=True`:
+        shapes fixed within each cache stage), where the other took 1.15x its time
+        (0.91-1.32; BENCHMARKS.md, serving speed part 38). The encoder runs once, before
+        the choice. Same translations.
+        """
+        encoded = self.decoder.static_cache(source_ids)  # the encoder, outside the cond
+
+        def request_sized():
+            ids, scores = self.search(source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
+                                      patience=patience, litert=True, static_cache=encoded)
+            return tf.pad(ids, [[0, 0], [0, 0], [0, self.max_decode_length - tf.shape(ids)[2]]],
+                          constant_values=PAD_ID), scores  # [batch, n, width] -> [batch, n, L]
+
+        def static():
+            return self.search(source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
+                               static_buffer=True, patience=patience, static_cache=encoded)
+
+        ids, scores = tf.cond(tf.shape(source_ids)[0] > 1, request_sized, static)
+        # The shapes again after the cond: without these reshapes, the converted model's
+        # `score` output for a single sentence had shape () instead of [1] (ai-edge-litert).
+        return (tf.reshape(ids, [-1, num_results, self.max_decode_length]),  # [batch, n, L]
+                tf.reshape(scores, [-1, num_results]))  # [batch, n]
 
     def _step_fn(self, grow, small_kernels=None, fold_projection=False, kernels=None):
         """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`

@@ -181,8 +181,9 @@ class Translator:
                 variant, the largest batch (static): input hygiene is skipped
                 (TFLite has no string ops: invalid UTF-8 then reaches the
                 tokenizer, which maps it to unknown tokens, and long inputs
-                are tokenized whole before the cut) and the detokenizer runs
-                on a static batch (see `decode_ids`).
+                are tokenized whole before the cut), the search is
+                `Searcher.search_litert`'s and the detokenizer runs on a
+                static batch (see `decode_ids`).
             xla: run the search XLA-compiled (`Searcher.search_xla`); the rest of the
                 graph stays plain TensorFlow.
             patience: None (exact search), or a float scalar: CTranslate2's
@@ -219,10 +220,16 @@ class Translator:
                                  "(translate_options); the XLA search's are python ints")
             ids, scores = self.searcher.search_xla(source_ids, lengths, beam_size, alpha, extra_length,
                                                    num_results, patience=patience, batch_halvings=batch_halvings)
+        elif litert_batch is not None:
+            if exact_results is not None or max_beam_size is not None:
+                raise ValueError("exact_results and a run-time beam size are for the plain graph's search "
+                                 "(translate_options); the LiteRT search's are python ints")
+            ids, scores = self.searcher.search_litert(source_ids, lengths, beam_size, alpha, extra_length,
+                                                      num_results, patience=patience)
         else:
             ids, scores = self.searcher.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                               static_buffer=litert_batch is not None, patience=patience,
-                                               exact_results=exact_results, max_beam_size=max_beam_size)
+                                               patience=patience, exact_results=exact_results,
+                                               max_beam_size=max_beam_size)
         return self._strings(ids, scores, lengths, num_results, litert_batch)
 
     @not_converted

@@ -290,27 +290,34 @@ def test_single_request_loops_keep_the_single_threaded_executor_in_the_saved_mod
     assert len(loops(serving("_serve"))) >= 2  # the large-request loop is there too, lowered
 
 
-def test_litert_search_runs_in_cache_stages(exported):
-    """The LiteRT signature's search (static shapes) runs one loop per cache stage, each on
-    self-attention buffers of its stage's size: 16 and 32 positions, then the whole buffer
-    (`max_length + decode_extra_length`, 34 for the toy model), not one loop on the whole
-    buffer (serving speed part 38: a batch of 32 in 0.49x the time). The translations are
-    the request-sized search's (`test_request_sized_buffer_equals_the_static_buffer`) and
-    the SavedModel's (`test_litert_translates_like_the_saved_model`)."""
+def test_litert_searches_drop_sentences_or_run_in_cache_stages(exported):
+    """The LiteRT signature holds two searches (`Searcher.search_litert`): for a batch, the
+    plain graph's loop that drops finished sentences and grows its self-attention caches; for
+    a single sentence, the static buffer's, one loop per cache stage, each on caches of its
+    stage's size: 16 and 32 positions, then the whole buffer (`max_length +
+    decode_extra_length`, 34 for the toy model). It was one loop on the whole buffer for
+    both (serving speed part 38: a batch of 32 now in 0.17-0.18x the time, a single sentence
+    in 0.87x). The translations are the SavedModel's (`test_litert_translates_like_the_saved_model`,
+    batches and single sentences) and the request-sized search's
+    (`test_request_sized_buffer_equals_the_static_buffer`)."""
     from keras_transformer.searcher import CACHE_STAGES
 
     config = exported["config"]
     _, loops, serving = saved_functions(exported["path"])
-    positions = []
+    positions, growing = [], 0
     for loop in loops(serving("_serve_litert")):
-        # the self-attention caches among the loop's variables: [rows, heads, positions, head_size]
+        # the loop's caches, [rows, heads, positions, head_size]: the self-attention ones,
+        # and the cross-attention's of the source's unknown width (-1)
         sizes = {shape.dim[2].size for shape in loop.attr["output_shapes"].list.shape
                  if len(shape.dim) == 4 and shape.dim[1].size == config.num_heads
-                 and shape.dim[3].size == config.head_size and shape.dim[2].size > 0}
-        assert len(sizes) == 1, sizes  # every decoder layer's keys and values in a loop hold one size
-        positions += sizes
+                 and shape.dim[3].size == config.head_size}
+        static = sizes - {-1}
+        assert len(static) <= 1, sizes  # every decoder layer's keys and values in a loop hold one size
+        positions += static
+        growing += not static
     whole = config.max_length + config.decode_extra_length
     assert whole == 34 and sorted(positions) == [end for end in CACHE_STAGES if end < whole] + [whole] == [16, 32, 34]
+    assert growing == 1
 
 
 def test_every_signature_is_traced_once_into_the_saved_model(exported):
@@ -1470,6 +1477,9 @@ def tflite_model(exported, tmp_path_factory):
 
 # What the tests ask LiteRT.
 LITERT_SENTENCES = GOLDEN + ["", "the dog sees the man today"] * 40  # 85 lines: two calls of <= 64
+# ... and single sentences, one call each (`Searcher.search_litert`'s other search); the
+# repeated word runs past the first cache stage (16 positions) to its limit
+LITERT_SINGLE = ["the big cat buys a small book", "cat cat cat cat cat cat cat cat cat cat cat cat"]
 INT8_SENTENCES = GOLDEN + ["the dog sees the man today", "a small red book"]
 BAD_LINES = [b"\xff\xfe", b"", b"   ", b"the man " * 20_000, b"the dog\xc3"]
 
@@ -1484,6 +1494,7 @@ def litert_float(tflite_model, request):
     requests = {}
     if "test_litert_translates_like_the_saved_model" in selected:
         requests["sentences"] = LITERT_SENTENCES
+        requests.update({f"single {i}": [sentence] for i, sentence in enumerate(LITERT_SINGLE)})
     if "test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one" in selected:
         requests.update({"int8 count": COUNT_INT8, "int8 sentences": INT8_SENTENCES})
     if "test_litert_survives_bad_inputs" in selected:
@@ -1501,9 +1512,9 @@ def test_litert_model_uses_only_builtins_and_tf_text_kernels(tflite_model, liter
     assert report["unsupported"] == {}
     assert set(report["tensorflow_text"]) == {"TFText>FastSentencepieceTokenize", "RaggedTensorToTensor",
                                               "TFText>FastSentencepieceDetokenize"}
-    # one loop per cache stage (16, 32, then the toy model's 34 positions;
-    # test_litert_search_runs_in_cache_stages)
-    assert report["builtin"]["WHILE"] == 3 and "TOPK_V2" in report["builtin"]
+    # the single sentence's search, one loop per cache stage (16, 32, then the toy model's
+    # 34 positions), and the batch's loop (test_litert_searches_drop_sentences_or_run_in_cache_stages)
+    assert report["builtin"]["WHILE"] == 4 and "TOPK_V2" in report["builtin"]
 
 
 def test_litert_translates_like_the_saved_model(exported, loaded, tflite_model, litert_float):
@@ -1513,6 +1524,13 @@ def test_litert_translates_like_the_saved_model(exported, loaded, tflite_model, 
     got = litert_float.result()["sentences"]  # LiteRT on tflite_model, sentences
     assert got["translation"] == [t.decode("utf-8") for t in want["translation"].numpy()]
     np.testing.assert_allclose(got["score"], want["score"].numpy(), atol=1e-4)
+    # One sentence a call: LiteRT's search for a single sentence is the static buffer's
+    # (`Searcher.search_litert`); a batch's is the plain graph's, as serving_default's.
+    for i, sentence in enumerate(LITERT_SINGLE):
+        want = loaded.signatures["serving_default"](text=tf.constant([sentence]))
+        got = litert_float.result()[f"single {i}"]
+        assert got["translation"] == [want["translation"].numpy()[0].decode("utf-8")] != [""], sentence
+        np.testing.assert_allclose(got["score"], want["score"].numpy(), atol=1e-4)
 
 
 @pytest.mark.slow
