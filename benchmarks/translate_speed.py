@@ -71,8 +71,9 @@ stopping rule). `serving_default` drops finished sentences, so its rows
 shrink as sentences end; `translate_xla` runs its whole padded batch
 bucket in the first cache stage (16 steps), then the smallest of the bucket,
 half, a quarter or an eighth of it that holds the sentences not done
-(`XLA_BATCH_HALVINGS`), and LiteRT every sentence of the batch until the
-loop ends.
+(`XLA_BATCH_HALVINGS`), and LiteRT the rows `serving_default` runs (a batch
+drops its finished sentences as `serving_default` does, a single sentence
+runs its beam until it is done: `Searcher.search_litert`).
 
 Two model sources:
 
@@ -492,13 +493,12 @@ def search_lines(profile, batches, seconds, batch_size):
     """The search's loop steps per batch, rows per step and time per step of our variants.
     Every variant of ours runs the same steps (the same search and stopping rule);
     `serving_default` runs only the sentences not yet done, `translate_xla` (after its
-    first cache stage) the smallest of its halving sizes that holds them, LiteRT every
-    sentence of the batch, to the end of the loop."""
+    first cache stage) the smallest of its halving sizes that holds them, LiteRT the rows
+    of `serving_default` (`Searcher.search_litert`)."""
     steps, rows, xla_rows = profile(batches)
-    beam = profile.beam_size
     computed = {OURS: rows / steps,
                 XLA: xla_rows / steps,
-                LITERT: sum(len(b) * beam for b in batches) / len(batches)}
+                LITERT: rows / steps}
     computed.update({name + ONEDNN: computed[name] for name in (OURS, XLA)})
     rows = [[f"{name} (search)", f"{steps / len(batches):.1f}", f"{computed[name]:.1f}",
              f"{statistics.median(seconds[name]) / steps * 1000:.2f}"]
