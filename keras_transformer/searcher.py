@@ -310,12 +310,12 @@ class Searcher:
                 `[1, num_results]`: how many of the best results the stop keeps
                 exact (`beam_search`).
             litert: (without `static_buffer`; `search_litert`'s for a batch) the loop
-                that drops finished sentences alone, with the layers' own kernels:
-                `Dense`'s projections, which LiteRT's dynamic-range quantization
-                (`export.tflite --quantize dynamic_int8`) stores as int8, where it left
-                the other loops' `BatchMatMulV3` projections in float32, and the
-                attentions' einsums with no choice per call (no `cond` in a step).
-                Same translations.
+                that drops finished sentences alone, with the layers' own kernels
+                (`Dense`'s projections, the attentions' einsums) and no choice per
+                call: no small-request loop, no `cond` in a step. In LiteRT a batch
+                of 32 took 0.90x (0.84-1.16) the time of the search with both loops
+                and their kernels (BENCHMARKS.md, serving speed part 38). Same
+                translations.
             static_cache: None, or `decoder.static_cache(source_ids, source_features)`
                 computed by the caller (`search_litert`: one encoder for its two
                 searches).
