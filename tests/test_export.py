@@ -296,7 +296,7 @@ def test_litert_searches_drop_sentences_or_run_in_cache_stages(exported):
     a single sentence, the static buffer's, one loop per cache stage, each on caches of its
     stage's size: 16 and 32 positions, then the whole buffer (`max_length +
     decode_extra_length`, 34 for the toy model). It was one loop on the whole buffer for
-    both (serving speed part 38: a batch of 32 now in 0.17-0.18x the time, a single sentence
+    both (serving speed part 38: a batch of 32 now in 0.17x the time, a single sentence
     in 0.87x). The translations are the SavedModel's (`test_litert_translates_like_the_saved_model`,
     batches and single sentences) and the request-sized search's
     (`test_request_sized_buffer_equals_the_static_buffer`)."""
@@ -1477,8 +1477,8 @@ def tflite_model(exported, tmp_path_factory):
 
 # What the tests ask LiteRT.
 LITERT_SENTENCES = GOLDEN + ["", "the dog sees the man today"] * 40  # 85 lines: two calls of <= 64
-# ... and single sentences, one call each (`Searcher.search_litert`'s other search); the
-# repeated word runs past the first cache stage (16 positions) to its limit
+# ... and single sentences, one call each (`Searcher.search_litert`'s other search: the static
+# buffer in cache stages; test_output_without_eos_stops_at_source_length_plus_extra crosses a stage)
 LITERT_SINGLE = ["the big cat buys a small book", "cat cat cat cat cat cat cat cat cat cat cat cat"]
 INT8_SENTENCES = GOLDEN + ["the dog sees the man today", "a small red book"]
 BAD_LINES = [b"\xff\xfe", b"", b"   ", b"the man " * 20_000, b"the dog\xc3"]
@@ -1598,7 +1598,10 @@ def test_export_command_refuses_a_foreign_tokenizer(exported, tmp_path):
 
 
 def test_output_without_eos_stops_at_source_length_plus_extra(exported):
-    """With EOS made impossible, every hypothesis runs to source tokens + extra_length."""
+    """With EOS made impossible, every hypothesis runs to source tokens + extra_length, and the
+    static buffer's search (LiteRT's for a single sentence) gives the request-sized search's ids
+    and scores: with extra 10 the second sentence's 19 steps cross its first cache stage (16
+    positions), where no trained output of the toy model reaches (its outputs end by 8 tokens)."""
     from keras_transformer.constants import EOS_ID, NEG_INF, PAD_ID
 
     from keras_transformer.translator import Translator
@@ -1613,12 +1616,19 @@ def test_output_without_eos_stops_at_source_length_plus_extra(exported):
                             logits_filter=without_eos)
     texts = tf.constant(["the man", "the big cat buys a small book today", "book"])
     source_ids, lengths = translator.encode_text(texts)
+    assert int(lengths[1]) + 10 > 16
     for extra in (0, 3, 10):
+        found = {}
         for static_buffer in (False, True):
-            ids, _ = translator.searcher.search(source_ids, lengths, 4, 0.6, extra, 2, static_buffer=static_buffer)
+            ids, scores = translator.searcher.search(source_ids, lengths, 4, 0.6, extra, 2,
+                                                     static_buffer=static_buffer)
             generated = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1).numpy()  # [batch, n]
             np.testing.assert_array_equal(generated, np.repeat((lengths.numpy() + extra)[:, None], 2, 1))
             assert not (ids.numpy() == EOS_ID).any()
+            found[static_buffer] = ids.numpy(), scores.numpy()
+        (ids, scores), (static_ids, static_scores) = found[False], found[True]
+        np.testing.assert_array_equal(static_ids[:, :, :ids.shape[2]], ids)
+        np.testing.assert_allclose(static_scores, scores, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("beam_size, num_results", [(1, 1), (4, 4)])
