@@ -211,19 +211,16 @@ class Translator:
                                                              exact_results=exact_results,
                                                              max_beam_size=max_beam_size)
             return strings, scores
+        if (xla or litert_batch is not None) and (exact_results is not None or max_beam_size is not None):
+            raise ValueError("exact_results and a run-time beam size are for the plain graph's search "
+                             f"(translate_options); the {'XLA' if xla else 'LiteRT'} search's are python ints")
         if litert_batch is None:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
         if xla:
-            if exact_results is not None or max_beam_size is not None:
-                raise ValueError("exact_results and a run-time beam size are for the plain graph's search "
-                                 "(translate_options); the XLA search's are python ints")
             ids, scores = self.searcher.search_xla(source_ids, lengths, beam_size, alpha, extra_length,
                                                    num_results, patience=patience, batch_halvings=batch_halvings)
         elif litert_batch is not None:
-            if exact_results is not None or max_beam_size is not None:
-                raise ValueError("exact_results and a run-time beam size are for the plain graph's search "
-                                 "(translate_options); the LiteRT search's are python ints")
             ids, scores = self.searcher.search_litert(source_ids, lengths, beam_size, alpha, extra_length,
                                                       num_results, patience=patience)
         else:
