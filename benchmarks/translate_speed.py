@@ -496,9 +496,8 @@ def search_lines(profile, batches, seconds, batch_size):
     first cache stage) the smallest of its halving sizes that holds them, LiteRT the rows
     of `serving_default` (`Searcher.search_litert`)."""
     steps, rows, xla_rows = profile(batches)
-    computed = {OURS: rows / steps,
-                XLA: xla_rows / steps,
-                LITERT: rows / steps}
+    not_done = rows / steps  # the rows of the sentences not yet done: serving_default's and LiteRT's
+    computed = {OURS: not_done, XLA: xla_rows / steps, LITERT: not_done}
     computed.update({name + ONEDNN: computed[name] for name in (OURS, XLA)})
     rows = [[f"{name} (search)", f"{steps / len(batches):.1f}", f"{computed[name]:.1f}",
              f"{statistics.median(seconds[name]) / steps * 1000:.2f}"]
