@@ -101,6 +101,24 @@ def test_readme_option_table_is_the_generated_one():
     assert table == options_table()
 
 
+def test_readme_names_the_python_versions_pyproject_allows():
+    """README's Set-up said "Python 3.11 or newer" while the pinned TensorFlow 2.21 has no wheels for
+    3.14; `requires-python` now bounds it. The versions the Set-up's first sentence names are the
+    ones that bound admits, so one cannot move without the other."""
+    import re
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    allowed = SpecifierSet(tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+                           ["project"]["requires-python"])
+    setup = (root / "README.md").read_text(encoding="utf-8").split("## Set-up\n\n", 1)[1]
+    first_sentence = setup.split(":", 1)[0]  # "Python 3.11, 3.12 or 3.13"
+    named = re.findall(r"\b3\.(\d+)\b", first_sentence)
+    assert [int(minor) for minor in named] == [minor for minor in range(8, 20) if f"3.{minor}" in allowed]
+
+
 def test_every_test_the_documents_name_is_a_test_where_they_say():
     """README's "What can go wrong" rows and BENCHMARKS.md name the tests behind what they
     claim; two README rows named tests that had been renamed since
