@@ -19,11 +19,16 @@ asset file to lose), the averaged weights and the beam search:
   on a request to it. `--xla-warmup` adds one warm-up request per bucket
   for it (only for such servers: TF Serving fails the load when a warm-up
   request fails);
-* `translate_options`: `text` string `[None]`, `beam_size` int32 scalar
-  (1..8), `alpha` float32 scalar, `extra_length` int32 scalar (0..50),
-  `num_results` int32 scalar (1..beam_size), `patience` float32 scalar
-  -> `translations` string `[None, None]`, `scores` float32 `[None, None]`,
-  best first. Out-of-range options are clipped to those ranges rather than
+* `translate_options`: `text` string `[None]`, `beam_size` int32 (1..8),
+  `alpha` float32, `extra_length` int32 (0..50), `num_results` int32
+  (1..beam_size), `patience` float32, each option a scalar or one value per
+  sentence (`[None]`, what TF Serving's `--enable_batching` needs: it
+  concatenates the requests it merges along every input's first dimension;
+  sentences with other options are searched apart, each as it would be
+  alone) -> `translations` string `[None, None]`, `scores` float32
+  `[None, None]`, best first, as many columns as the most results a sentence
+  asked for (a sentence's columns beyond its own `num_results` are "" with
+  score -1e9). Out-of-range options are clipped to those ranges rather than
   failing the request. `patience` <= 0 is the exact search; > 0 stops a
   sentence once `round(beam_size * patience)` hypotheses have finished
   (CTranslate2's rule: faster, not exact; `beam_search`). The exact search
@@ -71,7 +76,7 @@ import sys
 from export.errors import ExportWriteError, output_problem
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import FiniteFloat, OneLineArgumentParser, PositiveInt, interrupted, sigterm_raises
-from keras_transformer.constants import MAX_BEAM_SIZE
+from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
 from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
@@ -135,11 +140,13 @@ class TranslationModule(tf.Module):
             tf.TensorSpec([None], tf.string, name=source)])
         self.serve_with_options = tf.function(self._serve_with_options, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name=source),
-            tf.TensorSpec([], tf.int32, name="beam_size"),
-            tf.TensorSpec([], tf.float32, name="alpha"),
-            tf.TensorSpec([], tf.int32, name="extra_length"),
-            tf.TensorSpec([], tf.int32, name="num_results"),
-            tf.TensorSpec([], tf.float32, name="patience"),
+            # Each option: a scalar for the whole request, or one value per sentence (`[batch]`,
+            # what TF Serving's server-side batching needs: `_per_sentence`).
+            tf.TensorSpec(None, tf.int32, name="beam_size"),
+            tf.TensorSpec(None, tf.float32, name="alpha"),
+            tf.TensorSpec(None, tf.int32, name="extra_length"),
+            tf.TensorSpec(None, tf.int32, name="num_results"),
+            tf.TensorSpec(None, tf.float32, name="patience"),
         ])
         if config.syntax_aware:  # CoNLL-U in: no LiteRT / XLA variants (saving traces every tf.function)
             return
@@ -175,6 +182,15 @@ class TranslationModule(tf.Module):
         return {"translation": strings[:, 0], "score": scores[:, 0]}
 
     def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results, patience):
+        batch = tf.shape(text)[0]
+        # the request's own number of results (its first value), clipped as below: the output's
+        # width for a request without sentences, whose output is empty (`[0, n]`, as before)
+        requested = tf.reshape(num_results, [-1])[:1]
+        requested = tf.clip_by_value(requested, 1, tf.clip_by_value(tf.reshape(beam_size, [-1])[:1], 1, MAX_BEAM_SIZE))
+        beam_size, alpha, extra_length, num_results, patience = (
+            _per_sentence(value, batch, name) for value, name in (
+                (beam_size, "beam_size"), (alpha, "alpha"), (extra_length, "extra_length"),
+                (num_results, "num_results"), (patience, "patience")))  # [batch] each
         beam_size = tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE)
         num_results = tf.clip_by_value(num_results, 1, beam_size)
         # A NaN or infinite alpha is the export's own: it scored every hypothesis NaN (or -inf,
@@ -183,9 +199,41 @@ class TranslationModule(tf.Module):
         # round(beam * patience) stays an int32.
         alpha = tf.where(tf.math.is_finite(alpha), alpha, self._config.length_penalty_alpha)
         patience = tf.where(tf.math.is_nan(patience), 0.0, tf.minimum(patience, MAX_PATIENCE))
-        strings, scores, errors = self._search_options(text, beam_size, alpha, extra_length, num_results,
-                                                       patience)  # [batch, beam_size] x2
-        outputs = {"translations": strings[:, :num_results], "scores": scores[:, :num_results]}
+        # One search per distinct set of options, on its sentences (a request's own scalars:
+        # one search on all of them, the graph's only one; requests that TF Serving merged
+        # with other options: one search each, as each would run alone).
+        keys = tf.stack([beam_size, tf.bitcast(alpha, tf.int32), extra_length, num_results,
+                         tf.bitcast(patience, tf.int32)], axis=1)  # [batch, 5]
+        options, group = tf.raw_ops.UniqueV2(x=keys, axis=[0])  # [groups, 5], [batch]
+        options = tf.reshape(options, [-1, 5])  # (UniqueV2 leaves the second dimension unknown)
+        # The output's width: the most results a sentence asked for (a request's own scalar
+        # `num_results`, also for an empty request).
+        width = tf.reduce_max(tf.concat([num_results, requested, [1]], 0))
+        strings = tf.fill([batch, MAX_BEAM_SIZE], "")
+        scores = tf.fill([batch, MAX_BEAM_SIZE], tf.constant(NEG_INF, tf.float32))
+        errors = tf.fill([batch], "")
+
+        def search_group(index, strings, scores, errors):
+            rows = tf.where(tf.equal(group, index))  # [n, 1]
+            beam, alpha, extra, results, patience = tf.unstack(options[index])
+            found, found_scores, found_errors = self._search_options(
+                tf.gather_nd(text, rows), beam, tf.bitcast(alpha, tf.float32), extra, results,
+                tf.bitcast(patience, tf.float32))  # [n, beam] x2
+            # the slots beyond the sentence's own results are "" and NEG_INF (the search's own
+            # empty slots), not the hypotheses its stop did not keep exact
+            kept = tf.range(MAX_BEAM_SIZE) < results  # [MAX_BEAM_SIZE]
+            pad = [[0, 0], [0, MAX_BEAM_SIZE - beam]]
+            found = tf.where(kept, tf.pad(found, pad), "")
+            found_scores = tf.where(kept, tf.pad(found_scores, pad, constant_values=NEG_INF), NEG_INF)
+            strings = tf.tensor_scatter_nd_update(strings, rows, found)
+            scores = tf.tensor_scatter_nd_update(scores, rows, found_scores)
+            if self._config.syntax_aware:
+                errors = tf.tensor_scatter_nd_update(errors, rows, found_errors)
+            return index + 1, strings, scores, errors
+
+        _, strings, scores, errors = tf.while_loop(
+            lambda index, *_: index < tf.shape(options)[0], search_group, (0, strings, scores, errors))
+        outputs = {"translations": strings[:, :width], "scores": scores[:, :width]}
         if self._config.syntax_aware:
             outputs["errors"] = errors
         return outputs
@@ -227,6 +275,23 @@ class TranslationModule(tf.Module):
                 LITERT_SIGNATURE: self.serve_litert, XLA_SIGNATURE: self.serve_xla}
 
 
+def _per_sentence(value, batch, name):
+    """A `translate_options` option as one value per sentence, `[batch]`: given as a scalar
+    (the whole request's), or as `[batch]`, one value per sentence of `text`, which TF
+    Serving's server-side batching needs (`--enable_batching` concatenates the requests
+    it merges along the first dimension of every input, and refuses a scalar input:
+    "Batching Run() input tensors must have at least one dimension",
+    tensorflow_serving/batching/batching_util.h). Any other shape fails the request with
+    a message naming the option."""
+    rank = tf.rank(value)
+    fits = tf.logical_or(tf.equal(rank, 0), tf.logical_and(tf.equal(rank, 1), tf.equal(tf.size(value), batch)))
+    check = tf.debugging.Assert(fits, [f"translate_options: {name} must be a scalar or hold one value for each "
+                                       "sentence of text; its shape:", tf.shape(value),
+                                       "text's:", tf.reshape(batch, [1])])
+    with tf.control_dependencies([check]):
+        return tf.broadcast_to(value, [batch])
+
+
 def next_version(output: pathlib.Path) -> int:
     versions = [int(p.name) for p in output.iterdir() if p.is_dir() and p.name.isdigit()] if output.exists() else []
     return max(versions, default=0) + 1
@@ -255,8 +320,9 @@ def bucket_warmup_texts(tokenizer_model: bytes, config: TransformerConfig) -> li
 
 
 def options_warmup_inputs(config: TransformerConfig, patience: float = 0.0) -> dict:
-    """The scalar inputs of the `translate_options` warm-up request: the export's own
-    defaults (so it translates as `serving_default` does), one result."""
+    """The options of the `translate_options` warm-up request: the export's own defaults
+    (so it translates as `serving_default` does), one result; scalars, which
+    `write_warmup_requests` gives each sentence of the request."""
     return {"beam_size": tf.constant(config.beam_size, tf.int32),
             "alpha": tf.constant(config.length_penalty_alpha, tf.float32),
             "extra_length": tf.constant(config.decode_extra_length, tf.int32),
@@ -274,7 +340,10 @@ def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator
             batch bucket (`XLA_BATCH_BUCKETS`): each compiles one program.
         conllu: the model is syntax-aware: its requests are CoNLL-U in `conllu`.
         options: if given, also one `translate_options` request with these
-            scalar inputs (`options_warmup_inputs`). Its first call
+            options (`options_warmup_inputs`), each given once per sentence, so
+            that a TF Serving started with `--enable_batching` runs it too (its
+            batching refuses scalar inputs, and the server fails the load when
+            a warm-up request fails). Its first call
             instantiates its search: 2.2 s in TF2 on the 2-vCPU AVX2 machine
             for the `multi30k` shape (25 s when it held one search per beam
             size; BENCHMARKS.md, "Export and load time"). The server pays
@@ -294,8 +363,8 @@ def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator
             request = predict_pb2.PredictRequest(
                 model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature))
             request.inputs["conllu" if conllu else "text"].CopyFrom(tf.make_tensor_proto(texts, dtype=tf.string))
-            for name, value in scalars.items():
-                request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+            for name, value in scalars.items():  # one value per sentence: TF Serving's batching refuses scalars
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(tf.fill([len(texts)], value)))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
     return path

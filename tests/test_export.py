@@ -933,14 +933,16 @@ def test_options_signature_stops_when_the_requested_results_are_known(exported):
 def test_warmup_requests_run_through_the_signature(exported, loaded):
     """One warm-up request for `serving_default` and one for `translate_options` (whose
     first call instantiates its search graph), the latter with the export's own
-    defaults: both translate their sentences alike, as the in-process search does."""
+    defaults, given once per sentence (a TF Serving started with `--enable_batching`
+    refuses scalar inputs and would fail the load: `test_tf_serving_batching_...`):
+    both translate their sentences alike, as the in-process search does."""
     requests = warmup_requests(exported["path"])
     assert [name for name, _ in requests] == ["serving_default", "translate_options"]
     (_, served), (_, options) = requests
     config = exported["config"]
-    assert {name: value.numpy().item() for name, value in options.items() if name != "text"} == {
-        "beam_size": config.beam_size, "alpha": pytest.approx(config.length_penalty_alpha),
-        "extra_length": config.decode_extra_length, "num_results": 1, "patience": 0.0}
+    assert {name: value.numpy().tolist() for name, value in options.items() if name != "text"} == {
+        "beam_size": [config.beam_size] * 3, "alpha": [pytest.approx(config.length_penalty_alpha)] * 3,
+        "extra_length": [config.decode_extra_length] * 3, "num_results": [1] * 3, "patience": [0.0] * 3}
     texts = served["text"].numpy().tolist()
     assert options["text"].numpy().tolist() == texts and b"" in texts and len(texts) == 3
     default = loaded.signatures["serving_default"](**served)
@@ -955,6 +957,84 @@ def test_warmup_requests_run_through_the_signature(exported, loaded):
     # EPYC (oneDNN on) its best hypothesis for "Hello." is the empty one, at -0.96.
     assert any(want[:2]) and want[2] == ""
     assert want_scores[0] < 0 and want_scores[1] < 0 and want_scores[2] == 0.0
+
+
+def tf_serving_batching(signature, requests, allowed_batch_sizes=(4, 8, 16)):
+    """What a TF Serving started with `--enable_batching` does with `requests` (dicts of
+    input tensors) to one signature, as its `BatchingSession` does it
+    (tensorflow_serving/batching/batching_session.cc, `ComputeTensorBatchSize` in
+    batching_util.h): it refuses an input without a first dimension, or inputs of one
+    request whose first dimensions differ; concatenates each input of the requests along
+    it; pads the merged batch to the smallest allowed size with copies of the last
+    request's first row; runs the signature once; requires every output to have the
+    padded size as its first dimension; and splits the outputs back, one dict per request."""
+    sizes = []
+    for inputs in requests:
+        if any(tensor.shape.rank == 0 for tensor in inputs.values()):
+            raise ValueError("Batching Run() input tensors must have at least one dimension")
+        firsts = {tensor.shape[0] for tensor in inputs.values()}
+        if len(firsts) != 1:
+            raise ValueError("Batching Run() input tensors must have equal 0th-dimension size")
+        sizes.append(firsts.pop())
+    total = sum(sizes)
+    padded = min(size for size in allowed_batch_sizes if size >= total)
+    merged = {name: tf.concat([inputs[name] for inputs in requests] + [requests[-1][name][:1]] * (padded - total), 0)
+              for name in requests[0]}
+    outputs = signature(**merged)
+    for name, tensor in outputs.items():
+        assert tensor.shape.rank >= 1 and tensor.shape[0] == padded, (name, tensor.shape)
+    parts = {name: tf.split(tensor, sizes + [padded - total]) for name, tensor in outputs.items()}
+    return [{name: parts[name][i] for name in outputs} for i in range(len(requests))]
+
+
+def test_tf_serving_batching_merges_requests_and_each_gets_its_own_translations(exported, loaded):
+    """A TF Serving started with `--enable_batching` batches every signature of a model:
+    it runs the warm-up requests through its batching too, and fails the load when one
+    fails. `translate_options` took its options as scalars only, which that batching
+    refuses, so such a server could not load the export at all; its options now also
+    take one value per sentence. Merged requests, with the same or other options, get
+    what each gets alone (other options: searched apart), padded to the most results
+    any of them asked for with "" and -1e9."""
+    for name, inputs in warmup_requests(exported["path"]):  # what the server runs at load
+        tf_serving_batching(loaded.signatures[name], [inputs])
+    served = loaded.signatures["serving_default"]
+    alone = [served(text=tf.constant(texts)) for texts in (GOLDEN[:2], GOLDEN[2:])]
+    merged = tf_serving_batching(served, [{"text": tf.constant(GOLDEN[:2])}, {"text": tf.constant(GOLDEN[2:])}])
+    for want, got in zip(alone, merged):
+        np.testing.assert_array_equal(got["translation"].numpy(), want["translation"].numpy())
+        # (rows of other batch sizes: other last bits, as in test_batch_translates_like_each_sentence_alone)
+        np.testing.assert_allclose(got["score"].numpy(), want["score"].numpy(), atol=1e-5)
+
+    options = loaded.signatures["translate_options"]
+    texts = [GOLDEN[:2], GOLDEN[2:] + ["the woman buys a red book today"], GOLDEN[1:2]]
+    choices = [dict(beam_size=4, alpha=0.6, extra_length=10, num_results=3, patience=0.0),
+               dict(beam_size=2, alpha=1.0, extra_length=10, num_results=1, patience=0.5),
+               dict(beam_size=4, alpha=0.6, extra_length=10, num_results=3, patience=0.0)]  # = the first's
+    dtypes = {"beam_size": tf.int32, "extra_length": tf.int32, "num_results": tf.int32}
+
+    def request(text, chosen, per_sentence):
+        return {"text": tf.constant(text), **{name: tf.constant([value] * len(text) if per_sentence else value,
+                                                                 dtypes.get(name, tf.float32))
+                                              for name, value in chosen.items()}}
+
+    with pytest.raises(ValueError, match="at least one dimension"):  # a request with scalar options
+        tf_serving_batching(options, [request(texts[0], choices[0], per_sentence=False)])
+    merged = tf_serving_batching(options, [request(t, c, per_sentence=True) for t, c in zip(texts, choices)])
+    for text, chosen, got in zip(texts, choices, merged):
+        want = options(**request(text, chosen, per_sentence=False))  # the same request alone, scalars
+        n = chosen["num_results"]
+        assert got["translations"].shape == (len(text), 3) and want["translations"].shape == (len(text), n)
+        np.testing.assert_array_equal(got["translations"].numpy()[:, :n], want["translations"].numpy())
+        np.testing.assert_allclose(got["scores"].numpy()[:, :n], want["scores"].numpy(), atol=1e-5)
+        assert (got["translations"].numpy()[:, n:] == b"").all() and (got["scores"].numpy()[:, n:] == -1e9).all()
+    # which the merge would have missed had it searched the second request with the first's
+    # options: its scores under them differ (alpha 0.6, not 1.0) from what it got
+    mixed = options(**request(texts[1], choices[0], per_sentence=False))["scores"].numpy()[:, 0]
+    assert (np.abs(mixed - merged[1]["scores"].numpy()[:, 0]) > 1e-3).all()
+    # per-sentence options of another length than `text` fail the request, naming the option
+    with pytest.raises(tf.errors.InvalidArgumentError, match="translate_options: num_results must be a scalar or "
+                                                             "hold one value for each sentence of text"):
+        options(**{**request(texts[0], choices[0], per_sentence=True), "num_results": tf.constant([1, 2, 3])})
 
 
 def test_xla_signature_translates_like_serving_default(loaded):
