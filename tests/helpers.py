@@ -90,6 +90,36 @@ def warmup_requests(path):
             for request in requests]
 
 
+def tf_serving_batching(signature, requests, allowed_batch_sizes=(4, 8, 16)):
+    """What a TF Serving started with `--enable_batching` does with `requests` (dicts of
+    input tensors) to one signature, as its `BatchingSession` does it
+    (tensorflow_serving/batching/batching_session.cc, `ComputeTensorBatchSize` in
+    batching_util.h): it refuses an input without a first dimension, or inputs of one
+    request whose first dimensions differ; concatenates each input of the requests along
+    it; pads the merged batch to the smallest allowed size with copies of the last
+    request's first row; runs the signature once; requires every output to have the
+    padded size as its first dimension; and splits the outputs back, one dict per request."""
+    import tensorflow as tf
+
+    sizes = []
+    for inputs in requests:
+        if any(tensor.shape.rank == 0 for tensor in inputs.values()):
+            raise ValueError("Batching Run() input tensors must have at least one dimension")
+        firsts = {tensor.shape[0] for tensor in inputs.values()}
+        if len(firsts) != 1:
+            raise ValueError("Batching Run() input tensors must have equal 0th-dimension size")
+        sizes.append(firsts.pop())
+    total = sum(sizes)
+    padded = min(size for size in allowed_batch_sizes if size >= total)
+    merged = {name: tf.concat([inputs[name] for inputs in requests] + [requests[-1][name][:1]] * (padded - total), 0)
+              for name in requests[0]}
+    outputs = signature(**merged)
+    for name, tensor in outputs.items():
+        assert tensor.shape.rank >= 1 and tensor.shape[0] == padded, (name, tensor.shape)
+    parts = {name: tf.split(tensor, sizes + [padded - total]) for name, tensor in outputs.items()}
+    return [{name: parts[name][i] for name in outputs} for i in range(len(requests))]
+
+
 def in_background(function, *args, **kwargs):
     """Starts `function(*args, **kwargs)` in a thread; returns its `concurrent.futures.Future`.
 

@@ -17,7 +17,8 @@ import hypothesis.strategies
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, closed_pipe, in_background, warmup_requests
+from helpers import (CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, closed_pipe, in_background, tf_serving_batching,
+                     warmup_requests)
 
 from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
 from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
@@ -957,34 +958,6 @@ def test_warmup_requests_run_through_the_signature(exported, loaded):
     # EPYC (oneDNN on) its best hypothesis for "Hello." is the empty one, at -0.96.
     assert any(want[:2]) and want[2] == ""
     assert want_scores[0] < 0 and want_scores[1] < 0 and want_scores[2] == 0.0
-
-
-def tf_serving_batching(signature, requests, allowed_batch_sizes=(4, 8, 16)):
-    """What a TF Serving started with `--enable_batching` does with `requests` (dicts of
-    input tensors) to one signature, as its `BatchingSession` does it
-    (tensorflow_serving/batching/batching_session.cc, `ComputeTensorBatchSize` in
-    batching_util.h): it refuses an input without a first dimension, or inputs of one
-    request whose first dimensions differ; concatenates each input of the requests along
-    it; pads the merged batch to the smallest allowed size with copies of the last
-    request's first row; runs the signature once; requires every output to have the
-    padded size as its first dimension; and splits the outputs back, one dict per request."""
-    sizes = []
-    for inputs in requests:
-        if any(tensor.shape.rank == 0 for tensor in inputs.values()):
-            raise ValueError("Batching Run() input tensors must have at least one dimension")
-        firsts = {tensor.shape[0] for tensor in inputs.values()}
-        if len(firsts) != 1:
-            raise ValueError("Batching Run() input tensors must have equal 0th-dimension size")
-        sizes.append(firsts.pop())
-    total = sum(sizes)
-    padded = min(size for size in allowed_batch_sizes if size >= total)
-    merged = {name: tf.concat([inputs[name] for inputs in requests] + [requests[-1][name][:1]] * (padded - total), 0)
-              for name in requests[0]}
-    outputs = signature(**merged)
-    for name, tensor in outputs.items():
-        assert tensor.shape.rank >= 1 and tensor.shape[0] == padded, (name, tensor.shape)
-    parts = {name: tf.split(tensor, sizes + [padded - total]) for name, tensor in outputs.items()}
-    return [{name: parts[name][i] for name in outputs} for i in range(len(requests))]
 
 
 def test_tf_serving_batching_merges_requests_and_each_gets_its_own_translations(exported, loaded):

@@ -18,7 +18,7 @@ from keras_transformer.data import syntax
 from keras_transformer.data.annotated import annotated_features, parse_conllu, tree_distances
 from keras_transformer.layers import MultiHeadAttention, SyntaxAttentionMatrix, TagFactorEmbedding
 from keras_transformer.layers.embedding import sinusoidal_encoding
-from helpers import warmup_requests
+from helpers import tf_serving_batching, warmup_requests
 from test_model import assert_cached_decoding_matches
 
 PUD = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "pud"
@@ -564,11 +564,15 @@ def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run, 
 
 def test_the_syntax_exports_warmup_requests_run_through_its_signatures(syntax_run, syntax_served):
     """The warm-up requests of a syntax-aware export are CoNLL-U in `conllu`: the
-    `translate_options` one, with the export's defaults, answers as `serving_default`."""
+    `translate_options` one, with the export's defaults, answers as `serving_default`;
+    both run as a TF Serving with `--enable_batching` runs them at load
+    (`helpers.tf_serving_batching`: the options given once per sentence)."""
     trained, export, _ = syntax_run
     loaded, _ = syntax_served
     requests = warmup_requests(export)
     assert [name for name, _ in requests] == ["serving_default", "translate_options"]
+    for name, inputs in requests:  # as a TF Serving with --enable_batching runs them at load
+        tf_serving_batching(loaded.signatures[name], [inputs])
     (_, served), (_, options) = requests
     # the options once per sentence, as TF Serving's batching needs them (test_export.py)
     assert set(served) == {"conllu"} and options["beam_size"].numpy().tolist() == [trained.config.beam_size] * 2
