@@ -59,7 +59,9 @@ and renamed into place only when complete (TF Serving ignores non-numeric
 names), so a crash never leaves a half-written version where a server would
 load it. `assets.extra/tf_serving_warmup_requests` holds warm-up requests
 for `serving_default` and `translate_options` (whose first call instantiates
-its graph), so no request pays for building a graph. `translate_options` is
+its graph), so no request pays for building a graph; the latter gives its
+options once per sentence, so that a TF Serving with `--enable_batching`
+runs it too. `translate_options` is
 one search whose beam size is a run-time input (`beam_search(max_beam_size=8)`),
 not one copy per beam size.
 """
