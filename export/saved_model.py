@@ -184,17 +184,19 @@ class TranslationModule(tf.Module):
         return {"translation": strings[:, 0], "score": scores[:, 0]}
 
     def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results, patience):
+        def clipped(beam_size, num_results):
+            beam_size = tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE)
+            return beam_size, tf.clip_by_value(num_results, 1, beam_size)
+
         batch = tf.shape(text)[0]
-        # the request's own number of results (its first value), clipped as below: the output's
-        # width for a request without sentences, whose output is empty (`[0, n]`, as before)
-        requested = tf.reshape(num_results, [-1])[:1]
-        requested = tf.clip_by_value(requested, 1, tf.clip_by_value(tf.reshape(beam_size, [-1])[:1], 1, MAX_BEAM_SIZE))
+        # the request's own number of results (its first value), clipped: the output's width
+        # for a request without sentences, whose output is empty (`[0, n]`, as before)
+        _, requested = clipped(tf.reshape(beam_size, [-1])[:1], tf.reshape(num_results, [-1])[:1])
         beam_size, alpha, extra_length, num_results, patience = (
             _per_sentence(value, batch, name) for value, name in (
                 (beam_size, "beam_size"), (alpha, "alpha"), (extra_length, "extra_length"),
                 (num_results, "num_results"), (patience, "patience")))  # [batch] each
-        beam_size = tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE)
-        num_results = tf.clip_by_value(num_results, 1, beam_size)
+        beam_size, num_results = clipped(beam_size, num_results)
         # A NaN or infinite alpha is the export's own: it scored every hypothesis NaN (or -inf,
         # or 0), so every translation was "" with score -1e9. A NaN patience is off (<= 0), and
         # one above MAX_PATIENCE (more hypotheses than any search finishes) is that bound, so
