@@ -180,8 +180,12 @@ def interrupted_run(tmp_path_factory):
     record["stopped_at"] = stopped_at = int(stopped[0].split()[3])
 
     # The same command again, killed once it has written a round checkpoint past the signal's;
-    # oneDNN left to train.py's default (on).
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    # oneDNN left to train.py's default (on). Its temporary files go to the test's own directory:
+    # TensorFlow's autograph writes a file for each function it converts and removes them at exit,
+    # which SIGKILL skips (they were left in /tmp by every run of the suite).
+    killed_tmp = root / "killed-tmp"
+    killed_tmp.mkdir()
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", TMPDIR=str(killed_tmp))
     env.pop("TF_ENABLE_ONEDNN_OPTS", None)
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
