@@ -1,20 +1,48 @@
 """keras-transformer: the Transformer of "Attention Is All You Need" in Keras 3."""
 
+import importlib as _importlib
+import typing as _typing
+
 from keras_transformer import console as _console
 
 if _console.onednn_requested():  # train.py, export.translate: oneDNN kernels (before TensorFlow loads)
     _console.request_onednn()
-if _console.quiet_requested():  # a command asked for quiet output (before TensorFlow loads)
+if _console.quiet_requested():  # a command asked for quiet output (TensorFlow's first import made quiet)
     _console.quiet_tensorflow()
 
-from keras_transformer.config import PRESETS, TransformerConfig
-from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
-from keras_transformer.incremental import IncrementalDecoder
-from keras_transformer.layers import (DecoderBlock, EncoderBlock, FeedForward, MultiHeadAttention,
-                                      PositionalEmbedding, ResidualConnection)
-from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
-from keras_transformer.model import Transformer, build_transformer
-from keras_transformer.schedule import TransformerSchedule, make_optimizer
+# Each public name and the module that defines it.
+_MODULES = {
+    "TransformerConfig": "config", "PRESETS": "config",
+    "PAD_ID": "constants", "UNK_ID": "constants", "BOS_ID": "constants", "EOS_ID": "constants",
+    "NEG_INF": "constants",
+    "IncrementalDecoder": "incremental",
+    "DecoderBlock": "layers", "EncoderBlock": "layers", "FeedForward": "layers", "MultiHeadAttention": "layers",
+    "PositionalEmbedding": "layers", "ResidualConnection": "layers",
+    "LabelSmoothedCrossEntropy": "losses", "MaskedAccuracy": "losses",
+    "Transformer": "model", "build_transformer": "model",
+    "TransformerSchedule": "schedule", "make_optimizer": "schedule",
+}
+
+if _typing.TYPE_CHECKING or not _console.running_command():
+    # A library user's `import keras_transformer` registers every layer with Keras, so that
+    # `keras.saving.load_model` finds them.
+    from keras_transformer.config import PRESETS, TransformerConfig
+    from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
+    from keras_transformer.incremental import IncrementalDecoder
+    from keras_transformer.layers import (DecoderBlock, EncoderBlock, FeedForward, MultiHeadAttention,
+                                          PositionalEmbedding, ResidualConnection)
+    from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
+    from keras_transformer.model import Transformer, build_transformer
+    from keras_transformer.schedule import TransformerSchedule, make_optimizer
+else:
+    # The project's commands import the modules they use, and these names load on first use:
+    # `train.py --help` and its flag errors answer without Keras and TensorFlow.
+    def __getattr__(name):
+        if name not in _MODULES:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(_importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+        globals()[name] = value
+        return value
 
 __version__ = "0.1.0"
 

@@ -8,9 +8,10 @@ are quiet unless `--verbose` (`quiet_requested`): `python train.py` and
 `python -m` of a module of `keras_transformer`, `export` or `benchmarks`, as
 the interpreter's command line says (`sys.orig_argv`), so no entry point has
 to set anything before its imports; `KERAS_TRANSFORMER_QUIET=1` / `=0` asks
-for it, or against it, in any program. The package's `__init__` then
-imports TensorFlow with file descriptor 2 sent to a temporary file, which is
-replayed if the import fails. Library users who do not ask see everything.
+for it, or against it, in any program. The package's `__init__` then has
+TensorFlow's first import, whenever it comes, made with file descriptor 2 sent
+to a temporary file, which is replayed if the import fails (`quiet_tensorflow`).
+Library users who do not ask see everything.
 
 This module imports nothing heavy at module level: `keras_transformer/__init__`
 runs it before Keras and TensorFlow are imported.
@@ -22,6 +23,8 @@ import argparse
 import contextlib
 import errno
 import functools
+import importlib.abc
+import importlib.util
 import logging
 import math
 import os
@@ -207,19 +210,24 @@ class _AbslFilter(logging.Filter):
 
 
 def quiet_tensorflow() -> None:
-    """Imports TensorFlow without its start-up lines and filters the warnings
-    of `_IGNORED_WARNINGS` / `_IGNORED_ABSL`. Idempotent; a no-op once
-    TensorFlow was imported by someone else. The process's children (a command's
-    LiteRT checks, a benchmark's workers) inherit the request."""
+    """TensorFlow's first import made without its start-up lines (file descriptor 2 captured,
+    replayed if the import fails), and the warnings of `_IGNORED_WARNINGS` / `_IGNORED_ABSL`
+    filtered. TensorFlow is not imported here: `_QuietFirstImport` wraps whichever import
+    brings it in first, so that a command that ends before it needs TensorFlow (`train.py
+    --help`, a flag error) answers without its start-up (~6.6 CPU s on a 2-vCPU EPYC).
+    Idempotent; the capture is skipped once TensorFlow was imported by someone else. The
+    process's children (a command's LiteRT checks, a benchmark's workers) inherit the request."""
     os.environ.setdefault(QUIET_ENV, "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for pattern in _IGNORED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
-    if "tensorflow" not in sys.modules:
-        with _stderr_captured():
-            import tensorflow as tf
+    if "tensorflow" in sys.modules:
+        _quiet_loggers()
+    elif not any(isinstance(finder, _QuietFirstImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietFirstImport())
 
-            tf.config.list_physical_devices()  # the CUDA probe's cuInit line comes here
+
+def _quiet_loggers() -> None:
     # tf.saved_model.save's "Assets written to ..." and similar INFO lines.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
     for name in ("absl", "tensorflow", "keras"):
@@ -232,6 +240,31 @@ def quiet_tensorflow() -> None:
         absl_logging.set_verbosity(absl_logging.ERROR)
     except ImportError:  # pragma: no cover - absl comes with TensorFlow
         pass
+
+
+class _QuietFirstImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """A `sys.meta_path` finder for `tensorflow` alone, used once: it finds TensorFlow through
+    the other finders and runs that loader with file descriptor 2 captured, then lists the
+    devices inside the same capture (the CUDA probe's `cuInit` line comes there)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            self._loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self._loader  # as if found without us
+        with _stderr_captured():
+            self._loader.exec_module(module)
+            module.config.list_physical_devices()
+        _quiet_loggers()
 
 
 def say_onednn_fallback() -> None:

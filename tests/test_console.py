@@ -161,3 +161,57 @@ def test_a_command_whose_reader_stops_exits_1_without_a_word(monkeypatch, capsys
             command([0, "full disk"])
         piped.close()
         assert reader.read() == "line 0\nline 1\nline 2\n"
+
+
+CONSOLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_transformer", "console.py")
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_tensorflows_first_import_is_quiet_whenever_it_comes_and_a_failed_one_says_why(tmp_path, fail):
+    """`quiet_tensorflow` imports nothing itself: the import that first brings TensorFlow in,
+    whenever it comes, runs with file descriptor 2 captured (the C++ start-up lines and the
+    device probe's are dropped), and the module is as if found without us (its own loader);
+    a failing import gives back what it printed, with its error. Shown with a stand-in
+    `tensorflow` package that prints from "C++" as it loads and as it lists devices."""
+    import subprocess
+
+    fake = tmp_path / "tensorflow"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import os\nos.write(2, b'I0000 start-up line\\n')\n"
+        "if os.environ.get('FAIL'):\n    raise ImportError('no kernels for this CPU')\n"
+        "class config:\n    @staticmethod\n    def list_physical_devices():\n"
+        "        os.write(2, b'E0000 cuInit failed\\n')\n        return []\n")
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('console', {CONSOLE!r})\n"
+            "console = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(console)\n"
+            "console.quiet_tensorflow()\nconsole.quiet_tensorflow()\n"
+            "print('tensorflow' in sys.modules, flush=True)\n"
+            "try:\n    import tensorflow\nexcept ImportError as error:\n    print('failed:', error)\n"
+            "else:\n    print(type(tensorflow.__loader__).__name__, tensorflow.__spec__.loader is tensorflow.__loader__,\n"
+            "          [type(f).__name__ for f in sys.meta_path].count('_QuietFirstImport'))\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    env.pop("FAIL", None)
+    if fail:
+        env["FAIL"] = "1"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    if fail:
+        assert result.stdout == "False\nfailed: no kernels for this CPU\n"
+        assert result.stderr == "I0000 start-up line\n"
+    else:
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "False\nSourceFileLoader True 0\n"
+        assert result.stderr == ""
+
+
+def test_the_packages_lazy_names_are_its_eager_names():
+    """The project's commands get `keras_transformer`'s names on first use (`_MODULES` says
+    where each lives); a library user's import binds them at once: the same objects."""
+    import importlib
+
+    import keras_transformer
+
+    assert sorted(keras_transformer._MODULES) == sorted(keras_transformer.__all__)
+    for name, module in keras_transformer._MODULES.items():
+        lazy = getattr(importlib.import_module(f"keras_transformer.{module}"), name)
+        assert lazy is getattr(keras_transformer, name), name

@@ -298,6 +298,22 @@ def test_help_explains_every_flag(short_commands):
         assert flag in result.stdout
 
 
+
+@pytest.mark.parametrize("flags", [["--help"], ["--steps", "0"], ["--batch-tokens", "32"]])
+def test_help_and_flag_errors_answer_without_tensorflow(flags, tmp_path):
+    """`train.py --help` and a flag the config refuses answer before anything imports Keras or
+    TensorFlow (whose start-up alone is ~6.6 CPU s on a 2-vCPU EPYC): the interpreter's own
+    import log (`-X importtime`) names the config module and neither of them."""
+    result = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "train.py"),
+                             "--model-dir", str(tmp_path / "m"), *flags],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == (0 if flags == ["--help"] else 2), result.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "keras_transformer.config" in imported
+    assert not {"tensorflow", "keras", "numpy"} & imported
+    assert not (tmp_path / "m").exists()
+
 def test_run_file_refuses_a_replaced_tokenizer(tmp_path):
     """Resuming a run whose tokenizer.model was swapped for another valid one."""
     from keras_transformer import TransformerConfig
