@@ -1,6 +1,7 @@
 """keras_transformer.console: what the commands' quiet mode keeps off a user's terminal."""
 
 import os
+import pathlib
 import sys
 
 import pytest
@@ -163,7 +164,7 @@ def test_a_command_whose_reader_stops_exits_1_without_a_word(monkeypatch, capsys
         assert reader.read() == "line 0\nline 1\nline 2\n"
 
 
-CONSOLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_transformer", "console.py")
+CONSOLE = pathlib.Path(__file__).resolve().parents[1] / "keras_transformer" / "console.py"
 
 
 @pytest.mark.parametrize("fail", [False, True])
@@ -183,7 +184,7 @@ def test_tensorflows_first_import_is_quiet_whenever_it_comes_and_a_failed_one_sa
         "class config:\n    @staticmethod\n    def list_physical_devices():\n"
         "        os.write(2, b'E0000 cuInit failed\\n')\n        return []\n")
     code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('console', {CONSOLE!r})\n"
+            f"spec = importlib.util.spec_from_file_location('console', {str(CONSOLE)!r})\n"
             "console = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(console)\n"
             "console.quiet_tensorflow()\nconsole.quiet_tensorflow()\n"
             "print('tensorflow' in sys.modules, flush=True)\n"

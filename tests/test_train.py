@@ -298,7 +298,6 @@ def test_help_explains_every_flag(short_commands):
         assert flag in result.stdout
 
 
-
 @pytest.mark.parametrize("flags", [["--help"], ["--steps", "0"], ["--batch-tokens", "32"]])
 def test_help_and_flag_errors_answer_without_tensorflow(flags, tmp_path):
     """`train.py --help` and a flag the config refuses answer before anything imports Keras or
@@ -313,6 +312,7 @@ def test_help_and_flag_errors_answer_without_tensorflow(flags, tmp_path):
     assert "keras_transformer.config" in imported
     assert not {"tensorflow", "keras", "numpy"} & imported
     assert not (tmp_path / "m").exists()
+
 
 def test_run_file_refuses_a_replaced_tokenizer(tmp_path):
     """Resuming a run whose tokenizer.model was swapped for another valid one."""
