@@ -1,4 +1,4 @@
-"""The benchmarks behind BENCHMARKS.md, one script each, sharing `benchmarks.harness`.
+"""The benchmarks behind docs/lab-notebook, one script each, sharing `benchmarks.harness`.
 
 Run one from the repository root as a module, e.g. `python -m benchmarks.translate_speed
 --help`; each script's docstring says what it measures and how. Importing this package

@@ -17,7 +17,7 @@ What it does, as a user would:
    preset's beam 5 and alpha 1.0, +50) and translates test2016.en in batches
    of 64. (Until 2026-12-02 it called `translate_xla`, the same translations,
    whose compile of each bucket cost more than its search saved on one file:
-   BENCHMARKS.md, "The translate command without XLA".)
+   docs/lab-notebook, "The translate command without XLA".)
 3. Prints cased sacreBLEU on the raw references (the project's figure),
    lowercased (`-lc`), each with its signature, and lowercased
    Moses-tokenized BLEU (`benchmarks.literature_bleu`: how the Multi30k

@@ -82,7 +82,7 @@ CANDIDATES: dict[str, tuple[str, str]] = {
                "corpus; same model and step cost, so it can be compared step-matched)",
                "--set label_smoothing=0.2"),
     "xla": ("the preset with its train step compiled by XLA (`--jit-compile`): the same model and updates, "
-            "a step ~1.2x cheaper on a CPU (BENCHMARKS, training throughput), so more steps in the hour",
+            "a step ~1.2x cheaper on a CPU (docs/lab-notebook, training throughput), so more steps in the hour",
             "--jit-compile"),
     "prenorm-3x3": ("3+3 layers in pre-norm (`norm_first`): the deeper post-norm models here lagged at the "
                     "paper's early rate (peak 0.0063 at step 200); pre-norm 3+3 led the preset at step 1,000",

@@ -1,4 +1,4 @@
-"""Adam's slot variables made eagerly against inside a trace (BENCHMARKS.md, "The suite's fixed costs").
+"""Adam's slot variables made eagerly against inside a trace (docs/lab-notebook, "The suite's fixed costs").
 
 Keras without a distribution strategy makes the optimizer's slots inside the first
 training step's trace; `train.py` (`training._compile_model`) and

@@ -7,7 +7,7 @@
 The plain graph (`serving_default`'s search, without XLA) is a TensorFlow
 `while_loop`, and the executor pays for every node of its body on every step
 (~1 us a node on the 2-core machine: most of a batch-1 step of the Multi30k
-model; `BENCHMARKS.md`, serving speed parts 7 and 9). Timings on a shared
+model; docs/lab-notebook, serving speed parts 7 and 9). Timings on a shared
 machine move by tens of percent between runs; the nodes a step runs do not.
 
 The script saves `Searcher.search` (source ids in, ids out; beam 4, the

@@ -33,7 +33,7 @@ and batches:
   syntax of `train.py --set`) on top of the preset, e.g. another depth: what
   one step of a recipe candidate costs against the preset's, on the same
   batches in the same process (the ratio a step-matched recipe search needs,
-  `BENCHMARKS.md`, Multi30k recipe search); `ours-set-xla`: the same,
+  docs/lab-notebook, Multi30k recipe search); `ours-set-xla`: the same,
   compiled with XLA (a candidate trained with `--jit-compile`);
 * `ours-keras-adam`: with Keras's own `keras.optimizers.Adam` (same settings
   and schedule), what `make_optimizer` returned before `FusedAdam` (one
@@ -237,7 +237,7 @@ def main(argv=None):
         run_pass(model)
         print(f"# {name}: warm-up pass {time.perf_counter() - start:.1f} s")
     for name in models:  # one untimed interleaved pass: a model traced before the others were
-        run_pass(models[name])  # built can run its next steps slower again (BENCHMARKS.md, training)
+        run_pass(models[name])  # built can run its next steps slower again (docs/lab-notebook, training)
     names = list(models)
     dtypes = ["float32"] + (["bfloat16"] if any(name.endswith("-bf16") for name in names) else [])
     peaks = {dtype: [] for dtype in dtypes}

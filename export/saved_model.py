@@ -87,7 +87,7 @@ import tensorflow as tf
 
 # `MAX_BEAM_SIZE` (constants): the beam sizes the options signature can run. One search takes
 # the beam size at run time; it was one `switch_case` branch per beam size, eight copies of
-# the search to export, load and instantiate at the first request (BENCHMARKS.md, "Export
+# the search to export, load and instantiate at the first request (docs/lab-notebook, "Export
 # and load time").
 # Most sentences per call of the LiteRT variant (see Translator.decode_ids);
 # the LiteRT runner sends larger inputs in chunks.
@@ -125,7 +125,7 @@ class TranslationModule(tf.Module):
         # The output projection's matrix `[d_model, vocab]` (the transposed embeddings),
         # stored once here rather than transposed by every call before its search
         # (`Searcher(output_kernel=...)`; a single sentence through `translate_xla` took
-        # 0.87-0.89x the time on the 10,000-piece preset, BENCHMARKS.md serving speed
+        # 0.87-0.89x the time on the 10,000-piece preset, docs/lab-notebook serving speed
         # part 25; `serving_default` moved within the noise). It costs the
         # SavedModel a second copy of the embeddings (5.1 MB for that preset, 66 MB
         # for `base`); the LiteRT conversion folded this transpose into a constant anyway.
@@ -271,7 +271,7 @@ class TranslationModule(tf.Module):
         the save (`get_concrete_function()` here) was traced a second time by the save
         for the module's own `tf.function` attributes (the save context is part of
         tf.function's cache key): every search graph twice in `saved_model.pb`, twice
-        the tracing, and twice the functions to restore at every load (BENCHMARKS.md,
+        the tracing, and twice the functions to restore at every load (docs/lab-notebook,
         "Export and load time")."""
         if self._config.syntax_aware:  # CoNLL-U in; no LiteRT / XLA variants
             return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options}
@@ -350,7 +350,7 @@ def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator
             a warm-up request fails). Its first call
             instantiates its search: 2.2 s in TF2 on the 2-vCPU AVX2 machine
             for the `multi30k` shape (25 s when it held one search per beam
-            size; BENCHMARKS.md, "Export and load time"). The server pays
+            size; docs/lab-notebook, "Export and load time"). The server pays
             that at load, not a request.
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2

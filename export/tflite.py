@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True, help="the .tflite file to write")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, default="none",
                         help="weight quantization (default none; float16 halves the file, dynamic_int8 "
-                             "stores int8 weights; BLEU and speed changes are in BENCHMARKS.md)")
+                             "stores int8 weights; BLEU and speed changes are in docs/lab-notebook)")
     parser.add_argument("--translate", action="store_true",
                         help="after converting, translate stdin lines with the LiteRT model")
     parser.add_argument("--verbose", action="store_true",

@@ -9,7 +9,7 @@ graph TF Serving runs; `--xla` calls `translate_xla` instead (the same
 translations, the search XLA-compiled). A command of a few seconds' work
 does not pay back XLA's compile of each (length, batch) bucket it meets: on
 a Multi30k-shaped export, 1, 16, 200 and 1,000 lines took 1.1-1.3x, 2.3x,
-4.7-5.2x and 2.1-2.2x the process time with `--xla` (BENCHMARKS.md, "The
+4.7-5.2x and 2.1-2.2x the process time with `--xla` (docs/lab-notebook, "The
 translate command without XLA"). `--beam-size`, `--alpha`, `--n-best` and
 `--patience` use the `translate_options` signature. A syntax-aware export
 reads CoNLL-U from stdin instead (sentences separated by blank lines) and
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     if args.xla and plain_request:
         # Grappler would optimize translate_xla's graph before XLA compiles it: 2-3 s more per
         # bucket's first request on the multi30k preset's shape, for the same program speed and
-        # translations (BENCHMARKS.md, serving speed part 30). This process calls nothing else.
+        # translations (docs/lab-notebook, serving speed part 30). This process calls nothing else.
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
     failed = []  # (sentence number, problem) of the malformed CoNLL-U sentences

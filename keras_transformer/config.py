@@ -303,7 +303,7 @@ PRESETS: dict[str, TransformerConfig] = {
     # so that averaging, BLEU and export fit in the hour). Issue #17's sweep:
     # the whole budget (10,750 steps) gave valid 39.79 / test2016 39.83 where
     # the earlier 8,000-step cap (44.5 minutes) gave 39.39 / 39.05.
-    # Decoding chosen on valid (BENCHMARKS.md, `multi30k_sweep.py --decode`;
+    # Decoding chosen on valid (docs/lab-notebook, `multi30k_sweep.py --decode`;
     # a deviation from the paper's beam 4, alpha 0.6 and 5 checkpoints, which
     # were tuned on WMT's newstest2013): the last 10 checkpoints averaged,
     # beam 5, alpha 1.0 gave valid 40.50 against 39.77 (test2016 39.77
@@ -312,7 +312,7 @@ PRESETS: dict[str, TransformerConfig] = {
     # BPE size; unigram because FastSentencepieceTokenizer segments BPE models
     # unlike SentencePiece) gave valid 40.67 / test2016 40.04 against 8,000's
     # 40.37 / 39.79 in the same 56 minutes on one machine (2026-11-27), where
-    # 4,000 was 1.1-1.4 below 8,000 on valid (`multi30k_sweep.py`, BENCHMARKS.md).
+    # 4,000 was 1.1-1.4 below 8,000 on valid (`multi30k_sweep.py`, docs/lab-notebook).
     "multi30k": TransformerConfig(vocab_size=10000, num_layers=2, d_model=128, d_ff=512,
                                   num_heads=4, dropout=0.2, max_length=64, warmup_steps=200,
                                   train_steps=40_000, checkpoints_to_average=10, beam_size=5,

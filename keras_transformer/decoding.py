@@ -232,7 +232,7 @@ def top_k_blockwise(x, k, block_size=None, gather=keras_gather, max_k=None):
     candidates, in their original order, is the row's ``top_k``. One pass of
     ``max`` over the row replaces the per-entry comparisons of ``top_k`` with a
     heap: on ``[128, 8000]``, k 8, 3.3 -> 0.8 ms in a TensorFlow graph and
-    1.6 -> 0.6 ms under XLA on this 2-core CPU (BENCHMARKS.md). Plain
+    1.6 -> 0.6 ms under XLA on this 2-core CPU (docs/lab-notebook). Plain
     ``top_k`` where the row is too short for blocks to help.
 
     Args:
@@ -820,7 +820,7 @@ def beam_search(
             that its rounding makes can break otherwise) and scores equal to
             float32 rounding. Under XLA it saves writing and reading the
             ``[rows, V]`` log-probabilities (the whole search 0.94-0.96x the
-            time, `BENCHMARKS.md` serving speed part 29); in a TensorFlow graph
+            time, docs/lab-notebook serving speed part 29); in a TensorFlow graph
             ``logsumexp``'s nodes cost more than they save (1.01-1.07x), so
             only the XLA search sets it.
         trace_once: None, or a function that wraps the loop's body (a step and
@@ -906,7 +906,7 @@ def beam_search(
             # (batch_halvings) The beam reorder of the step before is done here, where
             # XLA fuses it with the step's write of its keys and values: two passes over
             # each cache leaf a step instead of three (write, reorder, and the copy of the
-            # reordered buffer into the loop's; BENCHMARKS.md, serving speed part 15).
+            # reordered buffer into the loop's; docs/lab-notebook, serving speed part 15).
             deferred = "cache_rows" in state
             if deferred:  # the cache's rows in the order of the state's hypotheses
                 state = {**state, "cache": keras.tree.map_structure(
@@ -941,7 +941,7 @@ def beam_search(
             # The first cache stage runs on the whole batch: few sentences of a batch end
             # in its steps, and each halving is one more compiled copy of the step in each
             # stage (a batch-32 program traced in 11.9 instead of 13.7 s and compiled in
-            # 13.1 instead of 16.8, same run time and results; BENCHMARKS.md, serving
+            # 13.1 instead of 16.8, same run time and results; docs/lab-notebook, serving
             # speed part 16).
             first_stage_body = _halving_body(search_body, batch_size, beam_size, 0, static_cache, spec.gather)
         else:
@@ -971,7 +971,7 @@ def beam_search(
                     # A stage that ends where the one before did (a buffer shorter than the given
                     # end before it) runs no step. Under XLA the shapes make this condition a
                     # constant, and the optimized program keeps no loop for the stage (one more
-                    # copy of the step per batch halving; BENCHMARKS.md, serving speed part 31).
+                    # copy of the step per batch halving; docs/lab-notebook, serving speed part 31).
                     # (`cond` traces both branches at once: no late binding of `state`.)
                     state = ops.cond(stage_end > previous_end, lambda: run_stage(state), lambda: state)
                 previous_end = stage_end
@@ -1059,7 +1059,7 @@ def _halving_body(search_body, batch_size, beam_size, halvings, static_cache, ga
     rows, and XLA copied it, and every cache, out of the branches of the
     `switch` and of a `cond` that moved the sentences only on the steps where
     one ended: 17% of a batch-32 step; without them the step took 7.5 ms
-    instead of 11.3, BENCHMARKS.md serving speed part 14. The prefix branches
+    instead of 11.3, docs/lab-notebook serving speed part 14. The prefix branches
     still copy the state they `slice_update`; one loop per size, with no
     `switch`, copied less but was no faster and compiled slower, part 14.)
     With a python `batch_size` the sizes are python ints; with a scalar tensor

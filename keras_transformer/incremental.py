@@ -68,7 +68,7 @@ class IncrementalDecoder:
         """The output projection's matrix `[d_model, vocab]` (the transposed embeddings):
         computed once before a decoding loop and passed to `step`, so no step
         transposes the embeddings (under XLA a batch-1 step's projection took
-        ~206 us with the transpose folded into it; BENCHMARKS.md)."""
+        ~206 us with the transpose folded into it; docs/lab-notebook)."""
         return self.model.embedding.output_kernel()
 
     def decode(self, target_ids, step, self_caches, cross_caches, source_mask, grow=False, output_kernel=None,

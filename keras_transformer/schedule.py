@@ -56,7 +56,7 @@ class FusedAdam(keras.optimizers.Adam):
     (the learning-rate and bias-correction scalars recomputed per variable, then the
     moments and the step), and a `fit` traces them for every variable before its
     first step (the `multi30k` preset's warm-up: 16-19 s with them, 12 s without;
-    `BENCHMARKS.md`, "Adam as one TensorFlow kernel per variable").
+    docs/lab-notebook, "Adam as one TensorFlow kernel per variable").
     On the TensorFlow backend this class computes the scalars once per update and
     gives every variable to `ResourceApplyAdam`, TensorFlow's Adam kernel, which
     also runs under XLA and every `tf.distribute` strategy. Its update is the same

@@ -47,21 +47,21 @@ XLA_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # the whole buffer): a step reads, writes and reorders a buffer of its stage's size, not
 # `source + 50` (`beam_search(cache_stages=...)`). In LiteRT a single sentence translated in
 # 0.84-0.92x the time, a batch of 32 in 0.49-0.51x, before a batch ran another loop
-# (`search_litert`; BENCHMARKS.md, serving speed part 38).
+# (`search_litert`; docs/lab-notebook, serving speed part 38).
 CACHE_STAGES = (16, 32, 64)
 # ... and each step after the first stage runs on the smallest of batch, batch / 2, batch / 4,
 # batch / 8 (rounded up) that holds the sentences not yet done (`beam_search(batch_halvings=...)`):
 # XLA's static shapes cannot drop finished sentences one by one as the plain
 # graph does, so a few fixed sizes, one compiled branch each. Three halvings
 # rather than two: batch 32 ran 70 rows a step instead of 75 and 8-10% faster,
-# for ~2.3 s more compiling per batch bucket (7.3 -> 9.6 s; BENCHMARKS.md, part 8).
+# for ~2.3 s more compiling per batch bucket (7.3 -> 9.6 s; docs/lab-notebook, part 8).
 XLA_BATCH_HALVINGS = 3
 # The batch-1 program of the XLA search (beam rows a step) multiplies by the embeddings
 # `[vocab, d_model]` as stored, the transpose folded into the dot, when their matrix holds at
 # least this many bytes (`base`: 63 MB), instead of by the transposed copy made before the
 # loop: read from memory for 4 rows, the stored layout ran 1.4-1.8x faster; while the matrix
 # fits in the cache the copy runs 2x faster (the Multi30k model's 4 MB, and 8 MB, on a CPU
-# with 32 MB of L3), and at 128 rows the two run alike (BENCHMARKS.md, serving speed part 17).
+# with 32 MB of L3), and at 128 rows the two run alike (docs/lab-notebook, serving speed part 17).
 XLA_FOLDED_PROJECTION_BYTES = 16 * 2**20
 # Smallest source-width bucket (tokens, EOS included); the others double up to max_length.
 XLA_MIN_LENGTH_BUCKET = 16
@@ -122,7 +122,7 @@ def eigen_matmul(x, y, transpose_y=False):
     rewrites `MatMul` and the `MatMul` + bias that Keras's `Dense` traces into oneDNN kernels,
     which on a few rows cost twice Eigen's (9.9 against 4.6 us a call for `[4, 128] x [128, d]`);
     it leaves `BatchMatMulV3` to Eigen. A batch-1 `serving_default` of the `multi30k` preset
-    ran 1.15x faster with oneDNN on, and as fast with it off (BENCHMARKS.md, serving speed
+    ran 1.15x faster with oneDNN on, and as fast with it off (docs/lab-notebook, serving speed
     part 20). Its Einsum, BatchMatMul and Softmax kernels likewise cost 1.3-2.7x Eigen's on the
     attention products of a batch-32 step (traced), where its projections are the faster; a
     batch-32 search of the preset took 0.97x the time with its attentions' products as
@@ -181,7 +181,7 @@ def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None, single_th
     (a step on a few rows: its cost is its ~480 nodes) that scheduling is a large part
     of a step's cost: a batch-1 search of the `multi30k` preset's model took 0.76x the time;
     a batch-32 one, whose independent nodes the default executor runs side by side,
-    1.19x (BENCHMARKS.md, serving speed part 34). The body must hold no branch or
+    1.19x (docs/lab-notebook, serving speed part 34). The body must hold no branch or
     loop that TensorFlow lowers (that executor runs no control-flow frames). The
     attributes are the graph's (`_lower_using_switch_merge` on the `While` node,
     `_executor` on its functions), so a SavedModel keeps them for TF Serving."""
@@ -221,7 +221,7 @@ def _run_single_threaded(loop):
 # (`Searcher.search`, `search_xla`, `Translator.translate_graph`, ...) are marked
 # `not_converted`, so that a caller's own `tf.function` (autograph on by default) runs
 # them unconverted too: the same graph, op for op, traced faster (a `multi30k`-shape
-# export in 16.3-19.0 s instead of 28.4-28.5; BENCHMARKS.md, "Tracing without autograph").
+# export in 16.3-19.0 s instead of 28.4-28.5; docs/lab-notebook, "Tracing without autograph").
 not_converted = tf.autograph.experimental.do_not_convert
 
 
@@ -241,7 +241,7 @@ class Searcher:
             which the export makes once: `TranslationModule`), read by every search
             instead of the embeddings' transpose that each call otherwise makes
             before its loop (a single sentence through the export's `translate_xla`
-            took 0.87-0.89x the time on the 10,000-piece preset: BENCHMARKS.md,
+            took 0.87-0.89x the time on the 10,000-piece preset: docs/lab-notebook,
             serving speed part 25).
             Only for weights that no longer change: a copy does not follow training.
         single_threaded_loop: the plain graph's small-request loop (`search`) runs by
@@ -314,7 +314,7 @@ class Searcher:
                 (`Dense`'s projections, the attentions' einsums) and no choice per
                 call: no small-request loop, no `cond` in a step. In LiteRT a batch
                 of 32 took 0.90x (0.84-1.16) the time of the search with both loops
-                and their kernels (BENCHMARKS.md, serving speed part 38). Same
+                and their kernels (docs/lab-notebook, serving speed part 38). Same
                 translations.
             static_cache: None, or `decoder.static_cache(source_ids, source_features)`
                 computed by the caller (`search_litert`: one encoder for its two
@@ -366,7 +366,7 @@ class Searcher:
         # with no branch in it, runs by the single-threaded executor (`single_threaded_loop`).
         # The other loop keeps TensorFlow's default executor, which runs a step's
         # independent nodes side by side: a batch-32 search took 1.19x the time with the
-        # single-threaded one (BENCHMARKS.md, serving speed part 34).
+        # single-threaded one (docs/lab-notebook, serving speed part 34).
         if litert:
             return search(False)
         keys = tf.maximum(buffer_length, tf.shape(source_ids)[1])
@@ -386,7 +386,7 @@ class Searcher:
         whose shapes change), a batch of 32 in 0.37x the time of the static buffer's
         (0.33-0.40); a single sentence runs the static buffer's (`static_buffer=True`:
         shapes fixed within each cache stage), where the other took 1.15x its time
-        (0.91-1.32; BENCHMARKS.md, serving speed part 38). The encoder runs once, before
+        (0.91-1.32; docs/lab-notebook, serving speed part 38). The encoder runs once, before
         the choice. Same translations.
         """
         encoded = self.decoder.static_cache(source_ids)  # the encoder, outside the cond
@@ -452,7 +452,7 @@ class Searcher:
         shapes differ only in sizes unknown when tracing; so is the step inside it.
         XLA inlines the calls and compiles each copy at its own sizes, as before
         (the same optimized program, results and run time); the graph holds one body
-        instead of 13 (BENCHMARKS.md, serving speed parts 32 and 33).
+        instead of 13 (docs/lab-notebook, serving speed parts 32 and 33).
         """
         key = (beam_size, num_results, batch_halvings, fold_projection)
         if key not in self._compiled:
@@ -520,7 +520,7 @@ class Searcher:
         if batch_halvings or fold:
             # A batch bucket of one sentence cannot shrink: its program is compiled without
             # the halvings, which there are identical copies of the step (a batch-1 program
-            # compiled in 5.3 instead of 9.6 s; BENCHMARKS.md, serving speed part 16); and
+            # compiled in 5.3 instead of 9.6 s; docs/lab-notebook, serving speed part 16); and
             # a large output matrix is read as stored there (`XLA_FOLDED_PROJECTION_BYTES`).
             ids, scores = tf.cond(padded_batch > 1, lambda: run(batch_halvings), lambda: run(0, fold))
         else:

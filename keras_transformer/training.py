@@ -120,7 +120,7 @@ def mixed_precision_warnings(policy: str, has_bfloat16: bool | None, jit_compile
       so they get no warning (not measured here);
     - with `--jit-compile`, where XLA undid bfloat16's gain on the AVX-512 BF16 CPU:
       `small`'s step took 1.06x float32's with both, 0.71x with bfloat16 alone.
-    (BENCHMARKS.md, "Training throughput" and "Mixed precision on a CPU without
+    (docs/lab-notebook, "Training throughput" and "Mixed precision on a CPU without
     bfloat16 instructions".)"""
     if policy != "mixed_bfloat16":
         return []
@@ -129,10 +129,10 @@ def mixed_precision_warnings(policy: str, has_bfloat16: bool | None, jit_compile
         lines.append("--mixed-precision: this CPU has no bfloat16 instructions (none of "
                      f"{', '.join(BFLOAT16_CPU_FLAGS)} in /proc/cpuinfo), so mixed_bfloat16 trains slower than "
                      "float32 here (0.73x for the multi30k preset on an AVX2 CPU, 1.4-1.6x faster on an AVX-512 "
-                     "BF16 one; BENCHMARKS.md). Drop --mixed-precision on this machine.")
+                     "BF16 one; docs/lab-notebook). Drop --mixed-precision on this machine.")
     if jit_compile:
         lines.append("--mixed-precision with --jit-compile on a CPU: XLA undid bfloat16's gain (the small preset's "
-                     "step took 1.06x float32's time with both, 0.71x with bfloat16 alone; BENCHMARKS.md). "
+                     "step took 1.06x float32's time with both, 0.71x with bfloat16 alone; docs/lab-notebook). "
                      "Drop --jit-compile.")
     return lines
 
@@ -289,7 +289,7 @@ def _validation_options() -> tf.data.Options:
     last round's validation iterator at the start of every round (`EpochIterator.reset`), and
     with autotuning on that deletion sometimes waits, idle, on the iterator's autotuning thread:
     ~44 s in 15 of the 27 rounds of a 56-minute Multi30k run on 2 cores (~11 minutes of its
-    budget; stack and probe in BENCHMARKS.md, #17's vocab-14000 row), 1.9 and 31.9 s in 2 of 8
+    budget; stack and probe in docs/lab-notebook, #17's vocab-14000 row), 1.9 and 31.9 s in 2 of 8
     deletions of the same pipeline's iterator in a probe, never in 8 with autotuning off. The
     batches are cached after the first round, so there is nothing to tune."""
     options = tf.data.Options()

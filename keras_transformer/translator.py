@@ -21,7 +21,7 @@ XLA-compiled search (`xla=True`), with the string ops outside it since they
 have no XLA kernels. `translate`, hence training's BLEU, runs the plain
 graph by default, as `export.translate` calls `serving_default`: a run meets
 each (length, batch) bucket a few times, and XLA's compile of each costs more
-than it saves (BENCHMARKS.md, "Training's BLEU in the plain graph"). The
+than it saves (docs/lab-notebook, "Training's BLEU in the plain graph"). The
 export's `translate_xla` signature is the XLA one, for servers that warm it up.
 """
 
@@ -277,7 +277,7 @@ class Translator:
         it XLA-compiled (without the export's batch halvings:
         `IN_PROCESS_BATCH_HALVINGS`), which compiles a program for each (length,
         batch) bucket it meets: same translations. With XLA, train.py's final BLEU
-        took 1.8-4.1x the time (BENCHMARKS.md, "Training's BLEU in the plain
+        took 1.8-4.1x the time (docs/lab-notebook, "Training's BLEU in the plain
         graph"). A syntax-aware model takes CoNLL-U sentences and always runs the
         plain graph."""
         xla = xla and not self.config.syntax_aware

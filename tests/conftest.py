@@ -5,7 +5,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # CTranslate2 picks its GEMM library by CPU vendor: Intel MKL on Intel CPUs, oneDNN on
 # others. oneDNN's int8 GEMM lost precision on an AMD EPYC Zen 3 VM (AVX2, no AVX-512
 # and so no VNNI): on the toy model the int8 log-probs were 0.0172 off float32's (median)
-# against 0.0016 with MKL, which the PyPI wheel carries (BENCHMARKS.md, serving speed
+# against 0.0016 with MKL, which the PyPI wheel carries (docs/lab-notebook, serving speed
 # part 12). The int8 test checks our conversion, not the CPU's int8 instructions, so the
 # suite asks for MKL everywhere (read at CTranslate2's first GEMM, after this import;
 # worker processes inherit it).

@@ -1,4 +1,4 @@
-"""Smoke tests of the benchmarks on tiny settings (the figures themselves live in BENCHMARKS.md)."""
+"""Smoke tests of the benchmarks on tiny settings (the figures themselves live in docs/lab-notebook)."""
 
 import concurrent.futures
 import pathlib

@@ -120,18 +120,22 @@ def test_readme_names_the_python_versions_pyproject_allows():
 
 
 def test_every_test_the_documents_name_is_a_test_where_they_say():
-    """README's "What can go wrong" rows and BENCHMARKS.md name the tests behind what they
+    """The README and the docs (troubleshooting's rows, the benchmarks) name the tests behind what they
     claim; two README rows named tests that had been renamed since
     (`test_sigkill_after_first_checkpoint_then_resume`, `test_sigterm_checkpoints_exits_0_and_resumes`).
-    Each `[tests/]FILE::test_name` is a test function of that file, each bare `test_name` one of tests/."""
+    Each `[tests/]FILE::test_name` is a test function of that file, each bare `test_name` one of tests/.
+    The lab notebook (docs/lab-notebook/) is a dated archive, kept as it was written."""
     import re
 
     root = pathlib.Path(__file__).resolve().parents[1]
     sources = {path.relative_to(root / "tests").as_posix(): path.read_text(encoding="utf-8")
                for path in (root / "tests").rglob("test_*.py")}
     checked = 0
-    for document in ("README.md", "BENCHMARKS.md"):
-        text = (root / document).read_text(encoding="utf-8")
+    documents = [root / "README.md", *sorted(path for path in (root / "docs").rglob("*.md")
+                                             if "lab-notebook" not in path.parts)]
+    for path in documents:
+        document = path.relative_to(root).as_posix()
+        text = path.read_text(encoding="utf-8")
         for file, name in re.findall(r"`(?:(?:tests/)?([\w/]+\.py)::)?(test_\w+)(?:\[[^\]`]*\])?`", text):
             where = {file: sources.get(file, "")} if file else sources
             assert any(re.search(rf"^def {name}\(", source, re.M) for source in where.values()), (

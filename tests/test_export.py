@@ -164,7 +164,7 @@ def test_translate_takes_a_list_of_sentences_and_names_anything_else(exported):
 def test_translate_and_trainings_bleu_run_the_plain_graph_unless_asked_for_xla(exported, monkeypatch):
     """`Translator.translate`, hence train.py's BLEU (`compute_bleu`), runs the plain graph
     (serving_default's) by default: it had compiled an XLA program for every bucket a run met,
-    which took train.py's final BLEU 1.8-4.1x the time (BENCHMARKS.md, "Training's BLEU in the
+    which took train.py's final BLEU 1.8-4.1x the time (docs/lab-notebook, "Training's BLEU in the
     plain graph"). `xla=True` still runs the compiled search, with the same translations."""
     from keras_transformer.evaluation import compute_bleu
 
@@ -522,10 +522,10 @@ def test_translate_command_interrupted_keeps_what_it_printed_and_says_so_in_one_
 
 def test_translate_command_turns_grappler_off_before_its_first_xla_request(exported, loaded, monkeypatch, capsys):
     """Without options every request goes to serving_default (the plain graph: a command's
-    few seconds of work did not pay back XLA's compile of each bucket, BENCHMARKS.md, "The
+    few seconds of work did not pay back XLA's compile of each bucket, docs/lab-notebook, "The
     translate command without XLA"), with Grappler on. With `--xla` they go to translate_xla,
     which XLA compiles: Grappler, which would optimize its graph first (2-3 s a bucket,
-    BENCHMARKS.md part 30), is off before the first request; the process calls nothing else.
+    docs/lab-notebook part 30), is off before the first request; the process calls nothing else.
     `--xla` on an export without translate_xla is one line."""
     import io
 

@@ -367,7 +367,7 @@ def test_a_mixed_precision_run_evaluates_and_returns_its_weights_in_float32(toy_
     `load_trained` (and `export.saved_model --model-dir`) builds from the same weights:
     train.py exports the returned model, and the run's BLEU is the BLEU of the model
     that `_evaluate` is given. A bfloat16 model returned or evaluated instead fails the
-    policy checks (its searches round in bfloat16: BENCHMARKS.md, mixed precision on a
+    policy checks (its searches round in bfloat16: docs/lab-notebook, mixed precision on a
     CPU without bfloat16 instructions). The caller's global policy is restored after it."""
     from keras_transformer import training
     from keras_transformer.run_dir import load_trained

@@ -14,7 +14,7 @@ from keras_transformer.layers.step_kernels import LAYER_KERNELS
 # Largest product `q * k` (entries: rows x heads x queries x keys x head size)
 # that `MultiHeadAttention(small_kernels=True)` computes by broadcasting instead
 # of oneDNN's batched matmuls: the crossover measured on this 2-core CPU
-# (BENCHMARKS.md, "Serving speed, part 4").
+# (docs/lab-notebook, "Serving speed, part 4").
 SMALL_ATTENTION = 65536
 
 
@@ -170,7 +170,7 @@ class MultiHeadAttention(keras.layers.Layer):
     the same either way, and so are the results (up to float rounding; cached
     decoding always projects separately). Off because it measured no faster
     on CPU (`benchmarks/train_speed.py --variants ...,ours-fused`,
-    BENCHMARKS.md): oneDNN runs the three matmuls as fast as the one, and
+    docs/lab-notebook): oneDNN runs the three matmuls as fast as the one, and
     the concatenation costs a copy of the kernels per step.
 
     Example:
@@ -323,7 +323,7 @@ class MultiHeadAttention(keras.layers.Layer):
         as broadcast multiplies and sums and writes the softmax out (exp, max,
         sum): on such shapes TensorFlow's oneDNN BatchMatMul, Einsum and
         Softmax kernels cost ~35-45 us a call each, over half of a batch-1
-        decoding step; on larger ones they are the faster (BENCHMARKS.md).
+        decoding step; on larger ones they are the faster (docs/lab-notebook).
         The same formulas, so the same numbers up to float rounding.
 
         With `kernels.batch_matmul`, the einsums of the other products are
@@ -332,7 +332,7 @@ class MultiHeadAttention(keras.layers.Layer):
         takes the transposes: in TensorFlow's plain-graph loop at batch 32,
         oneDNN's Einsum, BatchMatMul, Softmax and Transpose kernels cost
         1.3-2.7x what `Searcher`'s Eigen ones cost on these shapes
-        (BENCHMARKS.md, serving speed part 21).
+        (docs/lab-notebook, serving speed part 21).
         """
         batch_matmul = kernels.batch_matmul
         transpose = kernels.transpose or ops.transpose
