@@ -35,9 +35,9 @@ from keras_transformer.console import OneLineArgumentParser
 log = logging.getLogger("train")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     """The flags, made from the config fields' option definitions
-    (`keras_transformer.config.command_line_options`), as a `TrainingConfig` in `args.run`."""
+    (`keras_transformer.config.command_line_options`); `parse_args` parses with it."""
     parser = OneLineArgumentParser(
         prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options = command_line_options()
@@ -60,6 +60,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="set a model field on top of the preset, repeatable, e.g. --set dropout=0.3 "
                              f"--set num_layers=4; fields: {', '.join(MODEL_OVERRIDE_FIELDS)} "
                              "(keras_transformer.config.TransformerConfig documents each)")
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags (`build_parser`), as a `TrainingConfig` in `args.run`."""
+    parser = build_parser()
+    options = command_line_options()
     args = parser.parse_args(argv)
     try:
         syntax = _syntax_options(args, [item for item in options if item.group == "syntax"])

@@ -89,32 +89,21 @@ model; `--force` replaces an existing CTranslate2 model directory.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import os
 import pathlib
 import shutil
 import sys
-
-from keras_transformer.config import TransformerConfig  # first: the package imports TensorFlow (quietly)
-from keras_transformer.console import OneLineArgumentParser, PositiveInt, interrupted, sigterm_raises
-from keras_transformer.run_dir import AVERAGE_HELP, write_failure
-from keras_transformer.constants import BOS_ID, EOS_ID, UNK_ID
-from keras_transformer.layers import sinusoidal_encoding
-
-import numpy as np
-from keras import ops
+import typing
 
 from export.errors import ConversionError, ExportWriteError
+from keras_transformer.config import TransformerConfig
+from keras_transformer.console import OneLineArgumentParser, PositiveInt, interrupted, sigterm_raises
+from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 
-try:
-    import ctranslate2
-    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
-except ImportError:  # an optional dependency: the command says how to install it
-    if __name__ != "__main__":
-        raise
-    print("export.ctranslate2: error: ctranslate2 is not installed; "
-          "pip install 'keras-transformer[ctranslate2]'", file=sys.stderr)
-    sys.exit(2)
+if typing.TYPE_CHECKING:
+    from export.ctranslate2_spec import KerasTransformerConverter, build_spec, position_table
 
 # Position-table rows at least: CTranslate2's default `max_input_length`, so
 # that requests with its default options never run past the table.
@@ -123,143 +112,24 @@ MIN_POSITIONS = 1024
 TOKENIZER_FILE = "tokenizer.model"
 # A directory holding this file is a CTranslate2 model `--force` may replace.
 MODEL_FILE = "model.bin"
-QUANTIZATIONS = ACCEPTED_MODEL_TYPES
+# CTranslate2's `ACCEPTED_MODEL_TYPES` (`ctranslate2.specs.model_spec`, 4.x), written out so
+# that `--help` and a flag error answer without importing CTranslate2 (tests/test_command_help.py
+# checks that the two agree).
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 # CTranslate2's converter casts to bfloat16 with PyTorch (NumPy has no bfloat16).
 NEEDS_TORCH = ("bfloat16", "int8_bfloat16")
 
+# The conversion itself (`export.ctranslate2_spec`: Keras, NumPy and CTranslate2), imported on
+# first use: the command's `--help` and flag errors answer without them.
+_SPEC_NAMES = ("KerasTransformerConverter", "build_spec", "position_table")
 
 
-
-def _numpy(variable) -> np.ndarray:
-    """A Keras variable as a float32 NumPy array."""
-    return np.asarray(ops.convert_to_numpy(variable), dtype=np.float32)
-
-
-def _set_linear(spec, *dense_layers) -> None:
-    """Sets a `LinearSpec` from Keras `Dense` layers fused along the output axis.
-
-    Keras kernels are `[in, out]`; CTranslate2 weights are `[out, in]`, so
-    each kernel is transposed and the transposes are stacked:
-    `[sum(out), in]`, biases `[sum(out)]`.
-    """
-    spec.weight = np.concatenate([_numpy(d.kernel).T for d in dense_layers], axis=0)  # [sum(out), in]
-    if all(d.bias is not None for d in dense_layers):
-        spec.bias = np.concatenate([_numpy(d.bias) for d in dense_layers], axis=0)  # [sum(out)]
-
-
-def _set_layer_norm(spec, norm) -> None:
-    spec.gamma = _numpy(norm.gamma)
-    spec.beta = _numpy(norm.beta)
-
-
-def _set_self_attention(spec, attention, residual) -> None:
-    _set_linear(spec.linear[0], attention.query_dense, attention.key_dense, attention.value_dense)
-    _set_linear(spec.linear[1], attention.output_dense)
-    # Post-norm: the norm after the residual add; pre-norm: the one on the
-    # sub-layer input. Either way it is the residual connection's one norm.
-    _set_layer_norm(spec.layer_norm, residual.norm)
-
-
-def _set_cross_attention(spec, attention, residual) -> None:
-    _set_linear(spec.linear[0], attention.query_dense)
-    _set_linear(spec.linear[1], attention.key_dense, attention.value_dense)
-    _set_linear(spec.linear[2], attention.output_dense)
-    _set_layer_norm(spec.layer_norm, residual.norm)
-
-
-def _set_feed_forward(spec, feed_forward, residual) -> None:
-    _set_linear(spec.linear_0, feed_forward.inner)
-    _set_linear(spec.linear_1, feed_forward.outer)
-    _set_layer_norm(spec.layer_norm, residual.norm)
-
-
-def _pieces(tokenizer) -> list[str]:
-    """The SentencePiece pieces in id order (the CTranslate2 vocabulary)."""
-    import sentencepiece
-
-    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
-    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-
-
-def position_table(config: TransformerConfig) -> np.ndarray:
-    """Our positional encodings for positions 0 .. N-1, float32 `[N, d_model]`."""
-    rows = max(config.max_length + config.decode_extra_length, MIN_POSITIONS)
-    return _numpy(sinusoidal_encoding(np.arange(rows), config.d_model))  # [N, d_model]
-
-
-def build_spec(model, config: TransformerConfig, tokenizer) -> ctranslate2.specs.TransformerSpec:
-    """The `TransformerSpec` of a `build_transformer(config)` model, weights set.
-
-    Args:
-        model: the (trained) `Transformer`.
-        config: its `TransformerConfig`.
-        tokenizer: its `keras_transformer.data.Tokenizer`.
-
-    Returns:
-        The spec, ready for `validate`, `optimize` and `save`.
-    """
-    if not hasattr(model, "encoder_layers") or not hasattr(model, "decoder_layers"):
-        raise TypeError(f"expected a Transformer from build_transformer(config), got {type(model).__name__}")
-    if config.syntax_aware:
-        raise ConversionError("a syntax-aware model (source tags / syntax attention) has inputs CTranslate2's "
-                              "Transformer does not; export it as a SavedModel (python -m export.saved_model)")
-    pieces = _pieces(tokenizer)
-    embeddings = _numpy(model.embedding.embeddings)  # [vocab, d_model]
-    if not len(pieces) == embeddings.shape[0] == config.vocab_size:
-        raise ValueError(f"the tokenizer has {len(pieces)} pieces, the model {embeddings.shape[0]} "
-                         f"embedding rows and config.vocab_size={config.vocab_size}; they must be equal")
-
-    spec = ctranslate2.specs.TransformerSpec.from_config(
-        (config.num_layers, config.decoder_depth), config.num_heads, pre_norm=config.norm_first,
-        activation=ctranslate2.specs.Activation.RELU)
-    positions = position_table(config)
-    for stack in (spec.encoder, spec.decoder):
-        stack.scale_embeddings = True  # x sqrt(d_model), as PositionalEmbedding
-        stack.position_encodings.encodings = positions
-    spec.encoder.embeddings[0].weight = embeddings
-    spec.decoder.embeddings.weight = embeddings
-    spec.decoder.projection.weight = embeddings  # tied, [vocab, d_model] is already [out, in]; no bias
-
-    for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers):
-        _set_self_attention(layer_spec.self_attention, layer.self_attention, layer.self_attention_residual)
-        _set_feed_forward(layer_spec.ffn, layer.feed_forward, layer.feed_forward_residual)
-    for layer_spec, layer in zip(spec.decoder.layer, model.decoder_layers):
-        _set_self_attention(layer_spec.self_attention, layer.self_attention, layer.self_attention_residual)
-        _set_cross_attention(layer_spec.attention, layer.cross_attention, layer.cross_attention_residual)
-        _set_feed_forward(layer_spec.ffn, layer.feed_forward, layer.feed_forward_residual)
-    if config.norm_first:  # pre-norm ends each stack with a LayerNorm
-        _set_layer_norm(spec.encoder.layer_norm, model.encoder_norm)
-        _set_layer_norm(spec.decoder.layer_norm, model.decoder_norm)
-
-    spec.config.layer_norm_epsilon = config.layer_norm_epsilon
-    spec.config.unk_token = pieces[UNK_ID]
-    spec.config.bos_token = pieces[BOS_ID]
-    spec.config.eos_token = pieces[EOS_ID]
-    spec.config.decoder_start_token = pieces[BOS_ID]  # decoding starts from BOS_ID
-    spec.config.add_source_bos = False
-    spec.config.add_source_eos = True  # sources end with EOS_ID, as in training
-    spec.register_source_vocabulary(pieces)
-    spec.register_target_vocabulary(pieces)
-    return spec
-
-
-class KerasTransformerConverter(ctranslate2.converters.Converter):
-    """`ctranslate2.converters.Converter` for an in-memory `build_transformer` model.
-
-    Args:
-        model, config, tokenizer: as `build_spec`.
-
-    Example:
-        >>> KerasTransformerConverter(model, config, tokenizer).convert("ct2_model", quantization="int8")
-    """
-
-    def __init__(self, model, config: TransformerConfig, tokenizer):
-        self.model = model
-        self.config = config
-        self.tokenizer = tokenizer
-
-    def _load(self):
-        return build_spec(self.model, self.config, self.tokenizer)
+def __getattr__(name):
+    if name not in _SPEC_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("export.ctranslate2_spec"), name)
+    globals()[name] = value
+    return value
 
 
 def _is_replaceable(path: pathlib.Path) -> bool:
@@ -293,6 +163,8 @@ def convert(model, config: TransformerConfig, tokenizer, output_dir, quantizatio
     Example:
         >>> convert(model, config, tokenizer, "runs/default/ctranslate2", quantization="int8")
     """
+    from export.ctranslate2_spec import KerasTransformerConverter
+
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ConversionError(f"quantization={quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     if quantization in NEEDS_TORCH and importlib.util.find_spec("torch") is None:
@@ -371,7 +243,8 @@ def translation_options(config: TransformerConfig, source_length: int, beam_size
     )
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: `main` parses with it, and the command reference is made from it."""
     parser = OneLineArgumentParser(prog="export.ctranslate2", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", required=True, help="a model directory written by train.py")
@@ -383,7 +256,15 @@ def main(argv=None) -> int:
     parser.add_argument("--average", type=int, action=PositiveInt, default=None, metavar="K", help=AVERAGE_HELP)
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if importlib.util.find_spec("ctranslate2") is None:  # an optional dependency: say how to install it
+        print("export.ctranslate2: error: ctranslate2 is not installed; "
+              "pip install 'keras-transformer[ctranslate2]'", file=sys.stderr)
+        return 2
     from keras_transformer.data import TokenizerError
     from keras_transformer.run_dir import RunError, load_trained
 

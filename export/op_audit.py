@@ -124,8 +124,8 @@ def audit_tflite(model) -> dict:
     return {kind: dict(sorted(counts.items())) for kind, counts in report.items()}
 
 
-@stops_quietly_for_a_closed_pipe
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: `main` parses with it, and the command reference is made from it."""
     parser = OneLineArgumentParser(prog="export.op_audit", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("saved_model", nargs="?", help="an export version directory (EXPORT/1), or EXPORT or the model "
@@ -133,6 +133,12 @@ def main(argv=None) -> int:
     parser.add_argument("--tflite", help="a .tflite file")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
+    return parser
+
+
+@stops_quietly_for_a_closed_pipe
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not args.saved_model and not args.tflite:
         parser.error("give an export version directory (EXPORT/1), --tflite FILE, or both")

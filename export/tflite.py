@@ -111,7 +111,8 @@ def translate_lines(interpreter, lines):
     return translations, scores
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: `main` parses with it, and the command reference is made from it."""
     parser = OneLineArgumentParser(prog="export.tflite", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saved-model", required=True,
@@ -125,6 +126,11 @@ def main(argv=None) -> int:
                         help="after converting, translate stdin lines with the LiteRT model")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.saved_model = newest_version(args.saved_model) or args.saved_model
     missing = missing_saved_model(args.saved_model)

@@ -46,7 +46,8 @@ BATCH_SIZE = 64
 PAPER = TransformerConfig()
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: `main` parses with it, and the command reference is made from it."""
     parser = OneLineArgumentParser(prog="export.translate", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saved-model", required=True,
@@ -78,6 +79,11 @@ def main(argv=None) -> int:
                              "2026-12-02; kept for the scripts that give it)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     # translate_options clips what it cannot run (a server must answer): here the user hears it.
     # (--beam-size 0 had translated with beam 1, --beam-size 20 with 8, --n-best 9 printed 4.)

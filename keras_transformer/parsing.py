@@ -343,8 +343,8 @@ def write_parsed_corpus(nlp, data: str | os.PathLike, output: str | os.PathLike,
     return counts
 
 
-@stops_quietly_for_a_closed_pipe
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: `main` parses with it, and the command reference is made from it."""
     # One line per error, named by the command, as the other commands do (argparse printed its
     # usage block first; `python -m keras_transformer.parsing train` without flags: 6 lines).
     parser = OneLineArgumentParser(prog="keras_transformer.parsing", description=__doc__,
@@ -371,6 +371,12 @@ def main(argv=None) -> int:
     corpus.add_argument("--target-lang", default="de")
     sentences = commands.add_parser("sentences", help="parse stdin (one sentence per line) to CoNLL-U on stdout")
     sentences.add_argument("--parser", required=True)
+    return parser
+
+
+@stops_quietly_for_a_closed_pipe
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "train" and args.max_steps < 0:
         parser.error(f"--max-steps must be >= 0 (0: no limit), got {args.max_steps}")

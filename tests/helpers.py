@@ -21,6 +21,19 @@ ONEDNN_FALLBACK = ("E0000 00:00:1795975060.214005   24496 util.cc:131] oneDNN su
 LITERT_DELEGATE = "INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n"
 
 
+def import_log(stderr: str) -> tuple[set[str], list[str]]:
+    """The standard error of a `python -X importtime ...` run, split in two: the modules the
+    interpreter's import log names (its `import time: ... | NAME` lines), and the other lines
+    (what the program itself wrote)."""
+    imported, lines = set(), []
+    for line in stderr.splitlines():
+        if line.startswith("import time:"):
+            imported.add(line.rsplit("|", 1)[-1].strip())
+        else:
+            lines.append(line)
+    return imported, lines
+
+
 def write_corpus(directory, pairs=240, valid=12, seed=0):
     """A toy word-for-word corpus in the text-directory layout."""
     import random

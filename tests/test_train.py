@@ -12,7 +12,7 @@ import textwrap
 import time
 
 import pytest
-from helpers import in_background, write_corpus
+from helpers import import_log, in_background, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -307,8 +307,7 @@ def test_help_and_flag_errors_answer_without_tensorflow(flags, tmp_path):
                              "--model-dir", str(tmp_path / "m"), *flags],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == (0 if flags == ["--help"] else 2), result.stderr[-2000:]
-    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
-                if line.startswith("import time:")}
+    imported, _ = import_log(result.stderr)
     assert "keras_transformer.config" in imported
     assert not {"tensorflow", "keras", "numpy"} & imported
     assert not (tmp_path / "m").exists()
