@@ -55,7 +55,7 @@ _IGNORED_ABSL = (
 
 # The project's commands: scripts run as files, and packages whose modules run with `python -m`.
 COMMAND_SCRIPTS = ("train.py",)
-COMMAND_PACKAGES = ("keras_transformer", "export", "benchmarks")
+COMMAND_PACKAGES = ("keras_transformer", "export", "benchmarks", "tools")
 # Interpreter options that take a value (`python -X dev -m ...`).
 _OPTIONS_WITH_VALUE = ("-X", "-W", "-Q")
 

@@ -92,17 +92,18 @@ def test_set_flag_changes_model_fields_and_names_bad_ones(capsys):
         TrainingConfig.create("tiny", model={"max_length": 32})
 
 
-def test_readme_option_table_is_the_generated_one():
-    """Issue #18: each option is defined once (on its config field); the README's table is
-    made from those definitions. Regenerate it with
-    python -c "from keras_transformer.config import options_table; print(options_table())"."""
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    table = readme.split("<!-- options:begin -->\n", 1)[1].split("\n<!-- options:end -->", 1)[0]
+def test_the_docs_option_table_is_the_generated_one():
+    """Issue #18: each option is defined once (on its config field); the docs' table
+    (docs/reference/options.md) is made from those definitions. Regenerate the page with
+    `python -m tools.reference`."""
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "reference" / "options.md").read_text(
+        encoding="utf-8")
+    table = page.split("<!-- options:begin -->\n", 1)[1].split("\n<!-- options:end -->", 1)[0]
     assert table == options_table()
 
 
 def test_readme_names_the_python_versions_pyproject_allows():
-    """README's Set-up said "Python 3.11 or newer" while the pinned TensorFlow 2.21 has no wheels for
+    """README's install section said "Python 3.11 or newer" while the pinned TensorFlow 2.21 has no wheels for
     3.14; `requires-python` now bounds it. The versions the Set-up's first sentence names are the
     ones that bound admits, so one cannot move without the other."""
     import re
@@ -113,7 +114,7 @@ def test_readme_names_the_python_versions_pyproject_allows():
     root = pathlib.Path(__file__).resolve().parents[1]
     allowed = SpecifierSet(tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
                            ["project"]["requires-python"])
-    setup = (root / "README.md").read_text(encoding="utf-8").split("## Set-up\n\n", 1)[1]
+    setup = (root / "README.md").read_text(encoding="utf-8").split("## Install\n\n", 1)[1]
     first_sentence = setup.split(":", 1)[0]  # "Python 3.11, 3.12 or 3.13"
     named = re.findall(r"\b3\.(\d+)\b", first_sentence)
     assert [int(minor) for minor in named] == [minor for minor in range(8, 20) if f"3.{minor}" in allowed]
