@@ -1,6 +1,6 @@
 """Train a Transformer, average its last checkpoints, report BLEU, export it.
 
-    python train.py                                   # tiny model, embedded corpus, ~3 min on 2 cores (README)
+    python train.py                                   # tiny model, embedded corpus, ~3 min on 2 cores (docs/quickstart.md)
     python train.py --data ../shared/data/multi30k --config small --steps 20000 --model-dir runs/m30k
 
 Flow: flags -> corpus -> shared SentencePiece tokenizer (trained once, kept in
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options = command_line_options()
     syntax_group = parser.add_argument_group(
-        "syntax-aware models (survey section 3; README 'Syntax-aware models'): the source side must be "
+        "syntax-aware models (survey section 3; docs/syntax.md): the source side must be "
         "CoNLL-U (SPLIT.SRC.conllu in a --data directory, or the embedded corpus's gold trees)")
     for item in options:
         group = syntax_group if item.group == "syntax" else parser

@@ -35,7 +35,7 @@ from keras_transformer.console import (FiniteFloat, OneLineArgumentParser, Posit
                                        input_lines, interrupted, sigterm_raises, stdout_failed)
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
-# (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; README, "Run it without the project").
+# (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; docs/export.md, "Translating from the shell").
 XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory="
 
 # Lines per request when stdin is not a terminal.

@@ -33,7 +33,7 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | No
            choices: tuple | None = None, default_text: str | None = None, cli: bool = True,
            default_factory: Any = dataclasses.MISSING) -> Any:
     """A dataclass field that is also a command-line option, defined once: `train.py`'s
-    parser, its validation messages and the README's option table are made from this.
+    parser, its validation messages and the docs' option table are made from this.
 
     Args:
         default, default_factory: as `dataclasses.field`.
@@ -291,7 +291,7 @@ PRESETS: dict[str, TransformerConfig] = {
                               num_heads=4, max_length=64, warmup_steps=200,
                               train_steps=600),
     # The Multi30k recipe for a 60-minute CPU budget (`benchmarks/multi30k.py`,
-    # README "Real data"): `tiny`'s shape, which reached 36.3 test2016 BLEU in
+    # docs/training.md "Real data"): `tiny`'s shape, which reached 36.3 test2016 BLEU in
     # 1,500 steps with validation loss flattening from there (overfitting the
     # 29k pairs), with dropout 0.2 so that the ~4,000 steps an hour holds keep
     # improving. The literature's Multi30k shape (Wu et al., ACL 2021: 4
@@ -626,9 +626,8 @@ def command_line_options() -> list[Option]:
 
 
 def options_table() -> str:
-    """The README's table of `train.py`'s options (tests/test_config.py checks that the
-    README holds it; print it with `python -c "from keras_transformer.config import
-    options_table; print(options_table())"`)."""
+    """The docs' table of `train.py`'s options (docs/reference/options.md, written by
+    `python -m tools.reference`; tests/test_config.py checks that the page holds it)."""
     rows = ["| flag | default | what it sets |", "|---|---|---|"]
     for item in command_line_options():
         value = "" if item.kind is bool else f" {item.dest.upper()}"

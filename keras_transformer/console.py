@@ -107,7 +107,7 @@ def onednn_requested(argv=None, environ=None) -> bool:
     2-vCPU AMD EPYC with AVX2 they trained the `multi30k` preset 1.4-1.8x and `base` 1.1-1.2x
     as fast, with the same losses up to float rounding, and the export's XLA search
     (`translate_xla`, `export.translate --xla`) translated batches of 32 1.25-1.35x as fast
-    and single sentences about as fast (README "Flags"; docs/lab-notebook, "Training with
+    and single sentences about as fast (docs/training.md "Speed options"; docs/lab-notebook, "Training with
     oneDNN on an AVX2 CPU"). `export.translate` without `--xla` (`serving_default`) took
     the same time either way (docs/lab-notebook, "Training's BLEU in the plain graph").
     """
