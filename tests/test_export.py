@@ -107,7 +107,7 @@ def export_processes(exported, tmp_path_factory, request):
         [sys.executable, "-m", "benchmarks.litert_quantize", "--saved-model", path, "--options", "none",
          "--source", str(exported["data"] / "valid.en"), "--reference", str(exported["data"] / "valid.de")],
         cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
     yield {name: pool.submit(start) for name, start in starts.items() if name in selected}
     pool.shutdown(wait=True, cancel_futures=True)
@@ -1543,7 +1543,7 @@ def litert_float(tflite_model, request):
     subprocess (each test started its own before: TensorFlow's start-up four times),
     started as soon as the model exists: a Future of `run_litert`'s results. The bad
     inputs go last: should they crash LiteRT, the other tests still get their answers."""
-    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     requests = {}
     if "test_litert_translates_like_the_saved_model" in selected:
         requests["sentences"] = LITERT_SENTENCES

@@ -102,7 +102,7 @@ def process_waves(tmp_path_factory, request):
                   lambda: start_workers_and_single(ports[:2]),
               "test_train_py_as_two_workers_writes_the_run_once":
                   lambda: start_train_py_workers(ports[2:], tmp_path_factory.mktemp("train_py_workers"))}
-    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     waves = {name: start() for name, start in starts.items() if name in selected}
     yield waves
     for workers, other in waves.values():  # any that a failed test left running

@@ -106,7 +106,7 @@ def short_commands(tmp_path_factory, request):
     for flags, _ in CLI_MISUSE:
         starts[tuple(flags)] = lambda flags=flags: run_cli_misuse(tmp_path_factory.mktemp("misuse") / "m", flags)
     selected = {tuple(item.callspec.params["flags"]) if item.originalname == "test_cli_misuse_is_one_line"
-                else item.originalname for item in request.session.items if item.module is request.module}
+                else item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # one per core
         futures = {key: pool.submit(start) for key, start in starts.items() if key in selected}
     return futures  # all done
