@@ -229,7 +229,10 @@ def commands_page() -> str:
     for module in benchmarks:
         lines += [line.replace("## ", "### ", 1) if line.startswith("## ") else line
                   for line in command_section(module)]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    page = "\n".join(lines).rstrip("\n") + "\n"
+    # Defaults computed from the checkout's place (`benchmarks.harness.SHARED_DATA`) as the
+    # docs say them, the same in every clone.
+    return page.replace(str(ROOT.parent / "shared"), "../shared").replace(str(ROOT) + "/", "")
 
 
 def options_page() -> str:
