@@ -368,6 +368,11 @@ class SearchOptions:
         max_beam_size: with a tensor `beam_size`, the largest it may be
             (python int): the candidates' top-k sizes its blocks for it.
             Ignored (None) with a python int `beam_size`.
+        extra_length: for `keras_transformer.searcher.Searcher` (which makes
+            ``max_lengths = source_lengths + extra_length``, clipped to the
+            buffers' ``decode_extra_length``): None (the config's), a python
+            int or an int32 scalar tensor. `beam_search` takes `max_lengths`
+            and does not read it.
 
     Checked when made: a `ValueError` names the value received and the range
     expected. Python integers are stored as ``int``.
@@ -383,6 +388,7 @@ class SearchOptions:
     exact_results: typing.Any = None
     patience: typing.Any = None
     max_beam_size: typing.Optional[int] = None
+    extra_length: typing.Any = None
 
     def __post_init__(self):
         for name, value in _checked_options(self).items():
@@ -415,10 +421,10 @@ def _checked_options(options):
         if not 1 <= exact_results <= limit:
             raise ValueError(f"exact_results must be in [1, {name}={limit}], got {exact_results!r}")
         exact_results = int(exact_results)
-    for name in ("alpha", "patience"):
+    for name in ("alpha", "patience", "extra_length"):
         value = getattr(options, name)
         if isinstance(value, (bool, str)) or (isinstance(value, (int, float, np.number)) and not np.isfinite(value)):
-            raise ValueError(f"{name} must be a finite number or a float scalar tensor, got {value!r}")
+            raise ValueError(f"{name} must be a finite number or a scalar tensor, got {value!r}")
     return {"beam_size": beam_size, "num_results": num_results, "max_beam_size": max_beam_size,
             "exact_results": exact_results}
 
@@ -606,7 +612,7 @@ class SearchLoop:
 
 
 # `beam_search`'s keywords before `SearchOptions` and `SearchLoop` (still taken: `_settings`).
-_OPTION_KEYWORDS = frozenset(field.name for field in dataclasses.fields(SearchOptions))
+_OPTION_KEYWORDS = frozenset(field.name for field in dataclasses.fields(SearchOptions)) - {"extra_length"}
 _LOOP_KEYWORDS = frozenset({"drop_finished", "batch_halvings", "cache_stages", "resize_cache",
                             "min_decode_length"} | {field.name for field in dataclasses.fields(LoopOps)})
 
