@@ -636,7 +636,7 @@ def _settings(options, loop, keywords):
     if not isinstance(loop, SearchLoop):
         raise TypeError(f"beam_search: loop must be a SearchLoop, got {loop!r}")
     if isinstance(loop.finished, Halvings) and not isinstance(options.beam_size, int):
-        raise ValueError("batch_halvings needs a python int beam_size (static shapes), got "
+        raise ValueError("Halvings (batch_halvings) needs a python int beam_size (static shapes), got "
                          f"{options.beam_size!r}")
     return options, loop
 
