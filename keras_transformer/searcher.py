@@ -173,8 +173,9 @@ SINGLE_THREADED_EXECUTOR = "SINGLE_THREADED_EXECUTOR"
 
 def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None, single_threaded=False):
     """`tf.while_loop` whose loop variables may change shape from one iteration
-    to the next (every dimension is relaxed): what `DropFinished` (`TF_GRAPH_OPS`) and caches that grow by concatenation need in a
-    TensorFlow graph (not XLA, which needs static shapes).
+    to the next (every dimension is relaxed): what `DropFinished` (`TF_GRAPH_OPS`) and
+    caches that grow by concatenation need in a TensorFlow graph (not XLA, which needs
+    static shapes).
 
     `single_threaded`: the loop's body and condition run as functions of their own,
     each call by TensorFlow's `SINGLE_THREADED_EXECUTOR`, instead of being lowered
