@@ -170,6 +170,8 @@ class Variants:
     def __init__(self, model, config, tokenizer, beam_size):
         import tensorflow as tf
 
+        from keras_transformer.decoding import SearchOptions
+        from keras_transformer.searcher import STATIC_BUFFER
         from keras_transformer.translator import Translator
 
         self.config = config
@@ -180,10 +182,10 @@ class Variants:
         ids_spec = [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)]
 
         # The project's path, exactly what `Translator.translate` runs.
-        self.greedy = tf.function(lambda t: translator.translate_graph(t, 1, alpha, extra, 1)[0][:, 0],
-                                  input_signature=text_spec)
-        self.beam = tf.function(lambda t: translator.translate_graph(t, beam_size, alpha, extra, 1)[0][:, 0],
-                                input_signature=text_spec)
+        greedy = SearchOptions(beam_size=1, alpha=alpha, num_results=1, extra_length=extra)
+        beam = SearchOptions(beam_size=beam_size, alpha=alpha, num_results=1, extra_length=extra)
+        self.greedy = tf.function(lambda t: translator.translate_graph(t, greedy)[0][:, 0], input_signature=text_spec)
+        self.beam = tf.function(lambda t: translator.translate_graph(t, beam)[0][:, 0], input_signature=text_spec)
 
         def tokenize(text):
             return translator.encode_text(translator.clean_text(text))
@@ -197,20 +199,20 @@ class Variants:
 
         self.uncached = tf.function(uncached, input_signature=text_spec)
 
-        def search(source_ids, lengths, static_buffer=False):
-            ids, _ = translator.searcher.search(source_ids, lengths, 1, alpha, extra, 1, static_buffer=static_buffer)
+        def search(source_ids, lengths, **buffer):
+            ids, _ = translator.searcher.search(source_ids, lengths, greedy, **buffer)
             return ids[:, 0]  # [batch, L]
 
         # Untimed: the ids of the cached greedy path, for the equality check
         # and the token counts.
         self.greedy_ids = tf.function(lambda t: search(*tokenize(t)), input_signature=text_spec)
         self.beam_ids = tf.function(
-            lambda t: translator.searcher.search(*tokenize(t), beam_size, alpha, extra, 1)[0][:, 0],
+            lambda t: translator.searcher.search(*tokenize(t), beam)[0][:, 0],
             input_signature=text_spec)
         self.search = tf.function(search, input_signature=ids_spec)
         # No input_signature: XLA needs static shapes, one program per shape.
         # XLA also needs the buffer's size static: max_length + 50 positions.
-        self.search_xla = tf.function(lambda i, l: search(i, l, static_buffer=True), jit_compile=True)
+        self.search_xla = tf.function(lambda i, l: search(i, l, buffer=STATIC_BUFFER), jit_compile=True)
 
 
 def differing_rows(a, b):

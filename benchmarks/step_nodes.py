@@ -108,6 +108,7 @@ def save_search(model, config, beam_size, path, options=False):
     for one result (what a one-result request runs)."""
     import tensorflow as tf
 
+    from keras_transformer.decoding import SearchOptions
     from keras_transformer.searcher import Searcher
 
     # The small-request loop lowered into the graph as the other is (`single_threaded_loop=False`):
@@ -125,11 +126,13 @@ def save_search(model, config, beam_size, path, options=False):
             from export.saved_model import MAX_BEAM_SIZE
 
             beam = tf.constant(beam_size)
-            found, _ = searcher.search(ids, lengths, beam, config.length_penalty_alpha, config.decode_extra_length,
-                                       beam, exact_results=tf.constant(1), max_beam_size=MAX_BEAM_SIZE)
+            search_options = SearchOptions(beam_size=beam, alpha=config.length_penalty_alpha, num_results=beam,
+                                           extra_length=config.decode_extra_length, exact_results=tf.constant(1),
+                                           max_beam_size=MAX_BEAM_SIZE)
         else:
-            found, _ = searcher.search(ids, lengths, beam_size, config.length_penalty_alpha,
-                                       config.decode_extra_length, 1)
+            search_options = SearchOptions(beam_size=beam_size, alpha=config.length_penalty_alpha, num_results=1,
+                                           extra_length=config.decode_extra_length)
+        found, _ = searcher.search(ids, lengths, search_options)
         return {"ids": found}
 
     module.search = search

@@ -391,6 +391,7 @@ class SearchProfile:
     def __init__(self, model, config, tokenizer, patience=0.0):
         import tensorflow as tf
 
+        from keras_transformer.decoding import SearchOptions
         from keras_transformer.searcher import CACHE_STAGES
         from keras_transformer.translator import Translator
 
@@ -414,9 +415,10 @@ class SearchProfile:
         self.translator = translator
 
         def search(text):
-            return translator.translate_graph(text, beam_size, config.length_penalty_alpha,
-                                              config.decode_extra_length, 1,
-                                              patience=tf.constant(patience) if patience > 0 else None)[0]
+            return translator.translate_graph(text, SearchOptions(
+                beam_size=beam_size, alpha=config.length_penalty_alpha, num_results=1,
+                extra_length=config.decode_extra_length,
+                patience=tf.constant(patience) if patience > 0 else None))[0]
 
         self.search = tf.function(search, input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
 

@@ -16,6 +16,7 @@ from export.saved_model import (LITERT_MAX_BATCH, LITERT_SIGNATURE, MAX_PATIENCE
                                 SERVING_DEFAULT, WARMUP_CONLLU, WARMUP_SENTENCES, XLA_SIGNATURE)
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
+from keras_transformer.decoding import SearchOptions
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
 
@@ -75,30 +76,27 @@ class TranslationModule(tf.Module):
         self.serve_xla = tf.function(self._serve_xla, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
 
-    def _serve(self, text):
+    def _default_options(self):
+        """The `SearchOptions` of the signatures without options: the config's beam size,
+        alpha and extra length, one result, the export's patience."""
         config = self._config
-        if config.syntax_aware:  # a malformed sentence: "" and its problem in its own row of `error`
-            strings, scores, errors = self._translator.translate_conllu_graph(
-                text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1,
-                patience=self._patience)
+        return SearchOptions(beam_size=config.beam_size, alpha=config.length_penalty_alpha, num_results=1,
+                             extra_length=config.decode_extra_length, patience=self._patience)
+
+    def _serve(self, text):
+        if self._config.syntax_aware:  # a malformed sentence: "" and its problem in its own row of `error`
+            strings, scores, errors = self._translator.translate_conllu_graph(text, self._default_options())
             return {"translation": strings[:, 0], "score": scores[:, 0], "error": errors}
-        strings, scores = self._translator.translate_graph(
-            text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1,
-            patience=self._patience)
+        strings, scores = self._translator.translate_graph(text, self._default_options())
         return {"translation": strings[:, 0], "score": scores[:, 0]}
 
     def _serve_litert(self, text):
-        config = self._config
-        strings, scores = self._translator.translate_graph(
-            text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1,
-            litert_batch=LITERT_MAX_BATCH, patience=self._patience)
+        strings, scores = self._translator.translate_graph(text, self._default_options(),
+                                                           litert_batch=LITERT_MAX_BATCH)
         return {"translation": strings[:, 0], "score": scores[:, 0]}
 
     def _serve_xla(self, text):
-        config = self._config
-        strings, scores = self._translator.translate_graph(
-            text, config.beam_size, config.length_penalty_alpha, config.decode_extra_length, 1, xla=True,
-            patience=self._patience)
+        strings, scores = self._translator.translate_graph(text, self._default_options(), xla=True)
         return {"translation": strings[:, 0], "score": scores[:, 0]}
 
     def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results, patience):
@@ -173,14 +171,12 @@ class TranslationModule(tf.Module):
             translations string `[batch, beam]`, scores float32 `[batch, beam]`,
             errors string (`[batch]` for a syntax-aware model, else `[0]`).
         """
-        exact = tf.minimum(num_results, beam)
+        options = SearchOptions(beam_size=beam, alpha=alpha, num_results=beam, extra_length=extra_length,
+                                exact_results=tf.minimum(num_results, beam), patience=patience,
+                                max_beam_size=MAX_BEAM_SIZE)
         if self._config.syntax_aware:
-            return self._translator.translate_conllu_graph(text, beam, alpha, extra_length, beam,
-                                                           patience=patience, exact_results=exact,
-                                                           max_beam_size=MAX_BEAM_SIZE)
-        strings, scores = self._translator.translate_graph(text, beam, alpha, extra_length, beam,
-                                                           patience=patience, exact_results=exact,
-                                                           max_beam_size=MAX_BEAM_SIZE)
+            return self._translator.translate_conllu_graph(text, options)
+        strings, scores = self._translator.translate_graph(text, options)
         return strings, scores, tf.zeros([0], tf.string)  # errors: not an output of a plain-text model
 
     def signatures(self):

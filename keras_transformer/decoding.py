@@ -8,10 +8,10 @@ JAX backend.  Every buffer is preallocated with a fixed size
 tensor fixed for the call) and the loop is a ``keras.ops.while_loop``; new
 tokens are written into the sequence buffers with a one-hot ``where`` blend
 at position ``step`` (no scatter / ``slice_update``), and beams are reordered
-with ``take`` (GATHER). (``drop_finished``, for TensorFlow graphs without
+with ``take`` (GATHER). (`DropFinished`, for TensorFlow graphs without
 XLA and their LiteRT conversion, adds ``nonzero`` and ``scatter_update`` and
-changes shapes in the loop;
-``batch_halvings``, for XLA, adds a ``switch`` and ``slice_update``.)
+changes shapes in the loop; `Halvings`, for XLA, adds a ``switch`` and
+``slice_update``.)
 
 The model is hidden behind a *step function*::
 
@@ -23,10 +23,10 @@ The model is hidden behind a *step function*::
   leaves all have leading dimension ``batch * beam`` (batch-major: row
   ``b * beam + k`` is beam ``k`` of sentence ``b``).  The returned cache
   must have the same structure and dtypes as the one passed in, and the
-  same shapes unless the loop allows them to change (``drop_finished``
+  same shapes unless the loop allows them to change (`DropFinished`
   with a ``while_loop`` of relaxed shape invariants: caches may then grow
   by concatenation; with static shapes, preallocate them, or grow them
-  between ``cache_stages``);
+  between `CacheStages`);
 * ``step``: int32 scalar, the position of ``ids``;
 * ``logits``: float ``[batch * beam, vocab]`` for the token at position
   ``step + 1``.
@@ -40,16 +40,26 @@ the usual top-``2 * beam_size`` candidate scheme (tensor2tensor, Flax WMT
 example, T5X), stops a sentence as soon as no alive hypothesis can beat the
 best of its finished ones (the ``n``-th best when ``n`` results are asked),
 and stops the loop when every sentence is done or
-the buffer is full. Optionally it drops finished sentences from the loop,
-runs the loop in cache stages, and stops by CTranslate2's patience rule
-(`beam_search`'s arguments).
+the buffer is full.
+
+Two frozen objects set a search: `SearchOptions` says what it finds (beam
+size, alpha, results, the exact stop's count, CTranslate2's patience rule),
+`SearchLoop` how its loop runs, with the same results: its `LoopOps` (the
+ops it is written with: `KERAS_OPS`, or a TensorFlow graph's and XLA's in
+`keras_transformer.searcher`), what happens to finished sentences
+(`KeepAll`, `DropFinished`, `Halvings`) and `CacheStages`. `beam_search`
+checks them, then runs the fixed-shape loop (`_fixed_shape_loop`, in
+stages or not) or the shrinking one (`_shrinking_loop`).
 
 One loop step (each a small helper below): the step function scores the
 next token of every alive beam; `_grow_candidates` keeps the best
 ``2 * beam_size`` (beam, token) extensions; `_update_alive` keeps the best
 ``beam_size`` that continue (and reorders the cache); `_update_finished`
 merges the ones that end into the finished set; `_update_done` applies the
-early-termination bound.  The loop state is a dict (`_initial_state`).
+early-termination bound (`_cannot_improve`, exact) and the patience rule
+(`_patient`).  The loop state is a dict (`_initial_state`) whose
+per-sentence entries are one sub-dict, ``sentences``: dropping, slicing or
+moving sentences is one `gather_rows` (or ``map_structure``) of it.
 
 Numerics: no ``-inf`` is ever used; impossible entries carry ``NEG_INF``
 (finite) *and* an explicit validity flag, so no NaN can appear.  A token
@@ -57,6 +67,7 @@ whose log-probability is below ``NEG_INF / 2`` (e.g. its logit was masked
 with ``NEG_INF``) is treated as impossible.
 """
 
+import dataclasses
 import typing
 import warnings
 
@@ -67,13 +78,23 @@ from keras import ops
 from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID
 
 __all__ = [
+    "KERAS_OPS",
+    "CacheStages",
+    "DropFinished",
+    "Halvings",
+    "KeepAll",
+    "LoopOps",
+    "SearchLoop",
+    "SearchOptions",
     "beam_search",
     "expand_to_beams",
     "flatten_beams",
     "gather_beams",
+    "gather_rows",
     "greedy_search",
     "halving_sizes",
     "keras_gather",
+    "keras_nonzero",
     "length_penalty",
     "tile_beams",
     "top_k_blockwise",
@@ -289,6 +310,349 @@ def _infer_max_decode_length(max_lengths):
     return max(int(values.max()) if values.size else 1, 1)
 
 
+def _buffer_length(max_decode_length, max_lengths):
+    """`beam_search`'s ``max_decode_length``, checked: a python int >= 1 (inferred from
+    concrete `max_lengths` when None), or an int32 scalar tensor at least 1."""
+    if max_decode_length is None:
+        max_decode_length = _infer_max_decode_length(max_lengths)
+    if _is_int(max_decode_length):
+        if max_decode_length < 1:
+            raise ValueError(f"max_decode_length must be >= 1, got {max_decode_length}")
+        return int(max_decode_length)
+    # a tensor: buffers sized per call (TensorFlow graphs without XLA)
+    return ops.maximum(ops.cast(max_decode_length, "int32"), 1)
+
+
+def _is_int(value):
+    """Whether `value` is a python (or NumPy) integer, not a tensor."""
+    return isinstance(value, (int, np.integer))
+
+
+# --------------------------------------------------------------------------
+# Settings: what the search finds (SearchOptions) and how its loop runs (SearchLoop)
+# --------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, eq=False)
+class SearchOptions:
+    """What a beam search finds. The loop's settings (`SearchLoop`) never change it.
+
+    Args:
+        beam_size: python int >= 1 (it fixes tensor shapes), or, in a
+            TensorFlow graph without XLA (not with `Halvings`), an int32
+            scalar tensor in ``[1, max_beam_size]`` given at run time: one
+            graph then searches with any beam size (the SavedModel's
+            ``translate_options``), with the same results as the python int.
+            With 1 the search is exactly greedy decoding (argmax until EOS).
+        alpha: length-penalty exponent, python float or float scalar tensor
+            (may be a SavedModel signature input). 0 = plain log-prob. The
+            early-termination bound is valid for any alpha (negative too).
+        num_results: python int in ``[1, beam_size]`` (with a tensor
+            `beam_size`, a python int or an int32 scalar tensor in that
+            range, e.g. `beam_size` itself): how many hypotheses to return
+            per sentence. With 1 a sentence stops as soon as no alive
+            hypothesis can beat its best finished one (exact for the best
+            translation and its score); with ``n``, as soon as none can beat
+            the ``n``-th best of its finished ones (exact for the whole
+            n-best; with ``n = beam_size``, the worst of its ``beam_size``
+            finished ones).
+        exact_results: None (``num_results``), or a python int or int32
+            scalar tensor in ``[1, num_results]``: the stop is exact for this
+            many of the best results (the bound above with this ``n``); the
+            result slots after it may then hold other hypotheses than the
+            exhaustive n-best's. A tensor lets one graph return
+            ``num_results`` slots and stop by a count given at run time
+            (the SavedModel's ``translate_options``).
+        patience: None (off), or a float (python or scalar tensor): a
+            sentence also stops once ``round(beam_size * patience)``
+            hypotheses have finished (CTranslate2's rule: faster, not exact;
+            a value <= 0 turns it off).
+        max_beam_size: with a tensor `beam_size`, the largest it may be
+            (python int): the candidates' top-k sizes its blocks for it.
+            Ignored (None) with a python int `beam_size`.
+        extra_length: for `keras_transformer.searcher.Searcher` (which makes
+            ``max_lengths = source_lengths + extra_length``, clipped to the
+            buffers' ``decode_extra_length``): None (the config's), a python
+            int or an int32 scalar tensor. `beam_search` takes `max_lengths`
+            and does not read it.
+
+    Checked when made: a `ValueError` names the value received and the range
+    expected. Python integers are stored as ``int``.
+
+    Example:
+        >>> options = SearchOptions(beam_size=4, alpha=0.6, num_results=2)
+        >>> ids, scores = beam_search(step_fn, cache, batch, max_lengths, options)
+    """
+
+    beam_size: typing.Any = 4
+    alpha: typing.Any = 0.6
+    num_results: typing.Any = 1
+    exact_results: typing.Any = None
+    patience: typing.Any = None
+    max_beam_size: typing.Optional[int] = None
+    extra_length: typing.Any = None
+
+    def __post_init__(self):
+        for name, value in _checked_options(self).items():
+            object.__setattr__(self, name, value)  # (a frozen dataclass stores its checked values so)
+
+
+def _checked_options(options):
+    """`SearchOptions`' beam size, result counts and largest beam size, checked and
+    normalized (python ints as ``int``); `ValueError` naming a bad value."""
+    beam_size, num_results, max_beam_size = options.beam_size, options.num_results, options.max_beam_size
+    if _is_int(beam_size):
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be a python int >= 1, got {beam_size!r}")
+        if not _is_int(num_results) or not 1 <= num_results <= beam_size:
+            raise ValueError(
+                f"num_results must be a python int in [1, beam_size={beam_size}], got {num_results!r}")
+        beam_size, num_results, max_beam_size = int(beam_size), int(num_results), None
+    else:  # a run-time beam size: in [1, max_beam_size], which the caller ensures
+        if not _is_int(max_beam_size) or max_beam_size < 1:
+            raise ValueError("a tensor beam_size needs max_beam_size, a python int >= 1 (the largest "
+                             f"beam size it may hold), got {max_beam_size!r}")
+        max_beam_size = int(max_beam_size)
+        if _is_int(num_results):
+            if not 1 <= num_results <= max_beam_size:
+                raise ValueError(f"num_results must be in [1, max_beam_size={max_beam_size}], got {num_results!r}")
+            num_results = int(num_results)
+    exact_results = options.exact_results
+    if _is_int(exact_results):
+        name, limit = ("num_results", num_results) if _is_int(num_results) else ("max_beam_size", max_beam_size)
+        if not 1 <= exact_results <= limit:
+            raise ValueError(f"exact_results must be in [1, {name}={limit}], got {exact_results!r}")
+        exact_results = int(exact_results)
+    for name in ("alpha", "patience", "extra_length"):
+        value = getattr(options, name)
+        if isinstance(value, (bool, str)) or (isinstance(value, (int, float, np.number)) and not np.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number or a scalar tensor, got {value!r}")
+    return {"beam_size": beam_size, "num_results": num_results, "max_beam_size": max_beam_size,
+            "exact_results": exact_results}
+
+
+def keras_nonzero(mask):
+    """The positions of the True entries of a bool ``[b]``, ascending (``keras.ops.nonzero``):
+    `LoopOps`' default ``nonzero``."""
+    return ops.nonzero(mask)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopOps:
+    """The ops a search loop is written with. Any of them give the same results
+    (`normalize_after_top_k`: up to float32 rounding); they differ in the nodes
+    and kernels a step runs.
+
+    Args:
+        while_loop: ``(cond, body, loop_vars, maximum_iterations) -> loop_vars``
+            (``keras.ops.while_loop``'s signature); for `DropFinished` in a
+            TensorFlow graph one that relaxes the loop's shape invariants
+            (`keras_transformer.searcher.relaxed_while_loop`), which LiteRT's
+            WHILE runs too once converted.
+        gather: `keras_gather`, or a function with its meaning, for the loop's
+            gathers (beam reorders, the candidates' top-k, the dropped
+            sentences): ``tf.gather`` in a TensorFlow graph, one node per
+            gather instead of ~6-18.
+        nonzero: with `DropFinished`, ``mask -> indices``: the positions of the
+            True entries of a bool ``[b]`` as int32 ``[m]``, ascending
+            (`keras_nonzero`, the default): on TensorFlow one ``tf.where``,
+            which LiteRT converts, where ``keras.ops.nonzero`` unstacks int64
+            indices, which LiteRT's builtins cannot.
+        trace_once: None, or (not with `DropFinished`, whose loop has a body of
+            its own) a function that wraps the loop's body (a step and the
+            search's bookkeeping for it) so that it is traced once for every
+            copy of it in the graph (each cache stage, each batch halving), e.g.
+            ``tf.function(body, autograph=False, reduce_retracing=True)`` when
+            the search itself is traced with unknown sizes.
+        normalize_after_top_k: False: a step's logits become log-probabilities
+            (``log_softmax`` over ``[rows, V]``), then each beam's best tokens
+            are taken; True: the best tokens are taken from the logits and only
+            those are normalized (minus the row's ``logsumexp``). The same
+            tokens (``log_softmax`` subtracts one value from a row; only a tie
+            that its rounding makes can break otherwise) and scores equal to
+            float32 rounding. Under XLA it saves writing and reading the
+            ``[rows, V]`` log-probabilities (the whole search 0.94-0.96x the
+            time, docs/lab-notebook serving speed part 29); in a TensorFlow graph
+            ``logsumexp``'s nodes cost more than they save (1.01-1.07x), so
+            only the XLA search sets it.
+
+    Presets: `KERAS_OPS` (every backend, LiteRT's builtins); the TensorFlow
+    graph's and XLA's are `keras_transformer.searcher`'s.
+    """
+
+    while_loop: typing.Callable = ops.while_loop
+    gather: typing.Callable = keras_gather
+    nonzero: typing.Callable = keras_nonzero
+    trace_once: typing.Optional[typing.Callable] = None
+    normalize_after_top_k: bool = False
+
+    def __post_init__(self):
+        for name in ("while_loop", "gather", "nonzero", "trace_once"):
+            value = getattr(self, name)
+            if not callable(value) and not (name == "trace_once" and value is None):
+                raise TypeError(f"LoopOps.{name} must be a function, got {value!r}")
+        object.__setattr__(self, "normalize_after_top_k", bool(self.normalize_after_top_k))
+
+
+# The loop written in keras.ops alone: every backend, and LiteRT's builtins once converted.
+KERAS_OPS = LoopOps()
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepAll:
+    """`SearchLoop.finished`: every sentence stays in the loop, its state frozen once it
+    is done, until the whole batch is done (static shapes: XLA, JAX, LiteRT's static
+    buffer)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DropFinished:
+    """`SearchLoop.finished`: finished sentences leave the loop (each writes its results
+    when it finishes), so the step function runs on the sentences still searched only.
+
+    The loop variables then change their leading dimension: for eager TensorFlow, or a
+    TensorFlow graph whose `LoopOps.while_loop` relaxes the loop's shape invariants
+    (LiteRT's WHILE runs it too once converted, with `LoopOps.nonzero`); not XLA or
+    JAX, which need static shapes. Caches may then also grow by concatenation. Not
+    with `CacheStages` or `LoopOps.trace_once` (its loop has one body, one stage).
+    Same results as `KeepAll`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Halvings:
+    """`SearchLoop.finished` for static shapes (XLA), where `DropFinished` cannot shrink
+    the loop's tensors: the loop keeps the sentences not done first (a permutation of
+    every per-sentence row on every step, folded into the caches' beam reorder, which
+    is done at the start of the next step), and a step runs on the first
+    ``ceil(batch / 2**h)`` sentences for the largest ``h <= count`` that still holds
+    all those not done (one branch per size, a ``switch``; the others keep their
+    rows). With `CacheStages` the first stage runs on the whole batch. Needs a python
+    int beam size and ``slice_update`` (on TensorFlow an XLA op: for ``jit_compile``
+    functions only). Same results as `KeepAll`.
+
+    Args:
+        count: python int >= 1, the most halvings (`halving_sizes`).
+    """
+
+    count: int
+
+    def __post_init__(self):
+        if not _is_int(self.count) or isinstance(self.count, bool) or self.count < 1:
+            raise ValueError(f"Halvings.count must be a python int >= 1 (KeepAll for none), got {self.count!r}")
+        object.__setattr__(self, "count", int(self.count))
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStages:
+    """`SearchLoop.stages`: the loop runs in stages, the first until step ``ends[0]``,
+    the next until ``ends[1]``, ..., the last until ``max_decode_length``, and before
+    each stage the cache is resized by ``resize(cache, stage_end)`` (from the
+    ``initial_cache`` as given: e.g. self-attention buffers of 0 positions, padded to
+    the stage's end). With static shapes (XLA) a step then reads and reorders a buffer
+    of its stage's size instead of the largest one. Same results.
+
+    Args:
+        ends: increasing python ints >= 1.
+        resize: ``(cache, length) -> cache``.
+        min_decode_length: python int >= 0, with a tensor ``max_decode_length``: a
+            bound it never goes below (the XLA search's shortest buffer). A stage
+            may be empty (the buffer ends before its given start) only after a
+            given end ``>= min_decode_length``; only such stages are traced inside
+            the ``cond`` that leaves an empty stage out of the compiled program (a
+            ``cond`` around a stage cost ~1.5 s of tracing). 0: every stage after
+            the first. Same results with any bound: an empty stage outside the
+            ``cond`` runs no step.
+    """
+
+    ends: typing.Tuple[int, ...]
+    resize: typing.Callable
+    min_decode_length: int = 0
+
+    def __post_init__(self):
+        ends = tuple(self.ends)
+        if not ends or not all(_is_int(end) and end >= 1 for end in ends) or list(ends) != sorted(set(ends)):
+            raise ValueError(f"CacheStages.ends must be increasing python ints >= 1, got {self.ends!r}")
+        if not callable(self.resize):
+            raise TypeError(f"CacheStages.resize must be a function (cache, length) -> cache, got {self.resize!r}")
+        if not _is_int(self.min_decode_length) or self.min_decode_length < 0:
+            raise ValueError(f"CacheStages.min_decode_length must be a python int >= 0, got {self.min_decode_length!r}")
+        object.__setattr__(self, "ends", tuple(int(end) for end in ends))
+        object.__setattr__(self, "min_decode_length", int(self.min_decode_length))
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchLoop:
+    """How the search's loop runs (never what it finds: `SearchOptions`).
+
+    Args:
+        ops: `LoopOps`, the ops the loop is written with (`KERAS_OPS`).
+        finished: what happens to the sentences that are done: `KeepAll()`
+            (fixed shapes), `DropFinished()` (the loop shrinks) or
+            `Halvings(count)` (fixed shapes, steps on a prefix of the batch).
+        stages: None, or `CacheStages` (the fixed-shape loops: not with
+            `DropFinished`).
+
+    Example:
+        >>> loop = SearchLoop(finished=Halvings(3), stages=CacheStages((16, 32, 64), resize))
+    """
+
+    ops: LoopOps = KERAS_OPS
+    finished: typing.Union[KeepAll, DropFinished, Halvings] = KeepAll()
+    stages: typing.Optional[CacheStages] = None
+
+    def __post_init__(self):
+        if not isinstance(self.ops, LoopOps):
+            raise TypeError(f"SearchLoop.ops must be a LoopOps, got {self.ops!r}")
+        if not isinstance(self.finished, (KeepAll, DropFinished, Halvings)):
+            raise TypeError(f"SearchLoop.finished must be KeepAll(), DropFinished() or Halvings(n), "
+                            f"got {self.finished!r}")
+        if self.stages is not None and not isinstance(self.stages, CacheStages):
+            raise TypeError(f"SearchLoop.stages must be None or a CacheStages, got {self.stages!r}")
+        if isinstance(self.finished, DropFinished) and (self.stages is not None or self.ops.trace_once is not None):
+            raise ValueError("DropFinished runs one loop with a body of its own: not with CacheStages "
+                             f"(got {self.stages!r}) or LoopOps.trace_once (got {self.ops.trace_once!r})")
+
+
+# `beam_search`'s keywords before `SearchOptions` and `SearchLoop` (still taken: `_settings`).
+_OPTION_KEYWORDS = frozenset(field.name for field in dataclasses.fields(SearchOptions)) - {"extra_length"}
+_LOOP_KEYWORDS = frozenset({"drop_finished", "batch_halvings", "cache_stages", "resize_cache",
+                            "min_decode_length"} | {field.name for field in dataclasses.fields(LoopOps)})
+
+
+def _settings(options, loop, keywords):
+    """`beam_search`'s `SearchOptions` and `SearchLoop`: as given, or made from the
+    keywords of its former signature (``beam_size=4, drop_finished=True, ...``);
+    a keyword and the object it belongs to are not both taken."""
+    unknown = sorted(set(keywords) - _OPTION_KEYWORDS - _LOOP_KEYWORDS)
+    if unknown:
+        raise TypeError(f"beam_search() got unexpected keyword argument(s): {', '.join(unknown)}")
+    option_keywords = {name: value for name, value in keywords.items() if name in _OPTION_KEYWORDS}
+    loop_keywords = {name: value for name, value in keywords.items() if name in _LOOP_KEYWORDS}
+    for given, keys, name in ((options, option_keywords, "options"), (loop, loop_keywords, "loop")):
+        if given is not None and keys:
+            raise TypeError(f"beam_search: {', '.join(sorted(keys))} given beside `{name}`; set them in `{name}`")
+    options = SearchOptions(**option_keywords) if options is None else options
+    loop = _loop_from_keywords(**loop_keywords) if loop is None else loop
+    if not isinstance(options, SearchOptions):
+        raise TypeError(f"beam_search: options must be a SearchOptions, got {options!r}")
+    if not isinstance(loop, SearchLoop):
+        raise TypeError(f"beam_search: loop must be a SearchLoop, got {loop!r}")
+    if isinstance(loop.finished, Halvings) and not isinstance(options.beam_size, int):
+        raise ValueError("Halvings (batch_halvings) needs a python int beam_size (static shapes), got "
+                         f"{options.beam_size!r}")
+    return options, loop
+
+
+def _loop_from_keywords(drop_finished=False, batch_halvings=0, cache_stages=None, resize_cache=None,
+                        min_decode_length=0, **ops_keywords):
+    """The `SearchLoop` of `beam_search`'s former keywords (None: the default)."""
+    if drop_finished and batch_halvings:
+        raise ValueError(f"drop_finished and batch_halvings={batch_halvings!r} exclude each other "
+                         "(DropFinished or Halvings)")
+    finished = DropFinished() if drop_finished else Halvings(batch_halvings) if batch_halvings else KeepAll()
+    stages = None if cache_stages is None else CacheStages(cache_stages, resize_cache, min_decode_length)
+    loop_ops = LoopOps(**{name: value for name, value in ops_keywords.items() if value is not None})
+    return SearchLoop(loop_ops, finished, stages)
+
+
 # --------------------------------------------------------------------------
 # Beam search: the state carried by the while loop and one step's helpers
 # --------------------------------------------------------------------------
@@ -313,10 +677,13 @@ class _SearchSpec(typing.NamedTuple):
     eos_id: int
     alpha: object  # python float or float scalar tensor
     patience: object  # None, or float scalar: stop after round(k * patience) finished hypotheses
+    batch_size: object  # python int, or an int32 scalar tensor (TensorFlow)
+    max_decode_length: object  # L: python int, or an int32 scalar tensor (TensorFlow without XLA)
     positions: object  # int32 [L], arange(L): where to write the token of `step`
     neg_inf: object  # NEG_INF as a NumPy float32 scalar
     gather: object  # `keras_gather`, or a function with its meaning (tf.gather)
     normalize_after_top_k: bool  # each beam's top tokens by their logits, then only those normalized
+    keeps_done: bool  # the state holds the sentences that are done (all but `DropFinished`'s loop)
 
 
 def _candidates(beam_size):
@@ -329,61 +696,70 @@ def _candidates(beam_size):
     return ops.where(beam_size > 1, 2 * beam_size, 1)
 
 
-def _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id, gather,
-               exact_results=None, max_beam_size=None, normalize_after_top_k=False):
-    """Builds the `_SearchSpec` of a search (before the loop); arguments as in
-    `beam_search` (already validated)."""
+def _make_spec(options, loop, batch_size, max_decode_length, eos_id):
+    """Builds the `_SearchSpec` of a search (before the loop) from its (checked)
+    `SearchOptions` and `SearchLoop`; the rest as in `beam_search`."""
+    beam_size = options.beam_size if isinstance(options.beam_size, int) else ops.cast(options.beam_size, "int32")
     return _SearchSpec(
         beam_size=beam_size,
         num_candidates=_candidates(beam_size),
-        max_candidates=_candidates(beam_size if max_beam_size is None else max_beam_size),
-        num_results=num_results,
-        exact_results=num_results if exact_results is None else exact_results,
+        max_candidates=_candidates(beam_size if options.max_beam_size is None else options.max_beam_size),
+        num_results=options.num_results,
+        exact_results=options.num_results if options.exact_results is None else options.exact_results,
         eos_id=eos_id,
-        alpha=alpha,
-        patience=patience,
+        alpha=options.alpha,
+        patience=options.patience,
+        batch_size=batch_size,
+        max_decode_length=max_decode_length,
         positions=ops.arange(0, max_decode_length, dtype="int32"),  # [L]
         # A constant wherever it is used: a tensor made before the loop would be
         # one more variable of a TensorFlow while_loop (~4 nodes every step).
         neg_inf=np.float32(NEG_INF),
-        gather=gather,
-        normalize_after_top_k=bool(normalize_after_top_k),
+        gather=loop.ops.gather,
+        normalize_after_top_k=loop.ops.normalize_after_top_k,
+        keeps_done=not isinstance(loop.finished, DropFinished),
     )
 
 
-def _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bos_id, spec):
+def _initial_state(initial_cache, max_lengths, bos_id, spec):
     """The search state before step 0 (the ``while_loop`` variables).
 
     The state is a dict (a structure that ``keras.ops.while_loop`` and
     ``keras.tree`` carry as it is on every backend); ``b`` is the number of
-    sentences still searched (the batch, or fewer with ``drop_finished``)::
+    sentences still searched (the batch, or fewer with `DropFinished`)::
 
         step             int32 scalar, the position fed to the step function
-        alive_seqs       int32 [b, k, L]  tokens generated so far, PAD after
-        alive_last       int32 [b, k]     token at position `step` (BOS at 0)
-        alive_logp       float32 [b, k]   sum of token log-probs (NEG_INF if invalid)
-        alive_valid      bool [b, k]      whether the alive slot holds a hypothesis
-        finished_seqs    int32 [b, k, L]  best finished hypotheses, best first
-        finished_scores  float32 [b, k]   their length-penalised scores
-        finished_valid   bool [b, k]      whether the finished slot is used
-        finished_count   int32 [b]        hypotheses finished so far (only with patience)
-        done             bool [b]         sentence finished: state frozen
-        max_lengths      int32 [b]        length limit, clipped to [1, L]
-        max_penalty      float32 [b]      length_penalty(max_lengths, alpha)
         cache            step-function cache, leaves [b * k, ...]
+        sentences        the per-sentence entries, leading dimension b (what
+                         `DropFinished` drops, `Halvings` slices and reorders:
+                         one ``map_structure`` each, `gather_rows`):
+          alive_seqs       int32 [b, k, L]  tokens generated so far, PAD after
+          alive_last       int32 [b, k]     token at position `step` (BOS at 0)
+          alive_logp       float32 [b, k]   sum of token log-probs (NEG_INF if invalid)
+          alive_valid      bool [b, k]      whether the alive slot holds a hypothesis
+          finished_seqs    int32 [b, k, L]  best finished hypotheses, best first
+          finished_scores  float32 [b, k]   their length-penalised scores
+          finished_valid   bool [b, k]      whether the finished slot is used
+          finished_count   int32 [b]        hypotheses finished so far (only with patience)
+          done             bool [b]         sentence finished: state frozen (`spec.keeps_done`)
+          max_lengths      int32 [b]        length limit, clipped to [1, L]
+          max_penalty      float32 [b]      length_penalty(max_lengths, alpha)
+
+    The loops add their own entries: ``sentence`` int32 [b] (each row's
+    sentence; `DropFinished`, `Halvings`), ``cache_rows`` int32 [b * k]
+    (`Halvings`), ``static``, ``out_seqs`` and ``out_scores`` (`DropFinished`).
 
     Only beam 0 of every sentence is alive at the start (the other ``k - 1``
     would be duplicates); nothing is finished.
     """
-    k, length = spec.beam_size, max_decode_length
+    k, length, batch_size = spec.beam_size, spec.max_decode_length, spec.batch_size
     max_lengths = ops.cast(ops.reshape(max_lengths, (-1,)), "int32")  # [batch]
-    max_lengths = ops.clip(max_lengths, 1, max_decode_length)  # [batch]
+    max_lengths = ops.clip(max_lengths, 1, length)  # [batch]
     first_beam = ops.arange(k, dtype="int32") == 0  # [k]
     alive_valid = ops.logical_and(
         ops.ones((batch_size, k), dtype="bool"), first_beam[None, :]
     )  # [batch, k]
-    state = {
-        "step": ops.convert_to_tensor(0, "int32"),
+    sentences = {
         "alive_seqs": ops.full((batch_size, k, length), PAD_ID, dtype="int32"),
         "alive_last": ops.full((batch_size, k), bos_id, dtype="int32"),
         "alive_logp": ops.where(alive_valid, 0.0, spec.neg_inf),  # [batch, k]
@@ -391,15 +767,37 @@ def _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bo
         "finished_seqs": ops.full((batch_size, k, length), PAD_ID, dtype="int32"),
         "finished_scores": ops.full((batch_size, k), NEG_INF, dtype="float32"),
         "finished_valid": ops.zeros((batch_size, k), dtype="bool"),
-        "done": ops.zeros((batch_size,), dtype="bool"),
         "max_lengths": max_lengths,
         # Upper bound on the length penalty of any hypothesis of a sentence.
         "max_penalty": length_penalty(max_lengths, spec.alpha),  # [batch]
-        "cache": keras.tree.map_structure(lambda x: tile_beams(x, k), initial_cache),
     }
+    if spec.keeps_done:
+        sentences["done"] = ops.zeros((batch_size,), dtype="bool")
     if spec.patience is not None:  # counted only for the patience stop (ops saved every step otherwise)
-        state["finished_count"] = ops.zeros((batch_size,), dtype="int32")
-    return state
+        sentences["finished_count"] = ops.zeros((batch_size,), dtype="int32")
+    return {
+        "step": ops.convert_to_tensor(0, "int32"),
+        "cache": keras.tree.map_structure(lambda x: tile_beams(x, k), initial_cache),
+        "sentences": sentences,
+    }
+
+
+def gather_rows(structure, rows, gather=keras_gather):
+    """Rows of every leaf of a nested structure: ``out = x[rows]`` along the leading
+    axis (one ``gather(x, rows, 0)`` per leaf). The search's one way to reorder a
+    cache along beams, to keep some sentences of the state (``sentences``, the
+    static cache), and to move them.
+
+    Args:
+        structure: nested structure of tensors, all with leading dimension ``n``
+            (may be empty: ``{}``).
+        rows: int32 ``[m]``, values in ``[0, n)``.
+        gather: `keras_gather` or a function with its meaning (``tf.gather``).
+
+    Returns:
+        the structure with leaves ``[m, ...]``.
+    """
+    return keras.tree.map_structure(lambda x: gather(x, rows, 0), structure)
 
 
 def _beam_rows(beam_indices, beam_size, sentences=None):
@@ -420,23 +818,53 @@ def _beam_rows(beam_indices, beam_size, sentences=None):
     return ops.reshape(rows, (-1,))  # [b * new_beam]
 
 
-def _grow_candidates(state, logits, spec):
+def _per_beam_top(logits, spec):
+    """Each alive beam's best ``P`` next tokens (``P = min(C, V)``; a beam never
+    contributes more than ``C`` candidates).
+
+    Args:
+        logits: float32 ``[b * k, V]``. They become log-probabilities before
+            each beam's top tokens are taken, or with
+            ``spec.normalize_after_top_k`` only those tokens' are (the same
+            order: ``log_softmax`` subtracts one value from a row).
+        spec: the `_SearchSpec`.
+
+    Returns:
+        ``(beam_logp float32 [b, k, P], beam_tok int32 [b, k * P], P)``.
+    """
+    k, num_candidates = spec.beam_size, spec.num_candidates
+    vocab = logits.shape[-1]
+    if vocab is None:
+        per_beam = num_candidates
+    elif isinstance(num_candidates, int):
+        per_beam = min(num_candidates, vocab)
+    else:  # a run-time beam size
+        per_beam = ops.minimum(num_candidates, vocab)
+    bound = spec.max_candidates if vocab is None else min(spec.max_candidates, vocab)  # the largest P
+    ranked = logits if spec.normalize_after_top_k else ops.log_softmax(logits, axis=-1)  # [b * k, V]
+    beam_logp, beam_tok = top_k_blockwise(ranked, per_beam, gather=spec.gather, max_k=bound)  # [b * k, P] x2
+    if spec.normalize_after_top_k:  # only the chosen entries become log-probabilities
+        beam_logp = beam_logp - ops.logsumexp(logits, axis=-1, keepdims=True)  # [b * k, P]
+    beam_logp = ops.reshape(beam_logp, (-1, k, per_beam))  # [b, k, P]
+    beam_tok = ops.reshape(ops.cast(beam_tok, "int32"), (-1, k * per_beam))  # [b, k * P]
+    return beam_logp, beam_tok, per_beam
+
+
+def _grow_candidates(sentences, step, logits, spec):
     """Extends every alive beam by every token and keeps the best candidates.
 
     The best ``C`` of the ``k * V`` (beam, token) pairs by summed log-prob,
-    found as the best ``C`` of each beam's best ``C`` tokens (the same
-    candidates, in the same order: ``top_k`` keeps the lower index first on
-    ties within a beam, and the merge keeps the lower beam first); the
-    chosen token is written into the copied sequence at position ``step``
+    found as the best ``C`` of each beam's best ``C`` tokens (`_per_beam_top`;
+    the same candidates, in the same order: ``top_k`` keeps the lower index
+    first on ties within a beam, and the merge keeps the lower beam first);
+    the chosen token is written into the copied sequence at position ``step``
     (a one-hot ``where`` blend, no scatter).
 
     Args:
-        state: the search state.
+        sentences: the state's per-sentence entries.
+        step: int32 scalar, the state's step.
         logits: float32 ``[b * k, V]``, the scores of the token after
-            ``alive_last`` for every alive beam (batch-major). They become
-            log-probabilities before each beam's top tokens are taken, or with
-            ``spec.normalize_after_top_k`` only those tokens' are (the same
-            order: ``log_softmax`` subtracts one value from a row).
+            ``alive_last`` for every alive beam (batch-major).
         spec: the `_SearchSpec`.
 
     Returns:
@@ -451,27 +879,12 @@ def _grow_candidates(state, logits, spec):
         continuing bool ``[b, C]`` (valid and neither).
     """
     k, num_candidates = spec.beam_size, spec.num_candidates
-    step = state["step"]
-    vocab = logits.shape[-1]
-    # Each beam's best tokens (a beam never contributes more than C candidates).
-    if vocab is None:
-        per_beam = num_candidates
-    elif isinstance(num_candidates, int):
-        per_beam = min(num_candidates, vocab)
-    else:  # a run-time beam size
-        per_beam = ops.minimum(num_candidates, vocab)
-    bound = spec.max_candidates if vocab is None else min(spec.max_candidates, vocab)  # the largest P
-    ranked = logits if spec.normalize_after_top_k else ops.log_softmax(logits, axis=-1)  # [b * k, V]
-    beam_logp, beam_tok = top_k_blockwise(ranked, per_beam, gather=spec.gather, max_k=bound)  # [b * k, P] x2
-    if spec.normalize_after_top_k:  # only the chosen entries become log-probabilities
-        beam_logp = beam_logp - ops.logsumexp(logits, axis=-1, keepdims=True)  # [b * k, P]
-    beam_logp = ops.reshape(beam_logp, (-1, k, per_beam))  # [b, k, P]
-    beam_tok = ops.reshape(ops.cast(beam_tok, "int32"), (-1, k * per_beam))  # [b, k * P]
+    beam_logp, beam_tok, per_beam = _per_beam_top(logits, spec)  # [b, k, P], [b, k * P]
     valid = ops.logical_and(
-        state["alive_valid"][:, :, None], beam_logp > NEG_INF / 2
+        sentences["alive_valid"][:, :, None], beam_logp > NEG_INF / 2
     )  # [b, k, P]
     logp = ops.where(
-        valid, state["alive_logp"][:, :, None] + beam_logp, spec.neg_inf
+        valid, sentences["alive_logp"][:, :, None] + beam_logp, spec.neg_inf
     )  # [b, k, P]
     flat_logp = ops.reshape(logp, (-1, k * per_beam))  # [b, k * P]
     flat_valid = ops.reshape(valid, (-1, k * per_beam))  # [b, k * P]
@@ -484,12 +897,12 @@ def _grow_candidates(state, logits, spec):
     top_valid = spec.gather(flat_valid, top_idx, 1)  # [b, C]
     top_beam = ops.floor_divide(top_idx, per_beam)  # [b, C]
     top_tok = spec.gather(beam_tok, top_idx, 1)  # [b, C]
-    top_seqs = spec.gather(state["alive_seqs"], top_beam, 1)  # [b, C, L]
+    top_seqs = spec.gather(sentences["alive_seqs"], top_beam, 1)  # [b, C, L]
     write = (spec.positions == step)[None, None, :]  # [1, 1, L]
     top_seqs = ops.where(write, top_tok[:, :, None], top_seqs)  # [b, C, L]
 
     length = step + 1
-    at_limit = (length >= state["max_lengths"])[:, None]  # [b, 1]
+    at_limit = (length >= sentences["max_lengths"])[:, None]  # [b, 1]
     is_eos = top_tok == spec.eos_id  # [b, C]
     finishing = ops.logical_and(top_valid, ops.logical_or(is_eos, at_limit))  # [b, C]
     continuing = ops.logical_and(
@@ -535,16 +948,17 @@ def _update_alive(candidates, spec):
     }
 
 
-def _update_finished(state, candidates, spec):
+def _update_finished(sentences, candidates, spec):
     """The new finished set: the best ``k`` of (old finished + finishing candidates).
 
     Old entries come first in the merge: ``top_k`` is stable, so on a tie
     the older hypothesis is kept.  Sentences already done are frozen
-    (batching must not change them); a state without ``done`` (the
-    drop-finished loop, where no sentence in the loop is done) has none.
+    (batching must not change them); in `DropFinished`'s loop
+    (``spec.keeps_done`` False) no sentence in the loop is done.
 
     Args:
-        state: the search state (its finished set and ``done``, if any).
+        sentences: the state's per-sentence entries (the finished set and
+            ``done``, if kept).
         candidates: the dict from `_grow_candidates`.
         spec: the `_SearchSpec`.
 
@@ -552,9 +966,9 @@ def _update_finished(state, candidates, spec):
         dict with the state's ``finished_seqs``, ``finished_scores``,
         ``finished_valid`` and, with patience, ``finished_count``.
     """
-    old_scores = state["finished_scores"]  # [b, k]
-    old_valid = state["finished_valid"]  # [b, k]
-    old_seqs = state["finished_seqs"]  # [b, k, L]
+    old_scores = sentences["finished_scores"]  # [b, k]
+    old_valid = sentences["finished_valid"]  # [b, k]
+    old_seqs = sentences["finished_seqs"]  # [b, k, L]
     new_scores = ops.where(
         candidates["finishing"],
         candidates["logp"] / length_penalty(candidates["length"], spec.alpha),
@@ -571,51 +985,43 @@ def _update_finished(state, candidates, spec):
     seqs = spec.gather(all_seqs, idx, 1)  # [b, k, L]
     finished = {"finished_seqs": seqs, "finished_scores": scores, "finished_valid": valid}
     if spec.patience is not None:
-        finished["finished_count"] = state["finished_count"] + ops.sum(
+        finished["finished_count"] = sentences["finished_count"] + ops.sum(
             ops.cast(candidates["finishing"], "int32"), axis=1)  # [b]
-    if "done" in state:
-        done = state["done"]  # [b]
+    if spec.keeps_done:
+        done = sentences["done"]  # [b]
         old = {"finished_seqs": old_seqs, "finished_scores": old_scores, "finished_valid": old_valid,
-               "finished_count": state.get("finished_count")}
+               "finished_count": sentences.get("finished_count")}
         finished = {name: ops.where(ops.reshape(done, (-1,) + (1,) * (len(x.shape) - 1)), old[name], x)
                     for name, x in finished.items()}
     return finished
 
 
-def _update_done(state, candidates, alive, finished, spec):
-    """Which sentences are done after this step (early termination).
-
-    A sentence is done when it reached its length limit, has no alive
-    hypothesis, or no alive hypothesis can beat the finished ones that the
-    result needs: with ``r = spec.exact_results``, the ``r``-th best of them
+def _cannot_improve(sentences, candidates, alive, finished, spec):
+    """The exact stop: no alive hypothesis can beat the finished ones that the
+    result needs, with ``r = spec.exact_results``: the ``r``-th best of them
     (exact for the ``r`` best hypotheses and their scores): the best one when
     one result is asked (tensor2tensor's stop), the worst of the ``k``
-    finished ones for the whole n-best. Any extension of an alive
-    hypothesis has log-prob <= the best alive one and a length in
+    finished ones for the whole n-best. Any extension of an alive hypothesis
+    has log-prob <= the best alive one and a length in
     ``[length + 1, max_length]``; the length penalty is monotonic in the
     length, so the best possible score is at one of the two ends (the
     ``max_length`` end when alpha >= 0), which bounds it for any alpha.
-    With `spec.patience` a sentence is also done once
-    ``round(k * patience)`` hypotheses have finished (CTranslate2's rule;
-    not exact).
 
     Args:
-        state: the search state before this step (``done``, ``max_penalty``).
-        candidates: the dict from `_grow_candidates`.
-        alive: the dict from `_update_alive`.
-        finished: the dict from `_update_finished`.
+        sentences: the state's per-sentence entries before this step (``max_penalty``).
+        candidates, alive, finished: the dicts of `_grow_candidates`,
+            `_update_alive` and `_update_finished`.
         spec: the `_SearchSpec`.
 
     Returns:
         bool ``[b]``.
     """
-    alive_valid, alive_logp = alive["alive_valid"], alive["alive_logp"]  # [b, k] x2
+    alive_logp = alive["alive_logp"]  # [b, k]
     fin_valid, fin_scores = finished["finished_valid"], finished["finished_scores"]  # [b, k] x2
-    any_alive = ops.any(alive_valid, axis=1)  # [b]
     best_alive = ops.max(alive_logp, axis=1)  # [b]
     bound = ops.maximum(
         best_alive / length_penalty(candidates["length"] + 1, spec.alpha),
-        best_alive / state["max_penalty"],
+        best_alive / sentences["max_penalty"],
     )  # [b]
     rank = spec.exact_results
     # Finished hypotheses are sorted best first, the used slots before the unused ones
@@ -626,32 +1032,46 @@ def _update_done(state, candidates, alive, finished, spec):
     else:  # a tensor (`translate_options`' num_results)
         slot = ops.cast(rank, "int32") - 1
         valid_at, score_at = ops.take(fin_valid, slot, axis=1), ops.take(fin_scores, slot, axis=1)  # [b] x2
-    cannot_improve = ops.logical_and(valid_at, score_at >= bound)  # [b]
+    return ops.logical_and(valid_at, score_at >= bound)  # [b]
+
+
+def _patient(finished, spec):
+    """CTranslate2's patience stop (not exact): ``round(k * patience)`` hypotheses
+    of the sentence have finished, and that count is above 0. bool ``[b]``."""
+    k = spec.beam_size if isinstance(spec.beam_size, int) else ops.cast(spec.beam_size, "float32")
+    wanted = ops.cast(ops.round(k * ops.cast(spec.patience, "float32")), "int32")
+    return ops.logical_and(wanted > 0, finished["finished_count"] >= wanted)  # [b]
+
+
+def _update_done(sentences, candidates, alive, finished, spec):
+    """Which sentences are done after this step (early termination): those done
+    before (``spec.keeps_done``), and those that reached their length limit, have
+    no alive hypothesis or cannot improve (`_cannot_improve`), or, with
+    `spec.patience`, are patient (`_patient`). bool ``[b]``."""
+    any_alive = ops.any(alive["alive_valid"], axis=1)  # [b]
+    cannot_improve = _cannot_improve(sentences, candidates, alive, finished, spec)  # [b]
+    at_limit = candidates["at_limit"][:, 0]  # [b]
     done = ops.logical_or(
-        candidates["at_limit"][:, 0] if "done" not in state else ops.logical_or(
-            state["done"], candidates["at_limit"][:, 0]),
+        ops.logical_or(sentences["done"], at_limit) if spec.keeps_done else at_limit,
         ops.logical_or(ops.logical_not(any_alive), cannot_improve),
     )  # [b]
     if spec.patience is not None:
-        k = spec.beam_size if isinstance(spec.beam_size, int) else ops.cast(spec.beam_size, "float32")
-        wanted = ops.cast(ops.round(k * ops.cast(spec.patience, "float32")), "int32")
-        patient = ops.logical_and(wanted > 0, finished["finished_count"] >= wanted)  # [b]
-        done = ops.logical_or(done, patient)
+        done = ops.logical_or(done, _patient(finished, spec))
     return done
 
 
-def _best_results(finished, num_results, spec):
+def _best_results(sentences, num_results, spec):
     """The ``num_results`` best finished hypotheses; unused slots are PAD / NEG_INF.
 
     Returns:
         ``(sequences, scores)``: int32 ``[b, n, L]`` and float32 ``[b, n]``.
     """
-    valid = finished["finished_valid"][:, :num_results]  # [b, n]
+    valid = sentences["finished_valid"][:, :num_results]  # [b, n]
     sequences = ops.where(
-        valid[:, :, None], finished["finished_seqs"][:, :num_results], PAD_ID
+        valid[:, :, None], sentences["finished_seqs"][:, :num_results], PAD_ID
     )  # [b, n, L]
     scores = ops.where(
-        valid, finished["finished_scores"][:, :num_results], spec.neg_inf
+        valid, sentences["finished_scores"][:, :num_results], spec.neg_inf
     )  # [b, n]
     return ops.cast(sequences, "int32"), ops.cast(scores, "float32")
 
@@ -661,377 +1081,144 @@ def _search_step(state, logits, cache, spec):
     alive and finished sets, and which sentences are done.
 
     Returns:
-        the new state (with ``cache`` still in the previous beams' order)
-        and ``source_beam`` int32 ``[b, k]`` (see `_update_alive`).
+        ``(state, source_beam, done)``: the new state (with ``cache`` still in
+        the previous beams' order, and ``done`` among its sentences'
+        entries when ``spec.keeps_done``), ``source_beam`` int32 ``[b, k]``
+        (see `_update_alive`) and ``done`` bool ``[b]``.
     """
-    candidates = _grow_candidates(state, ops.cast(logits, "float32"), spec)
+    sentences = state["sentences"]
+    candidates = _grow_candidates(sentences, state["step"], ops.cast(logits, "float32"), spec)
     alive = _update_alive(candidates, spec)
     source_beam = alive.pop("source_beam")
-    finished = _update_finished(state, candidates, spec)
-    done = _update_done(state, candidates, alive, finished, spec)
-    new_state = {**state, **alive, **finished, "done": done, "cache": cache, "step": state["step"] + 1}
-    return new_state, source_beam
+    finished = _update_finished(sentences, candidates, spec)
+    done = _update_done(sentences, candidates, alive, finished, spec)
+    new_sentences = {**sentences, **alive, **finished}
+    if spec.keeps_done:
+        new_sentences["done"] = done
+    return {**state, "sentences": new_sentences, "cache": cache, "step": state["step"] + 1}, source_beam, done
 
 
-# --------------------------------------------------------------------------
-# Beam search
-# --------------------------------------------------------------------------
-def beam_search(
-    step_fn,
-    initial_cache,
-    batch_size,
-    max_lengths,
-    *,
-    beam_size=4,
-    alpha=0.6,
-    max_decode_length=None,
-    num_results=1,
-    exact_results=None,
-    bos_id=BOS_ID,
-    eos_id=EOS_ID,
-    static_cache=None,
-    patience=None,
-    drop_finished=False,
-    while_loop=None,
-    cache_stages=None,
-    resize_cache=None,
-    min_decode_length=0,
-    batch_halvings=0,
-    gather=None,
-    max_beam_size=None,
-    normalize_after_top_k=False,
-    trace_once=None,
-    nonzero=None,
-):
-    """Batched beam search with GNMT length penalty and early termination.
-
-    Args:
-        step_fn: ``step_fn(ids, cache, step) -> (logits, cache)``, see the
-            module docstring (``step_fn(ids, cache, step, static_cache)``
-            when `static_cache` is given). ``ids`` int32 ``[batch * beam, 1]``
-            is the token at position ``step`` (BOS at step 0), ``logits``
-            ``[batch * beam, vocab]`` (vocab >= 2) are for position
-            ``step + 1``; the returned cache must keep the structure and
-            dtypes of its input, and its shapes unless `drop_finished`.
-        initial_cache: nested structure of tensors with leading dimension
-            ``batch``; tiled here to ``batch * beam`` (row ``b * beam + k``)
-            and reordered along beams after every step. May be ``{}``/``()``.
-        batch_size: python int (or int32 scalar tensor on the TensorFlow
-            backend for a dynamic batch): the number of sentences.
-        max_lengths: int ``[batch]``: the maximum number of generated tokens
-            (EOS included) per sentence, e.g. ``source_length + 50``.  A
-            hypothesis reaching its limit without EOS is finished as it is.
-            Values are clipped to ``[1, max_decode_length]``.
-        beam_size: python int >= 1 (it fixes tensor shapes), or, in a
-            TensorFlow graph without XLA (not with `batch_halvings`), an int32
-            scalar tensor in ``[1, max_beam_size]`` given at run time: one
-            graph then searches with any beam size (the SavedModel's
-            ``translate_options``), with the same results as the python int.
-            With 1 the search is exactly greedy decoding (argmax until EOS).
-        alpha: length-penalty exponent, python float or float scalar tensor
-            (may be a SavedModel signature input). 0 = plain log-prob. The
-            early-termination bound is valid for any alpha (negative too).
-        max_decode_length: the size of the sequence buffers and the hard
-            bound on the number of loop iterations: a python int (static
-            shapes: XLA, LiteRT, JAX), or, on the TensorFlow backend without
-            XLA, an int32 scalar tensor, so that a graph sizes its buffers to
-            each request (``max(max_lengths)``) instead of the largest one.
-            If None it is ``max(max_lengths)``, which requires
-            ``max_lengths`` to be concrete (eager / numpy); inside a graph
-            pass it explicitly (e.g. ``max_source_length + 50``).
-        num_results: python int in ``[1, beam_size]`` (with a tensor
-            `beam_size`, a python int or an int32 scalar tensor in that
-            range, e.g. `beam_size` itself): how many
-            hypotheses to return per sentence. With 1 a sentence stops as
-            soon as no alive hypothesis can beat its best finished one
-            (exact for the best translation and its score); with ``n``, as
-            soon as none can beat the ``n``-th best of its finished ones
-            (exact for the whole n-best; with ``n = beam_size``, the worst
-            of its ``beam_size`` finished ones).
-        exact_results: None (``num_results``), or a python int or int32
-            scalar tensor in ``[1, num_results]``: the stop is exact for this
-            many of the best results (the bound above with this ``n``); the
-            result slots after it may then hold other hypotheses than the
-            exhaustive n-best's. A tensor lets one graph return
-            ``num_results`` slots and stop by a count given at run time
-            (the SavedModel's ``translate_options``).
-        bos_id: the id fed at step 0.
-        eos_id: the id that ends a hypothesis.
-        static_cache: None, or a nested structure of tensors with leading
-            dimension ``batch`` that the step function reads and never
-            changes (e.g. cross-attention keys/values, one row per sentence
-            shared by its beams): it is neither tiled nor reordered; with
-            `drop_finished` it keeps the rows of the sentences searched.
-        patience: None (off), or a float (python or scalar tensor): a
-            sentence also stops once ``round(beam_size * patience)``
-            hypotheses have finished (CTranslate2's rule: faster, not exact;
-            a value <= 0 turns it off).
-        drop_finished: remove finished sentences from the loop (their
-            results are written to the outputs when they finish), so the
-            step function runs on the sentences still searched only. The
-            loop variables then change their leading dimension, so this is
-            for eager TensorFlow, or a TensorFlow graph with a `while_loop`
-            that relaxes the loop's shape invariants, which LiteRT's WHILE
-            runs too once converted (with `nonzero`); not XLA or JAX, which
-            need static shapes. Same results.
-        while_loop: None (``keras.ops.while_loop``) or a function with its
-            signature ``(cond, body, loop_vars, maximum_iterations)``.
-        cache_stages: None, or increasing python ints: the loop runs in
-            stages, the first until step ``cache_stages[0]``, the next until
-            ``cache_stages[1]``, ..., the last until `max_decode_length`, and
-            before each stage the cache is resized by
-            ``resize_cache(cache, stage_end)`` (from the `initial_cache` as
-            given: e.g. self-attention buffers of 0 positions, padded to the
-            stage's end). With static shapes (XLA) a step then reads and
-            reorders a buffer of its stage's size instead of the largest
-            one. Same results.
-        resize_cache: ``(cache, length) -> cache``, with `cache_stages`.
-        min_decode_length: python int, with `cache_stages` and a tensor
-            `max_decode_length`: a bound it never goes below (the XLA search's
-            shortest buffer). A stage may be empty (the buffer ends before its
-            given start) only after a given end ``>= min_decode_length``; only
-            such stages are traced inside the `cond` that leaves an empty stage
-            out of the compiled program (a `cond` around a stage cost ~1.5 s of
-            tracing). 0: every stage after the first. Same results with any
-            bound: an empty stage outside the `cond` runs no step.
-        batch_halvings: python int >= 0, for static shapes (XLA) where
-            `drop_finished` cannot shrink the loop's tensors: the loop keeps
-            the sentences not done first (a permutation of every per-sentence
-            row on every step, folded into the caches' beam reorder, which is
-            done at the start of the next step), and a step
-            runs on the first ``ceil(batch / 2**h)`` sentences for the
-            largest ``h <= batch_halvings`` that still holds all those not
-            done (one branch per size, a ``switch``; the others keep their
-            rows). 0: every step runs on the whole batch. With
-            `cache_stages` the first stage runs on the whole batch. Same results;
-            needs ``slice_update`` (on TensorFlow an XLA op: for
-            ``jit_compile`` functions only).
-        gather: None (`keras_gather`) or a function with its meaning, for
-            the loop's gathers (beam reorders, the candidates' top-k, the
-            dropped sentences): ``tf.gather`` in a TensorFlow graph, one
-            node per gather instead of ~6-18. Same results.
-        max_beam_size: with a tensor `beam_size`, the largest it may be
-            (python int): the candidates' top-k sizes its blocks for it.
-        normalize_after_top_k: False: a step's logits become log-probabilities
-            (``log_softmax`` over ``[rows, V]``), then each beam's best tokens
-            are taken; True: the best tokens are taken from the logits and only
-            those are normalized (minus the row's ``logsumexp``). The same
-            tokens (``log_softmax`` subtracts one value from a row; only a tie
-            that its rounding makes can break otherwise) and scores equal to
-            float32 rounding. Under XLA it saves writing and reading the
-            ``[rows, V]`` log-probabilities (the whole search 0.94-0.96x the
-            time, docs/lab-notebook serving speed part 29); in a TensorFlow graph
-            ``logsumexp``'s nodes cost more than they save (1.01-1.07x), so
-            only the XLA search sets it.
-        trace_once: None, or a function that wraps the loop's body (a step and
-            the search's bookkeeping for it) so that it is traced once for every
-            copy of it in the graph (each cache stage, each batch halving), e.g.
-            ``tf.function(body, autograph=False, reduce_retracing=True)`` when
-            the search itself is traced with unknown sizes. Same results. Not
-            with `drop_finished`, whose loop has a body of its own.
-        nonzero: None, or with `drop_finished` a function ``mask -> indices``: the
-            positions of the True entries of a bool ``[b]`` as int32 ``[m]``,
-            ascending (``keras.ops.nonzero(mask)[0]``, the default): on
-            TensorFlow one ``tf.where``, which LiteRT converts, where
-            ``keras.ops.nonzero`` unstacks int64 indices, which LiteRT's
-            builtins cannot. Same results.
-
-    Returns:
-        ``(sequences, scores)``:
-        sequences: int32 ``[batch, num_results, max_decode_length]``, best
-            first, without BOS, with EOS when it was produced, ``PAD_ID``
-            after the end;
-        scores: float32 ``[batch, num_results]``: sum of token
-            log-probabilities divided by ``length_penalty(len, alpha)``.
-            A result slot with no hypothesis (only possible when fewer than
-            ``num_results`` distinct hypotheses exist) has an all-PAD
-            sequence and score ``NEG_INF``.
-    """
-    if isinstance(beam_size, (int, np.integer)):
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be a python int >= 1, got {beam_size!r}")
-        if not isinstance(num_results, (int, np.integer)) or not 1 <= num_results <= beam_size:
-            raise ValueError(
-                f"num_results must be a python int in [1, beam_size={beam_size}], "
-                f"got {num_results!r}"
-            )
-        beam_size = int(beam_size)
-        num_results = int(num_results)
-        max_beam_size = None
-    else:  # a run-time beam size: in [1, max_beam_size], which the caller ensures
-        if not isinstance(max_beam_size, (int, np.integer)) or max_beam_size < 1:
-            raise ValueError("a tensor beam_size needs max_beam_size, a python int >= 1 (the largest "
-                             f"beam size it may hold), got {max_beam_size!r}")
-        if batch_halvings:
-            raise ValueError("batch_halvings needs a python int beam_size (static shapes)")
-        if isinstance(num_results, (int, np.integer)):
-            if not 1 <= num_results <= max_beam_size:
-                raise ValueError(f"num_results must be in [1, max_beam_size={max_beam_size}], got {num_results!r}")
-            num_results = int(num_results)
-        beam_size = ops.cast(beam_size, "int32")
-        max_beam_size = int(max_beam_size)
-    if isinstance(exact_results, (int, np.integer)):
-        name, limit = ("num_results", num_results) if isinstance(num_results, int) else (
-            "max_beam_size", max_beam_size)
-        if not 1 <= exact_results <= limit:
-            raise ValueError(f"exact_results must be in [1, {name}={limit}], got {exact_results!r}")
-        exact_results = int(exact_results)
-    if max_decode_length is None:
-        max_decode_length = _infer_max_decode_length(max_lengths)
-    if isinstance(max_decode_length, (int, np.integer)):
-        max_decode_length = int(max_decode_length)
-        if max_decode_length < 1:
-            raise ValueError(f"max_decode_length must be >= 1, got {max_decode_length}")
-    else:  # a tensor: buffers sized per call (TensorFlow graphs without XLA)
-        max_decode_length = ops.maximum(ops.cast(max_decode_length, "int32"), 1)
-    while_loop = while_loop or ops.while_loop
-
-    spec = _make_spec(beam_size, num_results, alpha, patience, max_decode_length, eos_id,
-                      gather or keras_gather, exact_results, max_beam_size, normalize_after_top_k)
-    state = _initial_state(initial_cache, batch_size, max_lengths, max_decode_length, bos_id, spec)
-
-    def call_step(state, static):
-        ids = ops.reshape(state["alive_last"], (-1, 1))  # [b * k, 1]
-        if static_cache is None:
+def _step_caller(step_fn, with_static):
+    """``run_step(state, static) -> (logits, cache)``: the step function on the state's
+    last tokens (``ids`` int32 ``[b * k, 1]``), cache and step, and `static` (the static
+    cache's rows) when the search has one."""
+    def run_step(state, static):
+        ids = ops.reshape(state["sentences"]["alive_last"], (-1, 1))  # [b * k, 1]
+        if not with_static:
             return step_fn(ids, state["cache"], state["step"])
         return step_fn(ids, state["cache"], state["step"], static)
 
-    if not drop_finished:
-        def cond(state):
-            return ops.logical_and(
-                state["step"] < max_decode_length, ops.any(ops.logical_not(state["done"]))
-            )
+    return run_step
 
-        def search_body(state, static, not_done_first=False):
-            # (batch_halvings) The beam reorder of the step before is done here, where
-            # XLA fuses it with the step's write of its keys and values: two passes over
-            # each cache leaf a step instead of three (write, reorder, and the copy of the
-            # reordered buffer into the loop's; docs/lab-notebook, serving speed part 15).
-            deferred = "cache_rows" in state
-            if deferred:  # the cache's rows in the order of the state's hypotheses
-                state = {**state, "cache": keras.tree.map_structure(
-                    lambda x: spec.gather(x, state["cache_rows"], 0), state["cache"])}
-            logits, cache = call_step(state, static)
-            state, source_beam = _search_step(state, logits, cache, spec)
-            order = None
-            if not_done_first:  # (batch_halvings) the sentences not done move first
-                order = ops.argsort(ops.cast(state["done"], "int32"))  # [b]
-                source_beam = spec.gather(source_beam, order, 0)
-                state = {name: x if name in ("step", "cache", "cache_rows") else spec.gather(x, order, 0)
-                         for name, x in state.items()}
-            # One gather per cache leaf: the beam reorder (and the sentences' move), or
-            # with `deferred` the rows it will gather at the start of the next step.
-            rows = _beam_rows(source_beam, beam_size, order)  # [b * k]
-            if deferred:
-                state["cache_rows"] = rows
-            else:
-                state["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
-            return state
 
-        if trace_once is not None:
-            search_body = trace_once(search_body)
+# --------------------------------------------------------------------------
+# The loops: fixed shapes (KeepAll, Halvings; in cache stages or not) and shrinking (DropFinished)
+# --------------------------------------------------------------------------
+def _fixed_shape_body(run_step, spec, deferred):
+    """``search_body(state, static, not_done_first=False) -> state``: one step of the
+    fixed-shape loop (the step function, the search's bookkeeping, the cache's beam
+    reorder). `static`: the static cache's rows for the state's sentences.
 
-        first_stage_body = None
-        if batch_halvings:
-            state["sentence"] = ops.arange(batch_size, dtype="int32")  # [batch]: each row's sentence
-            # [batch * k]: the cache's row of each hypothesis (its beam reorder waits for the next step)
-            state["cache_rows"] = ops.arange(batch_size * beam_size, dtype="int32")
-            body = _halving_body(search_body, batch_size, beam_size, int(batch_halvings), static_cache,
-                                 spec.gather)
-            # The first cache stage runs on the whole batch: few sentences of a batch end
-            # in its steps, and each halving is one more compiled copy of the step in each
-            # stage (a batch-32 program traced in 11.9 instead of 13.7 s and compiled in
-            # 13.1 instead of 16.8, same run time and results; docs/lab-notebook, serving
-            # speed part 16).
-            first_stage_body = _halving_body(search_body, batch_size, beam_size, 0, static_cache, spec.gather)
-        else:
-            def body(state):
-                return search_body(state, static_cache)
+    `deferred` (`Halvings`): the beam reorder of the step before is done here, where
+    XLA fuses it with the step's write of its keys and values: two passes over each
+    cache leaf a step instead of three (write, reorder, and the copy of the reordered
+    buffer into the loop's; docs/lab-notebook, serving speed part 15); the state's
+    ``cache_rows`` holds the rows to gather. `not_done_first` (`Halvings`): the
+    sentences not done move first."""
+    def search_body(state, static, not_done_first=False):
+        if deferred:  # the cache's rows in the order of the state's hypotheses
+            state = {**state, "cache": gather_rows(state["cache"], state["cache_rows"], spec.gather)}
+        logits, cache = run_step(state, static)
+        state, source_beam, done = _search_step(state, logits, cache, spec)
+        order = None
+        if not_done_first:
+            order = ops.argsort(ops.cast(done, "int32"))  # [b]
+            source_beam = spec.gather(source_beam, order, 0)
+            state = {**state, "sentences": gather_rows(state["sentences"], order, spec.gather)}
+        # One gather per cache leaf: the beam reorder (and the sentences' move), or
+        # with `deferred` the rows it will gather at the start of the next step.
+        rows = _beam_rows(source_beam, spec.beam_size, order)  # [b * k]
+        if deferred:
+            return {**state, "cache_rows": rows}
+        return {**state, "cache": gather_rows(cache, rows, spec.gather)}
 
-        if cache_stages is None:
-            state = while_loop(cond, body, state, maximum_iterations=max_decode_length)
-        else:
-            previous_end = 0
-            for index, stage_end in enumerate(_stage_ends(cache_stages, max_decode_length)):
-                state["cache"] = resize_cache(state["cache"], stage_end)
+    return search_body
 
-                def stage_cond(state, stage_end=stage_end):
-                    return ops.logical_and(cond(state), state["step"] < stage_end)
 
-                stage_body = first_stage_body if index == 0 and first_stage_body is not None else body
+def _fixed_shape_loop(run_step, state, static_cache, spec, loop):
+    """The loop of `KeepAll` and `Halvings`: every sentence stays in the loop until
+    the whole batch is done, each frozen once it is; in `loop.stages` or in one
+    ``while_loop``. Returns ``(sequences [batch, n, L], scores [batch, n])``."""
+    halvings = loop.finished.count if isinstance(loop.finished, Halvings) else 0
+    search_body = _fixed_shape_body(run_step, spec, deferred=halvings > 0)
+    if loop.ops.trace_once is not None:
+        search_body = loop.ops.trace_once(search_body)
+    if halvings:
+        sentence = ops.arange(spec.batch_size, dtype="int32")  # [batch]: each row's sentence
+        # [batch * k]: the cache's row of each hypothesis (its beam reorder waits for the next step)
+        state = {**state, "sentences": {**state["sentences"], "sentence": sentence},
+                 "cache_rows": ops.arange(spec.batch_size * spec.beam_size, dtype="int32")}
+        body = _halving_body(search_body, halvings, static_cache, spec)
+        # The first cache stage runs on the whole batch: few sentences of a batch end
+        # in its steps, and each halving is one more compiled copy of the step in each
+        # stage (a batch-32 program traced in 11.9 instead of 13.7 s and compiled in
+        # 13.1 instead of 16.8, same run time and results; docs/lab-notebook, serving
+        # speed part 16).
+        first_stage_body = _halving_body(search_body, 0, static_cache, spec)
+    else:
+        def body(state):
+            return search_body(state, static_cache)
 
-                def run_stage(state):
-                    return while_loop(stage_cond, stage_body, state, maximum_iterations=stage_end)
-
-                # (a stage after a given end below min_decode_length is not empty; with python
-                # ints, _stage_ends leaves the empty ones out)
-                if index == 0 or isinstance(stage_end, int) or cache_stages[index - 1] < min_decode_length:
-                    state = run_stage(state)
-                else:
-                    # A stage that ends where the one before did (a buffer shorter than the given
-                    # end before it) runs no step. Under XLA the shapes make this condition a
-                    # constant, and the optimized program keeps no loop for the stage (one more
-                    # copy of the step per batch halving; docs/lab-notebook, serving speed part 31).
-                    # (`cond` traces both branches at once: no late binding of `state`.)
-                    state = ops.cond(stage_end > previous_end, lambda: run_stage(state), lambda: state)
-                previous_end = stage_end
-        seqs, scores = _best_results(state, num_results, spec)
-        if batch_halvings:  # rows back in the sentences' order
-            order = ops.argsort(state["sentence"])  # [batch]
-            seqs, scores = ops.take(seqs, order, axis=0), ops.take(scores, order, axis=0)
-        return seqs, scores
-
-    nonzero = nonzero or (lambda mask: ops.nonzero(mask)[0])
-    # drop_finished: the loop carries only the sentences not done (their
-    # original row in `sentence`), and each writes its results when done.
-    # No sentence in the loop is done (each leaves when it is): no `done` to carry.
-    state["sentence"] = ops.arange(ops.shape(state.pop("done"))[0], dtype="int32")  # [b]
-    state["static"] = static_cache if static_cache is not None else {}
-    state["out_seqs"] = ops.full((batch_size, num_results, max_decode_length), PAD_ID,
-                                 dtype="int32")  # [batch, n, L]
-    state["out_scores"] = ops.full((batch_size, num_results), NEG_INF, dtype="float32")  # [batch, n]
+        first_stage_body = body
 
     def cond(state):
-        return ops.logical_and(state["step"] < max_decode_length, ops.shape(state["sentence"])[0] > 0)
+        return ops.logical_and(
+            state["step"] < spec.max_decode_length, ops.any(ops.logical_not(state["sentences"]["done"]))
+        )
 
-    def body(state):
-        logits, cache = call_step(state, state["static"])
-        state, source_beam = _search_step(state, logits, cache, spec)
-        done = state.pop("done")  # [b]
-        # Every step writes the results of the sentences that ended (on most steps
-        # none: an empty scatter) and keeps the others, with no `cond` over the
-        # state: such a cond cost more per step (a Switch, a Merge and two
-        # function-boundary copies per tensor of the state, and the branch not
-        # taken) than these small gathers, and a `while_loop` pays for every node
-        # of its body on every step.
-        kept_state = dict(state)
-        seqs, scores = _best_results(state, num_results, spec)  # [b, n, L], [b, n]
-        ended = nonzero(done)  # [e]
-        written = ops.expand_dims(spec.gather(state["sentence"], ended, 0), 1)  # [e, 1]
-        kept_state["out_seqs"] = ops.scatter_update(state["out_seqs"], written, spec.gather(seqs, ended, 0))
-        kept_state["out_scores"] = ops.scatter_update(state["out_scores"], written, spec.gather(scores, ended, 0))
-        kept = nonzero(ops.logical_not(done))  # [b']
-        # One gather per cache leaf: beam reorder and dropped sentences together.
-        rows = _beam_rows(spec.gather(source_beam, kept, 0), beam_size, kept)  # [b' * k]
-        kept_state["cache"] = keras.tree.map_structure(lambda x: spec.gather(x, rows, 0), cache)
-        for name in _PER_SENTENCE:
-            if name in state:  # finished_count only with patience
-                kept_state[name] = spec.gather(state[name], kept, 0)
-        # The encoder's keys and values, the largest per-sentence tensors, are
-        # copied only on a step where a sentence ended.
-        if state["static"]:  # ({} without a static cache)
-            kept_state["static"] = ops.cond(
-                ops.any(done), lambda: keras.tree.map_structure(lambda x: spec.gather(x, kept, 0), state["static"]),
-                lambda: state["static"])
-        return kept_state
+    if loop.stages is None:
+        state = loop.ops.while_loop(cond, body, state, maximum_iterations=spec.max_decode_length)
+    else:
+        state = _run_stages(state, cond, (first_stage_body, body), loop.stages, spec, loop.ops.while_loop)
+    seqs, scores = _best_results(state["sentences"], spec.num_results, spec)
+    if halvings:  # rows back in the sentences' order
+        order = ops.argsort(state["sentences"]["sentence"])  # [batch]
+        seqs, scores = ops.take(seqs, order, axis=0), ops.take(scores, order, axis=0)
+    return seqs, scores
 
-    # `cond` bounds the steps: no iteration counter (a loop variable more).
-    state = while_loop(cond, body, state, maximum_iterations=None)
-    return state["out_seqs"], state["out_scores"]
+
+def _run_stages(state, cond, bodies, stages, spec, while_loop):
+    """The fixed-shape loop in `CacheStages`: one ``while_loop`` per stage, the cache
+    resized before each; `bodies`: the first stage's body and the others'."""
+    previous_end = 0
+    for index, stage_end in enumerate(_stage_ends(stages.ends, spec.max_decode_length)):
+        state = {**state, "cache": stages.resize(state["cache"], stage_end)}
+
+        def stage_cond(state, stage_end=stage_end):
+            return ops.logical_and(cond(state), state["step"] < stage_end)
+
+        stage_body = bodies[0] if index == 0 else bodies[1]
+
+        def run_stage(state):
+            return while_loop(stage_cond, stage_body, state, maximum_iterations=stage_end)
+
+        # (a stage after a given end below min_decode_length is not empty; with python
+        # ints, _stage_ends leaves the empty ones out)
+        if index == 0 or isinstance(stage_end, int) or stages.ends[index - 1] < stages.min_decode_length:
+            state = run_stage(state)
+        else:
+            # A stage that ends where the one before did (a buffer shorter than the given
+            # end before it) runs no step. Under XLA the shapes make this condition a
+            # constant, and the optimized program keeps no loop for the stage (one more
+            # copy of the step per batch halving; docs/lab-notebook, serving speed part 31).
+            # (`cond` traces both branches at once: no late binding of `state`.)
+            state = ops.cond(stage_end > previous_end, lambda: run_stage(state), lambda: state)
+        previous_end = stage_end
+    return state
 
 
 def halving_sizes(batch_size, halvings):
-    """The batch sizes a `beam_search(batch_halvings=halvings)` step may run on:
+    """The batch sizes a step of `Halvings(halvings)` may run on:
     ``batch, ceil(batch / 2), ..., ceil(batch / 2**halvings)`` (python ints
     without repeats, or scalar tensors). A step runs on the smallest that holds
     the sentences not yet done."""
@@ -1044,11 +1231,11 @@ def halving_sizes(batch_size, halvings):
     return sizes
 
 
-def _halving_body(search_body, batch_size, beam_size, halvings, static_cache, gather):
-    """The loop body of `beam_search(batch_halvings=...)`: `search_body` on the
-    smallest prefix of sentences that holds every one not done, which also moves
-    the sentences not done first (`search_body(..., not_done_first=True)`: the
-    permutation folded into the cache's beam reorder, on every step).
+def _halving_body(search_body, halvings, static_cache, spec):
+    """The loop body of `Halvings`: `search_body` on the smallest prefix of sentences
+    that holds every one not done, which also moves the sentences not done first
+    (`search_body(..., not_done_first=True)`: the permutation folded into the cache's
+    beam reorder, on every step).
 
     The state carries ``sentence`` (each row's sentence) and ``cache_rows`` (the
     cache's row of each hypothesis: `search_body` reorders the cache at the start
@@ -1062,33 +1249,29 @@ def _halving_body(search_body, batch_size, beam_size, halvings, static_cache, ga
     instead of 11.3, docs/lab-notebook serving speed part 14. The prefix branches
     still copy the state they `slice_update`; one loop per size, with no
     `switch`, copied less but was no faster and compiled slower, part 14.)
-    With a python `batch_size` the sizes are python ints; with a scalar tensor
+    With a python batch size the sizes are python ints; with a scalar tensor
     (TensorFlow) XLA still sees each as a constant, since it compiles one program
-    per batch size. `gather`: the search's (`keras_gather` or one with its meaning).
+    per batch size.
     """
+    batch_size, beam_size = spec.batch_size, spec.beam_size
     sizes = halving_sizes(batch_size, halvings)
     static_cache = static_cache if static_cache is not None else {}
 
     def on_prefix(state, size):
-        whole = size is batch_size  # the whole batch: no slicing
-        head = {}
-        for name, x in state.items():
-            if whole or name in ("step", "cache"):  # (the cache: `search_body` gathers its rows)
-                head[name] = x
-            elif name == "cache_rows":
-                head[name] = x[: size * beam_size]
-            else:  # the per-sentence entries
-                head[name] = keras.tree.map_structure(lambda leaf: leaf[:size], x)
-        static = keras.tree.map_structure(lambda x: gather(x, head["sentence"], 0), static_cache)
+        if size is batch_size:  # the whole batch: no slicing
+            return search_body(state, gather_rows(static_cache, state["sentences"]["sentence"], spec.gather),
+                               not_done_first=True)
+        head = {"step": state["step"], "cache": state["cache"],  # (the cache: `search_body` gathers its rows)
+                "cache_rows": state["cache_rows"][: size * beam_size],
+                "sentences": keras.tree.map_structure(lambda leaf: leaf[:size], state["sentences"])}
+        static = gather_rows(static_cache, head["sentences"]["sentence"], spec.gather)
         head = search_body(head, static, not_done_first=True)
-        if whole:
-            return head
-        return {name: x if name == "step" else keras.tree.map_structure(
-                    lambda full, part: ops.slice_update(full, [0] * len(full.shape), part), state[name], x)
-                for name, x in head.items()}
+        return {"step": head["step"], **{name: keras.tree.map_structure(
+                    lambda full, part: ops.slice_update(full, [0] * len(full.shape), part), state[name], head[name])
+                for name in ("cache", "cache_rows", "sentences")}}
 
     def body(state):
-        alive = ops.sum(ops.cast(ops.logical_not(state["done"]), "int32"))
+        alive = ops.sum(ops.cast(ops.logical_not(state["sentences"]["done"]), "int32"))
         # the smallest size that holds them (a size equal to the batch, as every size of a batch of
         # one is, takes the whole-batch branch, which slices nothing)
         index = sum(ops.cast(ops.logical_and(alive <= size, size < batch_size), "int32") for size in sizes[1:])
@@ -1097,18 +1280,149 @@ def _halving_body(search_body, batch_size, beam_size, halvings, static_cache, ga
     return body
 
 
-def _stage_ends(cache_stages, max_decode_length):
-    """The steps at which the stages of `beam_search(cache_stages=...)` end: the given
-    ones below `max_decode_length` (all of them, capped, when it is a tensor), then it."""
+def _stage_ends(ends, max_decode_length):
+    """The steps at which the stages of `CacheStages(ends)` end: the given ones
+    below `max_decode_length` (all of them, capped, when it is a tensor), then it."""
     if isinstance(max_decode_length, int):
-        return [end for end in cache_stages if end < max_decode_length] + [max_decode_length]
-    return [ops.minimum(end, max_decode_length) for end in cache_stages] + [max_decode_length]
+        return [end for end in ends if end < max_decode_length] + [max_decode_length]
+    return [ops.minimum(end, max_decode_length) for end in ends] + [max_decode_length]
 
 
-# The state's per-sentence entries (leading dimension b), which `drop_finished` gathers.
-_PER_SENTENCE = ("alive_seqs", "alive_last", "alive_logp", "alive_valid", "finished_seqs",
-                 "finished_scores", "finished_valid", "finished_count", "max_lengths",
-                 "max_penalty", "sentence")
+def _shrinking_body(run_step, spec, nonzero):
+    """One step of `DropFinished`'s loop: the search's step, then the sentences that
+    ended write their results and leave the state."""
+    def body(state):
+        logits, cache = run_step(state, state["static"])
+        state, source_beam, done = _search_step(state, logits, cache, spec)
+        sentences = state["sentences"]
+        # Every step writes the results of the sentences that ended (on most steps
+        # none: an empty scatter) and keeps the others, with no `cond` over the
+        # state: such a cond cost more per step (a Switch, a Merge and two
+        # function-boundary copies per tensor of the state, and the branch not
+        # taken) than these small gathers, and a `while_loop` pays for every node
+        # of its body on every step.
+        seqs, scores = _best_results(sentences, spec.num_results, spec)  # [b, n, L], [b, n]
+        ended = nonzero(done)  # [e]
+        written = ops.expand_dims(spec.gather(sentences["sentence"], ended, 0), 1)  # [e, 1]
+        out_seqs = ops.scatter_update(state["out_seqs"], written, spec.gather(seqs, ended, 0))
+        out_scores = ops.scatter_update(state["out_scores"], written, spec.gather(scores, ended, 0))
+        kept = nonzero(ops.logical_not(done))  # [b']
+        # One gather per cache leaf: beam reorder and dropped sentences together.
+        rows = _beam_rows(spec.gather(source_beam, kept, 0), spec.beam_size, kept)  # [b' * k]
+        return {"step": state["step"], "cache": gather_rows(cache, rows, spec.gather),
+                "sentences": gather_rows(sentences, kept, spec.gather), "out_seqs": out_seqs,
+                "out_scores": out_scores, "static": _kept_static(state["static"], done, kept, spec.gather)}
+
+    return body
+
+
+def _kept_static(static, done, kept, gather):
+    """The static cache's rows of the sentences `kept` (`DropFinished`): the encoder's
+    keys and values, the largest per-sentence tensors, are copied only on a step where
+    a sentence ended. ``{}`` without a static cache."""
+    if not static:
+        return static
+    return ops.cond(ops.any(done), lambda: gather_rows(static, kept, gather), lambda: static)
+
+
+def _shrinking_loop(run_step, state, static_cache, spec, loop_ops):
+    """The loop of `DropFinished`: it carries only the sentences not done (their
+    original row in ``sentence``), and each writes its results when done. No
+    sentence in the loop is done (each leaves when it is): no ``done`` to carry.
+    Returns ``(sequences [batch, n, L], scores [batch, n])``."""
+    batch_size, num_results = spec.batch_size, spec.num_results
+    sentences = {**state["sentences"], "sentence": ops.arange(batch_size, dtype="int32")}  # [b]
+    state = {
+        **state, "sentences": sentences, "static": static_cache if static_cache is not None else {},
+        "out_seqs": ops.full((batch_size, num_results, spec.max_decode_length), PAD_ID, dtype="int32"),  # [batch, n, L]
+        "out_scores": ops.full((batch_size, num_results), NEG_INF, dtype="float32"),  # [batch, n]
+    }
+
+    def cond(state):
+        return ops.logical_and(state["step"] < spec.max_decode_length,
+                               ops.shape(state["sentences"]["sentence"])[0] > 0)
+
+    # `cond` bounds the steps: no iteration counter (a loop variable more).
+    state = loop_ops.while_loop(cond, _shrinking_body(run_step, spec, loop_ops.nonzero), state,
+                                maximum_iterations=None)
+    return state["out_seqs"], state["out_scores"]
+
+
+# --------------------------------------------------------------------------
+# Beam search
+# --------------------------------------------------------------------------
+def beam_search(step_fn, initial_cache, batch_size, max_lengths, options=None, *, loop=None, static_cache=None,
+                max_decode_length=None, bos_id=BOS_ID, eos_id=EOS_ID, **keywords):
+    """Batched beam search with GNMT length penalty and early termination.
+
+    Args:
+        step_fn: ``step_fn(ids, cache, step) -> (logits, cache)``, see the
+            module docstring (``step_fn(ids, cache, step, static_cache)``
+            when `static_cache` is given). ``ids`` int32 ``[batch * beam, 1]``
+            is the token at position ``step`` (BOS at step 0), ``logits``
+            ``[batch * beam, vocab]`` (vocab >= 2) are for position
+            ``step + 1``; the returned cache must keep the structure and
+            dtypes of its input, and its shapes unless `DropFinished`.
+        initial_cache: nested structure of tensors with leading dimension
+            ``batch``; tiled here to ``batch * beam`` (row ``b * beam + k``)
+            and reordered along beams after every step. May be ``{}``/``()``.
+        batch_size: python int (or int32 scalar tensor on the TensorFlow
+            backend for a dynamic batch): the number of sentences.
+        max_lengths: int ``[batch]``: the maximum number of generated tokens
+            (EOS included) per sentence, e.g. ``source_length + 50``.  A
+            hypothesis reaching its limit without EOS is finished as it is.
+            Values are clipped to ``[1, max_decode_length]``.
+        options: `SearchOptions` (beam size, alpha, results, patience): what
+            the search finds. None: ``SearchOptions()`` (beam 4, alpha 0.6).
+        loop: `SearchLoop` (its ops, what happens to finished sentences, cache
+            stages): how the loop runs; the same results with any. None:
+            ``SearchLoop()`` (keras.ops, `KeepAll`, one stage).
+        static_cache: None, or a nested structure of tensors with leading
+            dimension ``batch`` that the step function reads and never
+            changes (e.g. cross-attention keys/values, one row per sentence
+            shared by its beams): it is neither tiled nor reordered; with
+            `DropFinished` it keeps the rows of the sentences searched.
+        max_decode_length: the size of the sequence buffers and the hard
+            bound on the number of loop iterations: a python int (static
+            shapes: XLA, LiteRT, JAX), or, on the TensorFlow backend without
+            XLA, an int32 scalar tensor, so that a graph sizes its buffers to
+            each request (``max(max_lengths)``) instead of the largest one.
+            If None it is ``max(max_lengths)``, which requires
+            ``max_lengths`` to be concrete (eager / numpy); inside a graph
+            pass it explicitly (e.g. ``max_source_length + 50``).
+        bos_id: the id fed at step 0.
+        eos_id: the id that ends a hypothesis.
+        **keywords: instead of `options` and `loop`, their former keywords:
+            `SearchOptions`' fields (``beam_size``, ``alpha``, ``num_results``,
+            ``exact_results``, ``patience``, ``max_beam_size``), `LoopOps`'
+            (``while_loop``, ``gather``, ``nonzero``, ``trace_once``,
+            ``normalize_after_top_k``; None is the default), and
+            ``drop_finished=True`` (`DropFinished`), ``batch_halvings=n``
+            (`Halvings`), ``cache_stages``, ``resize_cache`` and
+            ``min_decode_length`` (`CacheStages`).
+
+    Returns:
+        ``(sequences, scores)``:
+        sequences: int32 ``[batch, num_results, max_decode_length]``, best
+            first, without BOS, with EOS when it was produced, ``PAD_ID``
+            after the end;
+        scores: float32 ``[batch, num_results]``: sum of token
+            log-probabilities divided by ``length_penalty(len, alpha)``.
+            A result slot with no hypothesis (only possible when fewer than
+            ``num_results`` distinct hypotheses exist) has an all-PAD
+            sequence and score ``NEG_INF``.
+
+    Example:
+        >>> ids, scores = beam_search(step_fn, cache, 2, np.array([7, 9]), SearchOptions(beam_size=4))
+    """
+    options, loop = _settings(options, loop, keywords)
+    max_decode_length = _buffer_length(max_decode_length, max_lengths)
+    spec = _make_spec(options, loop, batch_size, max_decode_length, eos_id)
+    state = _initial_state(initial_cache, max_lengths, bos_id, spec)
+    run_step = _step_caller(step_fn, with_static=static_cache is not None)
+    if isinstance(loop.finished, DropFinished):
+        return _shrinking_loop(run_step, state, static_cache, spec, loop.ops)
+    return _fixed_shape_loop(run_step, state, static_cache, spec, loop)
 
 
 def greedy_search(
@@ -1124,7 +1438,8 @@ def greedy_search(
 ):
     """Greedy decoding: the argmax token every step until EOS or the length limit.
 
-    Exactly ``beam_search(..., beam_size=1)`` with the result dimension removed.
+    Exactly ``beam_search(..., SearchOptions(beam_size=1))`` with the result
+    dimension removed.
 
     Args:
         step_fn, initial_cache, batch_size, max_lengths, max_decode_length,
@@ -1142,10 +1457,8 @@ def greedy_search(
         initial_cache,
         batch_size,
         max_lengths,
-        beam_size=1,
-        alpha=alpha,
+        SearchOptions(beam_size=1, alpha=alpha, num_results=1),
         max_decode_length=max_decode_length,
-        num_results=1,
         bos_id=bos_id,
         eos_id=eos_id,
     )

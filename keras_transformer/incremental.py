@@ -58,7 +58,7 @@ class IncrementalDecoder:
 
     def resize_self_attention_cache(self, caches, length):
         """Pads each `(key, value)` buffer `[rows, heads, n, head_size]` with zeros to
-        `length` positions (`beam_search`'s `resize_cache`, for `cache_stages`)."""
+        `length` positions (`CacheStages.resize`, for `beam_search`'s cache stages)."""
         def pad(x):
             return ops.pad(x, [[0, 0], [0, 0], [0, length - ops.shape(x)[2]], [0, 0]])
 

@@ -18,7 +18,7 @@ the model's `IncrementalDecoder`, in one of two ways (same translations):
   at most twice the batch.
 
 The LiteRT signature's search (`search_litert`) is the plain graph's for a batch
-and the static buffer's (`search(static_buffer=True)`: cache stages, no dropped
+and the static buffer's (`search(buffer=STATIC_BUFFER)`: cache stages, no dropped
 sentences) for one sentence; both convert to LiteRT builtins.
 
 Strings (tokenizer, detokenizer, CoNLL-U) are `keras_transformer.translator`'s
@@ -27,14 +27,17 @@ concern: `Translator` wraps one `Searcher`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import typing
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
-from keras_transformer.decoding import beam_search
+from keras_transformer.decoding import (CacheStages, DropFinished, Halvings, KeepAll, LoopOps, SearchLoop,
+                                         SearchOptions, beam_search)
 from keras_transformer.incremental import IncrementalDecoder
 from keras_transformer.layers.attention import SMALL_ATTENTION
 from keras_transformer.layers.step_kernels import StepKernels
@@ -45,12 +48,12 @@ XLA_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # The searches of static shapes (XLA-compiled, and the static buffer that LiteRT runs for a
 # single sentence) run in stages whose self-attention buffers hold this many positions (then
 # the whole buffer): a step reads, writes and reorders a buffer of its stage's size, not
-# `source + 50` (`beam_search(cache_stages=...)`). In LiteRT a single sentence translated in
+# `source + 50` (`CacheStages`). In LiteRT a single sentence translated in
 # 0.84-0.92x the time, a batch of 32 in 0.49-0.51x, before a batch ran another loop
 # (`search_litert`; docs/lab-notebook, serving speed part 38).
 CACHE_STAGES = (16, 32, 64)
 # ... and each step after the first stage runs on the smallest of batch, batch / 2, batch / 4,
-# batch / 8 (rounded up) that holds the sentences not yet done (`beam_search(batch_halvings=...)`):
+# batch / 8 (rounded up) that holds the sentences not yet done (`Halvings`):
 # XLA's static shapes cannot drop finished sentences one by one as the plain
 # graph does, so a few fixed sizes, one compiled branch each. Three halvings
 # rather than two: batch 32 ran 70 rows a step instead of 75 and 8-10% faster,
@@ -100,14 +103,14 @@ def bucketed_shape(batch, width, widths):
 
 def tf_gather(x, indices, batch_dims=0):
     """`keras_gather`'s meaning as one `tf.gather` node, for the plain graph's
-    loop (`beam_search(gather=...)`): `ops.take` adds a negative-index fix
+    loop (`LoopOps.gather`: `TF_GRAPH_OPS`, `XLA_OPS`): `ops.take` adds a negative-index fix
     (~5 nodes) and `gather_beams` its offsets (~12) to every gather, and a
     `while_loop` runs every node of its body on every step."""
     return tf.gather(x, indices, axis=batch_dims, batch_dims=batch_dims)
 
 
 def tf_nonzero(mask):
-    """`beam_search(nonzero=...)` as one `tf.where`: the positions of a bool `[b]`'s True
+    """`LoopOps.nonzero` (`TF_GRAPH_OPS`) as one `tf.where`: the positions of a bool `[b]`'s True
     entries, int32 `[m]`, ascending. `keras.ops.nonzero` unstacks them from int64 `[m, 1]`,
     and LiteRT's builtins have no Unpack of int64 (its conversion left a custom op)."""
     return tf.cast(tf.reshape(tf.where(mask), [-1]), tf.int32)
@@ -170,9 +173,9 @@ SINGLE_THREADED_EXECUTOR = "SINGLE_THREADED_EXECUTOR"
 
 def relaxed_while_loop(cond, body, loop_vars, maximum_iterations=None, single_threaded=False):
     """`tf.while_loop` whose loop variables may change shape from one iteration
-    to the next (every dimension is relaxed): what `beam_search(...,
-    drop_finished=True)` and caches that grow by concatenation need in a
-    TensorFlow graph (not XLA, which needs static shapes).
+    to the next (every dimension is relaxed): what `DropFinished` (`TF_GRAPH_OPS`) and
+    caches that grow by concatenation need in a TensorFlow graph (not XLA, which needs
+    static shapes).
 
     `single_threaded`: the loop's body and condition run as functions of their own,
     each call by TensorFlow's `SINGLE_THREADED_EXECUTOR`, instead of being lowered
@@ -225,6 +228,136 @@ def _run_single_threaded(loop):
 not_converted = tf.autograph.experimental.do_not_convert
 
 
+# The loop ops of the plain TensorFlow graph (`Searcher.search`): one `tf.gather` and one
+# `tf.where` node for each of the search's gathers and nonzeros, and a `while_loop` whose
+# shapes may change (`DropFinished`, self-attention caches grown per step).
+TF_GRAPH_OPS = LoopOps(while_loop=relaxed_while_loop, gather=tf_gather, nonzero=tf_nonzero)
+# ... and the same with the loop's body run by TensorFlow's single-threaded executor.
+SINGLE_THREADED_GRAPH_OPS = dataclasses.replace(
+    TF_GRAPH_OPS, while_loop=functools.partial(relaxed_while_loop, single_threaded=True))
+# The loop ops of the XLA-compiled search (`Searcher.compiled_search`): its body traced once
+# for all its copies (`LoopOps.trace_once`), and each beam's best tokens taken from the logits
+# before only those are normalized (`LoopOps.normalize_after_top_k`).
+XLA_OPS = LoopOps(gather=tf_gather, trace_once=functools.partial(tf.function, autograph=False, reduce_retracing=True),
+                  normalize_after_top_k=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestLoop:
+    """One loop of the plain graph's search on buffers sized to the request
+    (`RequestSized`): the kernels its step runs and what happens to its finished
+    sentences.
+
+    Args:
+        small_kernels: the attentions' products (`DecoderBlock`): "always" (the
+            broadcast products alone, no choice in a step), True (each attention
+            picks oneDNN's batched matmuls or the broadcast products by the size of
+            its product: a `cond` per attention per step) or False (the layers' own).
+        kernels: None, or the step's `StepKernels` (`Transformer.decode`).
+        finished: `KeepAll()` or `DropFinished()` (`SearchLoop.finished`).
+        single_threaded: the loop's body runs by TensorFlow's single-threaded executor
+            (`relaxed_while_loop(single_threaded=True)`, where the `Searcher`'s
+            `single_threaded_loop` allows it), which runs no control flow: only for a
+            body with no `cond` (`small_kernels` "always", `KeepAll`).
+    """
+
+    small_kernels: typing.Union[bool, str]
+    kernels: typing.Optional[StepKernels]
+    finished: typing.Union[KeepAll, DropFinished]
+    single_threaded: bool = False
+
+    def __post_init__(self):
+        if self.small_kernels not in ("always", True, False):
+            raise ValueError(f"RequestLoop.small_kernels must be 'always', True or False, got {self.small_kernels!r}")
+        if not isinstance(self.finished, (KeepAll, DropFinished)):
+            raise TypeError(f"RequestLoop.finished must be KeepAll() or DropFinished(), got {self.finished!r}")
+        if self.single_threaded and (self.small_kernels != "always" or not isinstance(self.finished, KeepAll)):
+            raise ValueError("a single-threaded loop runs no cond: it needs small_kernels='always' and KeepAll(), "
+                             f"got {self.small_kernels!r} and {self.finished!r}")
+
+
+# The small-request loop: the broadcast products alone (the projections as `BatchMatMulV3`:
+# `SMALL_REQUEST_KERNELS`), and every sentence kept to the end: its rows are few and a step's
+# cost is its nodes, which the drop's bookkeeping adds to (`benchmarks/step_nodes.py`: 521.6 ->
+# 477.4 nodes a batch-1 step), and its body, with no branch in it, runs by the single-threaded
+# executor (`Searcher(single_threaded_loop=...)`).
+SMALL_REQUEST_LOOP = RequestLoop("always", SMALL_REQUEST_KERNELS, KeepAll(), single_threaded=True)
+# The other loop: the kernels chosen per attention, finished sentences dropped, TensorFlow's
+# default executor, which runs a step's independent nodes side by side (a batch-32 search took
+# 1.19x the time with the single-threaded one; docs/lab-notebook, serving speed part 34).
+LARGE_REQUEST_LOOP = RequestLoop(True, LARGE_REQUEST_KERNELS, DropFinished())
+# LiteRT's loop for a batch: the layers' own kernels, finished sentences dropped (`LITERT_BATCH`).
+LITERT_BATCH_LOOP = RequestLoop(False, None, DropFinished())
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSized:
+    """`Searcher.search(buffer=...)`: the plain TensorFlow graph's buffers, sized to each
+    request (`max(max_lengths)` positions; self-attention caches grown by one position a
+    step).
+
+    Args:
+        large: the `RequestLoop` a request runs.
+        small: None, or the `RequestLoop` a request runs instead when every attention
+            product it can reach is small (`broadcast_products_suffice`): the graph then
+            holds both loops, and a `cond` runs one.
+    """
+
+    large: RequestLoop = LARGE_REQUEST_LOOP
+    small: typing.Optional[RequestLoop] = SMALL_REQUEST_LOOP
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticBuffer:
+    """`Searcher.search(buffer=...)`: static shapes, as LiteRT needs: buffers of
+    `max_decode_length` positions, self-attention caches grown between cache `stages`
+    (`CacheStages`), every sentence kept to the end (`KeepAll`), `KERAS_OPS`."""
+
+    stages: typing.Tuple[int, ...] = CACHE_STAGES
+
+
+REQUEST_SIZED = RequestSized()  # serving_default's and translate_options' search
+LITERT_BATCH = RequestSized(large=LITERT_BATCH_LOOP, small=None)  # translate_litert's for a batch
+STATIC_BUFFER = StaticBuffer()  # translate_litert's for one sentence
+
+
+def _former_buffer(buffer, static_buffer, litert):
+    """`Searcher.search`'s buffer from its former booleans (`static_buffer=True`,
+    `litert=True`), which exclude each other and a `buffer` given too."""
+    if not static_buffer and not litert:
+        return buffer
+    if (static_buffer and litert) or buffer is not REQUEST_SIZED:
+        raise ValueError(f"Searcher.search: static_buffer={static_buffer!r}, litert={litert!r} and "
+                         f"buffer={buffer!r} exclude each other (buffer=STATIC_BUFFER or LITERT_BATCH)")
+    return STATIC_BUFFER if static_buffer else LITERT_BATCH
+
+
+# The former keywords of `Searcher.search` and `Translator.translate_graph` that are `SearchOptions` fields.
+_FORMER_OPTION_KEYWORDS = ("patience", "exact_results", "max_beam_size")
+
+
+def search_options(options, former=(), keywords=None, where="search"):
+    """`options` itself (a `SearchOptions`), or the `SearchOptions` of the former form
+    `(beam_size, alpha, extra_length, num_results)` (`options` the beam size, `former` the
+    other three) with the keywords `patience`, `exact_results` and `max_beam_size`
+    (`Searcher.search`, `Translator.translate_graph`). `where` names the caller in errors."""
+    keywords = dict(keywords or {})
+    unknown = sorted(set(keywords) - set(_FORMER_OPTION_KEYWORDS))
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword argument(s): {', '.join(unknown)}")
+    if isinstance(options, SearchOptions):
+        if former or any(value is not None for value in keywords.values()):
+            raise TypeError(f"{where}: a SearchOptions and option values ({len(former)} positional, "
+                            f"{sorted(keywords)}) both given; set them in the SearchOptions")
+        return options
+    if len(former) != 3:
+        raise TypeError(f"{where} takes a SearchOptions, or beam_size, alpha, extra_length and num_results; "
+                        f"got {1 + len(former)} value(s)")
+    alpha, extra_length, num_results = former
+    return SearchOptions(beam_size=options, alpha=alpha, num_results=num_results, extra_length=extra_length,
+                         **keywords)
+
+
 class Searcher:
     """The model's beam search from source ids to translation ids (plain graph or XLA).
 
@@ -254,8 +387,8 @@ class Searcher:
 
     Example:
         >>> searcher = Searcher(model, config)
-        >>> ids, scores = searcher.search(source_ids, source_lengths, beam_size=4, alpha=0.6,
-        ...                               extra_length=50, num_results=1)
+        >>> options = SearchOptions(beam_size=4, alpha=0.6, num_results=1, extra_length=50)
+        >>> ids, scores = searcher.search(source_ids, source_lengths, options)
     """
 
     def __init__(self, model, config: TransformerConfig, logits_filter=None, output_kernel=None,
@@ -271,86 +404,82 @@ class Searcher:
         self._compiled = {}
 
     @not_converted
-    def search(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-               static_buffer=False, source_features=None, patience=None, exact_results=None,
-               max_beam_size=None, litert=False, static_cache=None):
-        """Beam search over the decoder, `max_lengths = source_lengths + extra_length`.
+    def search(self, source_ids, source_lengths, options, *former, buffer=REQUEST_SIZED, source_features=None,
+               static_cache=None, **former_keywords):
+        """Beam search over the decoder, `max_lengths = source_lengths + options.extra_length`.
 
         Args:
-            beam_size, num_results: python ints, or (`max_beam_size` given) int32
-                scalar tensors: one graph for every beam size up to `max_beam_size`
-                (`beam_search`; the SavedModel's `translate_options`).
-            static_buffer: False (graphs run by TensorFlow without XLA: the
-                SavedModel's `serving_default`, `translate_options`): the
-                search does only the work each sentence needs. The
-                self-attention caches grow by one position per step
-                (concatenation: a step costs in proportion to its position,
-                not to the buffer), finished sentences leave the loop
-                (`beam_search(drop_finished=True)`: the step runs on the
-                sentences still searched), and the sequence buffers hold
-                `max(max_lengths)` positions, the most this request can
-                generate; a request whose every attention product is small
-                (`broadcast_products_suffice`, e.g. one sentence on the
-                Multi30k model) runs a loop traced with the broadcast
-                products alone, with no per-attention choice in its steps,
-                and without dropping finished sentences (with so few rows
-                the drop's bookkeeping costs more than the rows it saves;
-                see the comment at the `cond` below).
-                True: static shapes, as LiteRT needs: the sequence
-                buffers hold `max_decode_length` positions, the
-                self-attention caches grow in `CACHE_STAGES` (16, 32, 64,
-                then `max_decode_length` positions: one loop per stage,
-                each on buffers of its size), and every sentence stays in
-                the loop until the whole batch is done. Both give the same
-                translations.
+            options: the `SearchOptions` (`extra_length` None: the config's
+                `decode_extra_length`; any is clipped to `[0, decode_extra_length]`,
+                the most the buffers were made for). Its `beam_size` and
+                `num_results` may be int32 scalar tensors with `max_beam_size`: one
+                graph for every beam size up to it (the SavedModel's
+                `translate_options`).
+            buffer: `REQUEST_SIZED` (graphs run by TensorFlow without XLA: the
+                SavedModel's `serving_default`, `translate_options`): the search
+                does only the work each sentence needs. The self-attention caches
+                grow by one position per step (concatenation: a step costs in
+                proportion to its position, not to the buffer), finished sentences
+                leave the loop (`DropFinished`: the step runs on the sentences
+                still searched), and the sequence buffers hold `max(max_lengths)`
+                positions, the most this request can generate; a request whose
+                every attention product is small (`broadcast_products_suffice`,
+                e.g. one sentence on the Multi30k model) runs `SMALL_REQUEST_LOOP`
+                instead (see `_request_sized_search`).
+                `LITERT_BATCH` (`search_litert`'s for a batch): the loop that drops
+                finished sentences alone (`LITERT_BATCH_LOOP`), with the layers' own
+                kernels (`Dense`'s projections, the attentions' einsums) and no
+                choice per call: no small-request loop, no `cond` in a step. In
+                LiteRT a batch of 32 took 0.90x (0.84-1.16) the time of the search
+                with both loops and their kernels (docs/lab-notebook, serving speed
+                part 38).
+                `STATIC_BUFFER`: static shapes, as LiteRT needs: the sequence
+                buffers hold `max_decode_length` positions, the self-attention
+                caches grow in `CACHE_STAGES` (16, 32, 64, then `max_decode_length`
+                positions: one loop per stage, each on buffers of its size), and
+                every sentence stays in the loop until the whole batch is done.
+                All give the same translations.
             source_features: the syntax-aware model's extra encoder inputs.
-            patience: None, or a float scalar: CTranslate2's patience stop
-                (`beam_search`); <= 0 is off.
-            exact_results: None (`num_results`), or a python int or int32 scalar in
-                `[1, num_results]`: how many of the best results the stop keeps
-                exact (`beam_search`).
-            litert: (without `static_buffer`; `search_litert`'s for a batch) the loop
-                that drops finished sentences alone, with the layers' own kernels
-                (`Dense`'s projections, the attentions' einsums) and no choice per
-                call: no small-request loop, no `cond` in a step. In LiteRT a batch
-                of 32 took 0.90x (0.84-1.16) the time of the search with both loops
-                and their kernels (docs/lab-notebook, serving speed part 38). Same
-                translations.
             static_cache: None, or `decoder.static_cache(source_ids, source_features)`
                 computed by the caller (`search_litert`: one encoder for its two
                 searches).
+            *former, **former_keywords: the former form, still taken
+                (`search_options`): `search(source_ids, source_lengths, beam_size,
+                alpha, extra_length, num_results, patience=..., exact_results=...,
+                max_beam_size=..., static_buffer=..., litert=...)`, where
+                `static_buffer=True` is `buffer=STATIC_BUFFER` and `litert=True`
+                `buffer=LITERT_BATCH`.
 
         Returns:
             ids int32 `[batch, num_results, L]` (EOS, then PAD), with `L`
             the buffer size above, and scores float32 `[batch, num_results]`.
         """
-        extra_length = self._clip_extra_length(extra_length)
-        max_lengths = source_lengths + extra_length  # [batch]
-        batch = tf.shape(source_ids)[0]
+        buffer = _former_buffer(buffer, former_keywords.pop("static_buffer", False),
+                                former_keywords.pop("litert", False))
+        options = search_options(options, former, former_keywords, "Searcher.search")
+        max_lengths = source_lengths + self._clip_extra_length(options.extra_length)  # [batch]
         static = self.decoder.static_cache(source_ids, source_features) if static_cache is None else static_cache
-        if static_buffer:
-            buffer_length = self.max_decode_length
+        if isinstance(buffer, StaticBuffer):
+            batch = tf.shape(source_ids)[0]
             cache = self.decoder.initial_self_attention_cache(batch, 0)
-            return beam_search(self._step_fn(grow=False), cache, batch, max_lengths,
-                               beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
-                               num_results=num_results, exact_results=exact_results, static_cache=static,
-                               patience=patience, max_beam_size=max_beam_size, cache_stages=CACHE_STAGES,
-                               resize_cache=self.decoder.resize_self_attention_cache)
+            loop = SearchLoop(stages=CacheStages(buffer.stages, self.decoder.resize_self_attention_cache))
+            return beam_search(self._step_fn(grow=False), cache, batch, max_lengths, options, loop=loop,
+                               static_cache=static, max_decode_length=self.max_decode_length)
+        return self._request_sized_search(source_ids, max_lengths, static, options, buffer)
+
+    def _request_sized_search(self, source_ids, max_lengths, static, options, buffer):
+        """`search(buffer=...)` on buffers sized to the request (a `RequestSized`)."""
+        batch = tf.shape(source_ids)[0]
         buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
                                          1, self.max_decode_length)  # int32 scalar
         cache = self.decoder.initial_self_attention_cache(batch, 0)
 
-        def search(small_kernels):
-            kernels = {"always": SMALL_REQUEST_KERNELS, True: LARGE_REQUEST_KERNELS, False: None}[small_kernels]
-            step_fn = self._step_fn(grow=True, small_kernels=small_kernels, kernels=kernels)
-            return beam_search(step_fn, cache, batch, max_lengths,
-                               beam_size=beam_size, alpha=alpha, max_decode_length=buffer_length,
-                               num_results=num_results, exact_results=exact_results, static_cache=static,
-                               patience=patience, max_beam_size=max_beam_size,
-                               drop_finished=small_kernels != "always", gather=tf_gather, nonzero=tf_nonzero,
-                               while_loop=functools.partial(
-                                   relaxed_while_loop,
-                                   single_threaded=self.single_threaded_loop and small_kernels == "always"))
+        def search(request_loop):
+            step_fn = self._step_fn(grow=True, small_kernels=request_loop.small_kernels, kernels=request_loop.kernels)
+            single_threaded = request_loop.single_threaded and self.single_threaded_loop
+            loop = SearchLoop(SINGLE_THREADED_GRAPH_OPS if single_threaded else TF_GRAPH_OPS, request_loop.finished)
+            return beam_search(step_fn, cache, batch, max_lengths, options, loop=loop, static_cache=static,
+                               max_decode_length=buffer_length)
 
         # Each attention of a step picks oneDNN's batched matmuls or broadcast products
         # by the size of its product (`MultiHeadAttention(small_kernels=True)`), a `cond`
@@ -358,54 +487,45 @@ class Searcher:
         # rows x d_model x keys (rows = batch x beam; keys: at most `buffer_length`
         # cached positions, or the source width): when even that is within
         # `SMALL_ATTENTION`, every call would pick the broadcast products, and a loop
-        # traced with them alone (`"always"`) runs the same kernels with no cond (e.g.
-        # batch 1 on the Multi30k model). The graph holds both loops; one runs. That
-        # loop keeps every sentence to the end (no `drop_finished`): its rows are few
-        # and a step's cost is its nodes, which the drop's bookkeeping adds to
-        # (`benchmarks/step_nodes.py`: 521.6 -> 477.4 nodes a batch-1 step), and its body,
-        # with no branch in it, runs by the single-threaded executor (`single_threaded_loop`).
-        # The other loop keeps TensorFlow's default executor, which runs a step's
-        # independent nodes side by side: a batch-32 search took 1.19x the time with the
-        # single-threaded one (docs/lab-notebook, serving speed part 34).
-        if litert:
-            return search(False)
+        # traced with them alone (`SMALL_REQUEST_LOOP`) runs the same kernels with no cond
+        # (e.g. batch 1 on the Multi30k model). The graph holds both loops; one runs.
+        if buffer.small is None:
+            return search(buffer.large)
         keys = tf.maximum(buffer_length, tf.shape(source_ids)[1])
-        return tf.cond(broadcast_products_suffice(batch * beam_size, self.config.d_model, keys),
-                       lambda: search("always"), lambda: search(True))
+        return tf.cond(broadcast_products_suffice(batch * options.beam_size, self.config.d_model, keys),
+                       lambda: search(buffer.small), lambda: search(buffer.large))
 
     @not_converted
-    def search_litert(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-                      patience=None):
-        """The search of the LiteRT signature: `search`'s ids and scores, the ids padded to
-        `max_decode_length` positions (`[batch, num_results, max_decode_length]`, the
-        static width LiteRT's detokenizing needs).
+    def search_litert(self, source_ids, source_lengths, options):
+        """The search of the LiteRT signature: `search`'s ids and scores (`options`: a
+        `SearchOptions`), the ids padded to `max_decode_length` positions
+        (`[batch, num_results, max_decode_length]`, the static width LiteRT's
+        detokenizing needs).
 
         Both searches convert to LiteRT builtins, and each is the faster there where it
         is used: more than one sentence runs the loop that drops finished sentences
-        (`search(litert=True)`: caches grown per step; LiteRT's WHILE takes loop variables
-        whose shapes change), a batch of 32 in 0.37x the time of the static buffer's
-        (0.33-0.40); a single sentence runs the static buffer's (`static_buffer=True`:
-        shapes fixed within each cache stage), where the other took 1.15x its time
-        (0.91-1.32; docs/lab-notebook, serving speed part 38). The encoder runs once, before
-        the choice. Same translations.
+        (`search(buffer=LITERT_BATCH)`: caches grown per step; LiteRT's WHILE takes loop
+        variables whose shapes change), a batch of 32 in 0.37x the time of the static
+        buffer's (0.33-0.40); a single sentence runs the static buffer's
+        (`buffer=STATIC_BUFFER`: shapes fixed within each cache stage), where the other
+        took 1.15x its time (0.91-1.32; docs/lab-notebook, serving speed part 38). The
+        encoder runs once, before the choice. Same translations.
         """
         encoded = self.decoder.static_cache(source_ids)  # the encoder, outside the cond
 
         def request_sized():
-            ids, scores = self.search(source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-                                      patience=patience, litert=True, static_cache=encoded)
+            ids, scores = self.search(source_ids, source_lengths, options, buffer=LITERT_BATCH, static_cache=encoded)
             return tf.pad(ids, [[0, 0], [0, 0], [0, self.max_decode_length - tf.shape(ids)[2]]],
                           constant_values=PAD_ID), scores  # [batch, n, width] -> [batch, n, L]
 
         def static():
-            return self.search(source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-                               static_buffer=True, patience=patience, static_cache=encoded)
+            return self.search(source_ids, source_lengths, options, buffer=STATIC_BUFFER, static_cache=encoded)
 
         ids, scores = tf.cond(tf.shape(source_ids)[0] > 1, request_sized, static)
         # The shapes again after the cond: without these reshapes, the converted model's
         # `score` output for a single sentence had shape () instead of [1] (ai-edge-litert).
-        return (tf.reshape(ids, [-1, num_results, self.max_decode_length]),  # [batch, n, L]
-                tf.reshape(scores, [-1, num_results]))  # [batch, n]
+        return (tf.reshape(ids, [-1, options.num_results, self.max_decode_length]),  # [batch, n, L]
+                tf.reshape(scores, [-1, options.num_results]))  # [batch, n]
 
     def _step_fn(self, grow, small_kernels=None, fold_projection=False, kernels=None):
         """The decoder's step function for `beam_search(static_cache=...)`, with `logits_filter`
@@ -433,7 +553,9 @@ class Searcher:
         return step_fn
 
     def _clip_extra_length(self, extra_length):
-        """int32 scalar in `[0, decode_extra_length]`, the most the buffers were made for."""
+        """int32 scalar in `[0, decode_extra_length]`, the most the buffers were made for
+        (None: `decode_extra_length`)."""
+        extra_length = self.config.decode_extra_length if extra_length is None else extra_length
         return tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
 
     def compiled_search(self, beam_size, num_results, batch_halvings=XLA_BATCH_HALVINGS, fold_projection=False):
@@ -457,22 +579,19 @@ class Searcher:
         key = (beam_size, num_results, batch_halvings, fold_projection)
         if key not in self._compiled:
             extra = self.config.decode_extra_length
+            stages = CacheStages(CACHE_STAGES, self.decoder.resize_self_attention_cache,
+                                 min_decode_length=self.length_buckets[0] - 1 + extra)
+            loop = SearchLoop(XLA_OPS, Halvings(batch_halvings) if batch_halvings else KeepAll(), stages)
 
             def search(source_ids, max_lengths, alpha, patience):
                 batch = tf.shape(source_ids)[0]
                 buffer_length = tf.shape(source_ids)[1] - 1 + extra
                 static = self.decoder.static_cache(source_ids)
                 cache = self.decoder.initial_self_attention_cache(batch, 0)
-                trace_once = functools.partial(tf.function, autograph=False, reduce_retracing=True)
-                step_fn = trace_once(self._step_fn(grow=False, fold_projection=fold_projection))
-                return beam_search(step_fn, cache, batch,
-                                   max_lengths, beam_size=beam_size,
-                                   alpha=alpha, max_decode_length=buffer_length, num_results=num_results,
-                                   static_cache=static, patience=patience, cache_stages=CACHE_STAGES,
-                                   resize_cache=self.decoder.resize_self_attention_cache,
-                                   min_decode_length=self.length_buckets[0] - 1 + extra,
-                                   batch_halvings=batch_halvings, gather=tf_gather,
-                                   normalize_after_top_k=True, trace_once=trace_once)
+                step_fn = XLA_OPS.trace_once(self._step_fn(grow=False, fold_projection=fold_projection))
+                options = SearchOptions(beam_size=beam_size, alpha=alpha, num_results=num_results, patience=patience)
+                return beam_search(step_fn, cache, batch, max_lengths, options, loop=loop, static_cache=static,
+                                   max_decode_length=buffer_length)
 
             self._compiled[key] = tf.function(search, jit_compile=True, autograph=False, input_signature=[
                 tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),

@@ -36,8 +36,9 @@ import tensorflow_text as tf_text
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.data.annotated import annotated_features
+from keras_transformer.decoding import SearchOptions
 from keras_transformer.model import source_feature_names
-from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted
+from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted, search_options
 
 # `Translator.translate(xla=True)` (in our own process) runs a few batches per
 # shape, not a server's many: the branches' compile time (13.6 s instead of
@@ -165,18 +166,21 @@ class Translator:
         return self.sentencepiece.detokenize(padded)[:count]
 
     @not_converted
-    def translate_graph(self, text, beam_size, alpha, extra_length, num_results, litert_batch=None,
-                        xla=False, patience=None, batch_halvings=XLA_BATCH_HALVINGS, exact_results=None,
-                        max_beam_size=None):
+    def translate_graph(self, text, options, *former, litert_batch=None, xla=False,
+                        batch_halvings=XLA_BATCH_HALVINGS, **former_keywords):
         """The whole translation as graph ops.
 
         Args:
             text: string `[batch]`, any bytes.
-            beam_size, num_results: static python ints, or (plain graph, with
+            options: the `SearchOptions` (`Searcher.search`): `beam_size` and
+                `num_results` static python ints, or (plain graph, with
                 `max_beam_size`, a python int) int32 scalars given at run time:
-                one graph for every beam size up to `max_beam_size`.
-            alpha: float scalar; extra_length: int scalar (clipped to
-                `[0, decode_extra_length]`, the size the buffers were made for).
+                one graph for every beam size up to `max_beam_size`; `alpha` a
+                float scalar; `extra_length` an int scalar (clipped to
+                `[0, decode_extra_length]`, the size the buffers were made for);
+                `patience` None (exact search) or a float scalar (CTranslate2's
+                patience stop; <= 0 is off); `exact_results` and a run-time beam
+                size not with `xla` or `litert_batch`.
             litert_batch: None for the SavedModel graph. For the LiteRT
                 variant, the largest batch (static): input hygiene is skipped
                 (TFLite has no string ops: invalid UTF-8 then reaches the
@@ -186,12 +190,11 @@ class Translator:
                 static batch (see `decode_ids`).
             xla: run the search XLA-compiled (`Searcher.search_xla`); the rest of the
                 graph stays plain TensorFlow.
-            patience: None (exact search), or a float scalar: CTranslate2's
-                patience stop (`beam_search`; <= 0 is off).
-            batch_halvings: with `xla`, `beam_search(batch_halvings=...)`.
-            exact_results: None (`num_results`), or a python int or int32 scalar in
-                `[1, num_results]`: how many of the best results the stop keeps
-                exact (`beam_search`; not with `xla`).
+            batch_halvings: with `xla`, the search's `Halvings` (0: none).
+            *former, **former_keywords: the former form, still taken
+                (`searcher.search_options`): `translate_graph(text, beam_size, alpha,
+                extra_length, num_results, patience=..., exact_results=...,
+                max_beam_size=...)`.
 
         Returns:
             translations string `[batch, num_results]`, scores float32
@@ -202,57 +205,52 @@ class Translator:
         (`translate_conllu_graph`, strict: a malformed sentence fails the
         call) and searches in the plain graph.
         """
+        options = search_options(options, former, former_keywords, "translate_graph")
         if self.config.syntax_aware:
             if litert_batch is not None or xla:
                 raise ValueError("a syntax-aware model translates CoNLL-U in the plain TensorFlow graph; "
                                  "its LiteRT and XLA variants are not built (plain-text models only)")
-            strings, scores, _ = self.translate_conllu_graph(text, beam_size, alpha, extra_length, num_results,
-                                                             patience=patience, strict=True,
-                                                             exact_results=exact_results,
-                                                             max_beam_size=max_beam_size)
+            strings, scores, _ = self.translate_conllu_graph(text, options, strict=True)
             return strings, scores
-        if (xla or litert_batch is not None) and (exact_results is not None or max_beam_size is not None):
+        if (xla or litert_batch is not None) and (options.exact_results is not None or
+                                                  options.max_beam_size is not None):
             raise ValueError("exact_results and a run-time beam size are for the plain graph's search "
                              f"(translate_options); the {'XLA' if xla else 'LiteRT'} search's are python ints")
         if litert_batch is None:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
         if xla:
-            ids, scores = self.searcher.search_xla(source_ids, lengths, beam_size, alpha, extra_length,
-                                                   num_results, patience=patience, batch_halvings=batch_halvings)
+            ids, scores = self.searcher.search_xla(source_ids, lengths, options.beam_size, options.alpha,
+                                                   options.extra_length, options.num_results,
+                                                   patience=options.patience, batch_halvings=batch_halvings)
         elif litert_batch is not None:
-            ids, scores = self.searcher.search_litert(source_ids, lengths, beam_size, alpha, extra_length,
-                                                      num_results, patience=patience)
+            ids, scores = self.searcher.search_litert(source_ids, lengths, options)
         else:
-            ids, scores = self.searcher.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                               patience=patience, exact_results=exact_results,
-                                               max_beam_size=max_beam_size)
-        return self._strings(ids, scores, lengths, num_results, litert_batch)
+            ids, scores = self.searcher.search(source_ids, lengths, options)
+        return self._strings(ids, scores, lengths, options.num_results, litert_batch)
 
     @not_converted
-    def translate_conllu_graph(self, conllu, beam_size, alpha, extra_length, num_results, patience=None,
-                               strict=False, exact_results=None, max_beam_size=None):
+    def translate_conllu_graph(self, conllu, options, *former, strict=False, **former_keywords):
         """`translate_graph` for a syntax-aware model, with each sentence's problem.
 
         Args:
             conllu: string `[batch]`, one CoNLL-U sentence each.
+            options: the `SearchOptions`, as in `translate_graph` (or its former form).
             strict: False (the served signatures): a malformed sentence
                 (`annotated.sentence_errors`) is translated as an empty
                 input ("" with score 0) and its problem returned, while the
                 other sentences translate as they would alone; True fails
                 the whole call (InvalidArgumentError naming the problem).
-            exact_results, max_beam_size: as in `translate_graph`.
 
         Returns:
             translations string `[batch, num_results]`, scores float32
             `[batch, num_results]`, errors string `[batch]` ("" for a
             well-formed sentence).
         """
+        options = search_options(options, former, former_keywords, "translate_conllu_graph")
         source_ids, lengths, features, errors = self.encode_conllu(conllu, strict=strict)
-        ids, scores = self.searcher.search(source_ids, lengths, beam_size, alpha, extra_length, num_results,
-                                           source_features=features, patience=patience,
-                                           exact_results=exact_results, max_beam_size=max_beam_size)
-        strings, scores = self._strings(ids, scores, lengths, num_results, None)
+        ids, scores = self.searcher.search(source_ids, lengths, options, source_features=features)
+        strings, scores = self._strings(ids, scores, lengths, options.num_results, None)
         return strings, scores, errors
 
     def _strings(self, ids, scores, lengths, num_results, litert_batch):
@@ -294,8 +292,10 @@ class Translator:
         key = (beam_size, num_results, bool(xla))
         if key not in self._functions:
             self._functions[key] = tf.function(
-                lambda t, a: self.translate_graph(t, beam_size, a, self.config.decode_extra_length,
-                                                  num_results, xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS),
+                lambda t, a: self.translate_graph(
+                    t, SearchOptions(beam_size=beam_size, alpha=a, num_results=num_results,
+                                     extra_length=self.config.decode_extra_length),
+                    xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS),
                 input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32)],
                 autograph=False)  # see searcher.not_converted
         strings, _ = self._functions[key](_string_batch(texts), tf.constant(alpha, tf.float32))

@@ -11,6 +11,9 @@ references below.
 """
 
 
+import dataclasses
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -18,6 +21,14 @@ from keras import ops
 
 from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID
 from keras_transformer.decoding import (
+    KERAS_OPS,
+    CacheStages,
+    DropFinished,
+    Halvings,
+    KeepAll,
+    LoopOps,
+    SearchLoop,
+    SearchOptions,
     beam_search,
     expand_to_beams,
     flatten_beams,
@@ -887,3 +898,64 @@ def test_xla_compiles_no_loop_for_a_stage_of_no_steps():
     compiled = [t.numpy() for t in xla(*args)]
     np.testing.assert_array_equal(compiled[0], want[0])
     np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# The settings objects (SearchOptions, SearchLoop) and the former keywords
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("keywords, options, loop", [
+    (dict(beam_size=4, alpha=0.6, num_results=2, patience=0.5),
+     SearchOptions(beam_size=4, alpha=0.6, num_results=2, patience=0.5), SearchLoop()),
+    (dict(beam_size=3, num_results=3, exact_results=1, drop_finished=True),
+     SearchOptions(beam_size=3, num_results=3, exact_results=1), SearchLoop(finished=DropFinished())),
+    (dict(beam_size=4, num_results=2, cache_stages=(2, 5), resize_cache=resize_history, batch_halvings=2),
+     SearchOptions(beam_size=4, num_results=2),
+     SearchLoop(KERAS_OPS, Halvings(2), CacheStages((2, 5), resize_history))),
+])
+def test_settings_objects_search_as_the_former_keywords(keywords, options, loop):
+    """`beam_search(..., options, loop=...)` is the search its former keywords made: the
+    same ids and scores, bit for bit (one computation, two ways to ask for it)."""
+    model = ToyModel(seed=23, vocab=9, batch=5, eos_bias=-0.5)
+    max_lengths = np.array([3, 9, 6, 12, 1], "int32")
+    start = {**model.initial_cache(), "hist": tf.zeros([5, 0])}
+    former = beam_search(history_step_fn(model), start, 5, max_lengths, max_decode_length=12, **keywords)
+    objects = beam_search(history_step_fn(model), start, 5, max_lengths, options, loop=loop, max_decode_length=12)
+    for got, want in zip(objects, former):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert (np.asarray(former[0])[:, 0, 0] != PAD_ID).all()  # real outputs
+
+
+def test_settings_are_checked_when_made():
+    """Each setting is checked where it is made, with a message naming the value; the
+    exclusions (`DropFinished` with cache stages or a traced-once body, halvings with a
+    run-time beam size, an object and its former keywords) are errors, not docstrings."""
+    model = ToyModel(seed=1, vocab=6, batch=1)
+    search = functools.partial(beam_search, model.step_fn, model.initial_cache(), 1, np.array([3], "int32"))
+    stages = CacheStages((2, 5), resize_history)
+    for make, error, message in (
+            (lambda: SearchOptions(beam_size=0), ValueError, "beam_size must be a python int >= 1, got 0"),
+            (lambda: SearchOptions(beam_size=2, num_results=3), ValueError,
+             r"num_results must be a python int in \[1, beam_size=2\], got 3"),
+            (lambda: SearchOptions(alpha=float("nan")), ValueError, "alpha must be a finite number"),
+            (lambda: SearchOptions(beam_size=tf.constant(2)), ValueError, "a tensor beam_size needs max_beam_size"),
+            (lambda: Halvings(0), ValueError, r"Halvings.count must be a python int >= 1 \(KeepAll for none\), got 0"),
+            (lambda: CacheStages((5, 2), resize_history), ValueError, r"increasing python ints >= 1, got \(5, 2\)"),
+            (lambda: CacheStages((2,), None), TypeError, "CacheStages.resize must be a function"),
+            (lambda: LoopOps(gather=None), TypeError, "LoopOps.gather must be a function, got None"),
+            (lambda: SearchLoop(finished=DropFinished(), stages=stages), ValueError, "not with CacheStages"),
+            (lambda: SearchLoop(LoopOps(trace_once=tf.function), DropFinished()), ValueError, "LoopOps.trace_once"),
+            (lambda: SearchLoop(finished="drop"), TypeError, "KeepAll\\(\\), DropFinished\\(\\) or Halvings"),
+            (lambda: search(SearchOptions(), beam_size=2), TypeError, "beam_size given beside `options`"),
+            (lambda: search(loop=SearchLoop(), drop_finished=True), TypeError, "drop_finished given beside `loop`"),
+            (lambda: search(beam=2), TypeError, r"unexpected keyword argument\(s\): beam"),
+            (lambda: search(drop_finished=True, batch_halvings=1), ValueError, "exclude each other"),
+            (lambda: tf.function(lambda k: search(SearchOptions(beam_size=k, max_beam_size=4),
+                                                  loop=SearchLoop(finished=Halvings(1))))(tf.constant(2)),
+             ValueError, "needs a python int beam_size")):
+        with pytest.raises(error, match=message):
+            make()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SearchOptions().beam_size = 2
+    assert SearchOptions(beam_size=np.int64(3), num_results=np.int32(2)).beam_size.__class__ is int
+    assert SearchLoop().finished == KeepAll() and SearchLoop().ops is KERAS_OPS
+

@@ -4,6 +4,7 @@ search's programs per batch bucket."""
 import traceback
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from helpers import WORDS_EN
 
@@ -12,7 +13,9 @@ from keras_transformer import searcher as searcher_module
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.layers import attention as attention_module
 from keras_transformer.layers.attention import SMALL_ATTENTION
-from keras_transformer.searcher import Searcher, broadcast_products_suffice
+from keras_transformer.decoding import DropFinished, SearchOptions
+from keras_transformer.searcher import (LITERT_BATCH, REQUEST_SIZED, STATIC_BUFFER, RequestLoop, Searcher,
+                                        broadcast_products_suffice)
 from keras_transformer.translator import Translator
 
 
@@ -227,3 +230,29 @@ def test_autograph_rewrites_none_of_the_search(tmp_path):
     for stack in traced:
         assert any(name.endswith("decoding.py") for name in stack), stack  # beam_search's own frame
         assert not rewritten_below_entry(stack), stack
+
+
+def test_search_options_and_buffers_search_as_the_former_arguments():
+    """`Searcher.search(ids, lengths, SearchOptions(...), buffer=...)` is the search of its
+    former positional form and booleans (`static_buffer=True`, `litert=True`): the same ids
+    and scores, bit for bit; a mix of the two forms is an error naming what was given."""
+    config, model, source = tiny_model_and_sources(num_layers=1, seed=5, width=6)
+    lengths = np.array([6, 6, 6], "int32")
+    searcher = Searcher(model, config)
+    options = SearchOptions(beam_size=3, alpha=0.6, num_results=2, extra_length=6, patience=1.0)
+    for buffer, former in ((REQUEST_SIZED, {}), (STATIC_BUFFER, {"static_buffer": True}),
+                           (LITERT_BATCH, {"litert": True})):
+        new = tf.function(lambda i, n: searcher.search(i, n, options, buffer=buffer))(source, lengths)
+        old = tf.function(lambda i, n: searcher.search(i, n, 3, 0.6, 6, 2, patience=1.0, **former))(source, lengths)
+        for got, want in zip(new, old):
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+        assert (new[0].numpy()[:, 0, 0] != PAD_ID).all()
+    with pytest.raises(TypeError, match="a SearchOptions and option values"):
+        searcher.search(source, lengths, options, 0.6)
+    with pytest.raises(TypeError, match="takes a SearchOptions, or beam_size, alpha, extra_length and num_results"):
+        searcher.search(source, lengths, 3, 0.6)
+    with pytest.raises(ValueError, match="exclude each other"):
+        searcher.search(source, lengths, options, static_buffer=True, buffer=LITERT_BATCH)
+    with pytest.raises(ValueError, match="a single-threaded loop runs no cond"):
+        RequestLoop("always", None, DropFinished(), single_threaded=True)
+
