@@ -19,6 +19,11 @@ asset file to lose), the averaged weights and the beam search:
   on a request to it. `--xla-warmup` adds one warm-up request per bucket
   for it (only for such servers: TF Serving fails the load when a warm-up
   request fails);
+* `score`: `text` string `[None]` and `target` string `[None]` -> `score` float32
+  `[None]` (the target's log-probability under forced decoding), `tokens` string
+  `[None, None]` (its pieces, then the EOS piece; "" after) and `token_scores` float32
+  `[None, None]` (the log-probability of each; 0 after): `Translator.score_graph`,
+  plain-text models only;
 * `translate_options`: `text` string `[None]`, `beam_size` int32 (1..8),
   `alpha` float32, `extra_length` int32 (0..50), `num_results` int32
   (1..beam_size), `patience` float32, each option a scalar or one value per
@@ -103,6 +108,7 @@ SERVING_DEFAULT = "serving_default"
 OPTIONS_SIGNATURE = "translate_options"
 LITERT_SIGNATURE = "translate_litert"
 XLA_SIGNATURE = "translate_xla"
+SCORE_SIGNATURE = "score"
 
 # The TensorFlow side of the export (`export.saved_model_graph`), imported on first use: the
 # command's `--help` and flag errors answer without TensorFlow.

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pathlib
 
 from export.saved_model import (LITERT_MAX_BATCH, LITERT_SIGNATURE, MAX_PATIENCE, OPTIONS_SIGNATURE,
-                                SERVING_DEFAULT, WARMUP_CONLLU, WARMUP_SENTENCES, XLA_SIGNATURE)
+                                SCORE_SIGNATURE, SERVING_DEFAULT, WARMUP_CONLLU, WARMUP_SENTENCES,
+                                XLA_SIGNATURE)
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
@@ -75,6 +76,8 @@ class TranslationModule(tf.Module):
             tf.TensorSpec([None], tf.string, name="text")])
         self.serve_xla = tf.function(self._serve_xla, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
+        self.serve_score = tf.function(self._serve_score, autograph=False, input_signature=[
+            tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec([None], tf.string, name="target")])
 
     def _default_options(self):
         """The `SearchOptions` of the signatures without options: the config's beam size,
@@ -98,6 +101,15 @@ class TranslationModule(tf.Module):
     def _serve_xla(self, text):
         strings, scores = self._translator.translate_graph(text, self._default_options(), xla=True)
         return {"translation": strings[:, 0], "score": scores[:, 0]}
+
+    def _serve_score(self, text, target):
+        """Forced decoding (`Translator.score_graph`): each target's log-probability as the
+        translation of its text, and of each of its pieces."""
+        same = tf.debugging.assert_equal(tf.size(text), tf.size(target), message=(
+            "score: text and target must hold as many sentences (one target per source)"))
+        with tf.control_dependencies([same]):
+            score, tokens, token_scores = self._translator.score_graph(text, target)
+        return {"score": score, "tokens": tokens, "token_scores": token_scores}
 
     def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results, patience):
         def clipped(beam_size, num_results):
@@ -190,7 +202,7 @@ class TranslationModule(tf.Module):
         if self._config.syntax_aware:  # CoNLL-U in; no LiteRT / XLA variants
             return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options}
         return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options,
-                LITERT_SIGNATURE: self.serve_litert, XLA_SIGNATURE: self.serve_xla}
+                LITERT_SIGNATURE: self.serve_litert, XLA_SIGNATURE: self.serve_xla, SCORE_SIGNATURE: self.serve_score}
 
 
 def _per_sentence(value, batch, name):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import typing
 
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -38,6 +39,7 @@ from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.data.annotated import annotated_features
 from keras_transformer.decoding import SearchOptions
 from keras_transformer.model import source_feature_names
+from keras_transformer.scoring import score_tokens
 from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted, search_options
 
 # `Translator.translate(xla=True)` (in our own process) runs a few batches per
@@ -52,6 +54,16 @@ IN_PROCESS_BATCH_HALVINGS = 0
 # shortens what the model would see, and a megabyte-long request costs no
 # more than a long sentence.
 CHARS_PER_TOKEN_BOUND = 16
+
+
+class ScoredTranslation(typing.NamedTuple):
+    """One (source, target) pair as `Translator.score` scores it: the target's
+    log-probability (`score`, the sum of `token_scores`), its SentencePiece pieces and EOS
+    (`tokens`), and the log-probability of each (`token_scores`)."""
+
+    score: float
+    tokens: list
+    token_scores: list
 
 
 class Translator:
@@ -252,6 +264,66 @@ class Translator:
         ids, scores = self.searcher.search(source_ids, lengths, options, source_features=features)
         strings, scores = self._strings(ids, scores, lengths, options.num_results, None)
         return strings, scores, errors
+
+    @not_converted
+    def score_graph(self, text, target):
+        """Forced decoding as graph ops: how likely the model finds each `target` as the
+        translation of its `text` (`keras_transformer.scoring`).
+
+        Args:
+            text: string `[batch]`, the sources, cleaned and cut as `translate_graph` does
+                (CoNLL-U sentences for a syntax-aware model; a malformed one fails the call).
+            target: string `[batch]`, the translations to score, cleaned the same way and
+                cut to `max_length - 1` pieces (EOS follows them).
+
+        Returns:
+            `(score, tokens, token_scores)`: float32 `[batch]`, the target's log-probability
+            (the sum of its token scores, EOS included: CTranslate2's `score_batch`
+            figure; divided by `decoding.length_penalty(len(tokens), alpha)` it is the
+            beam search's score of that translation); string `[batch, T + 1]`, each
+            target's pieces and then the EOS piece, "" after; float32 `[batch, T + 1]`,
+            the log-probability of each, 0 after.
+        """
+        if self.config.syntax_aware:
+            source_ids, _, features, _ = self.encode_conllu(text, strict=True)
+        else:
+            source_ids, _ = self.encode_text(self.clean_text(text))
+            features = None
+        target_ids, lengths = self.encode_text(self.clean_text(target))  # [batch, T + 1]: pieces, EOS, PAD
+        positions = tf.range(tf.shape(target_ids)[1], dtype=tf.int32)  # [T + 1]
+        scored = tf.expand_dims(positions, 0) <= tf.expand_dims(lengths, 1)  # [batch, T + 1]: pieces and EOS
+        pieces = tf.where(tf.expand_dims(positions, 0) < tf.expand_dims(lengths, 1), target_ids,
+                          PAD_ID)[:, :-1]  # [batch, T]: the pieces alone
+        token_scores = score_tokens(self.model, source_ids, pieces, lengths, features)  # [batch, T + 1]
+        tokens = tf.where(scored, tf.gather(self._pieces(), target_ids), "")  # [batch, T + 1]
+        return tf.reduce_sum(token_scores, axis=1), tokens, token_scores
+
+    def _pieces(self):
+        """The vocabulary's pieces in id order, string `[vocab]` (FastSentencepieceTokenizer has
+        no id-to-piece op; the pieces become a constant of the graph that asks for them)."""
+        import sentencepiece
+
+        processor = sentencepiece.SentencePieceProcessor(model_proto=self.sentencepiece_model)
+        return tf.constant([processor.id_to_piece(i) for i in range(processor.get_piece_size())], tf.string)
+
+    def score(self, texts, targets):
+        """Scores each target as the translation of its source (forced decoding); a list of
+        `ScoredTranslation`, one per pair. Same figures as the SavedModel's `score`
+        signature (`score_graph`)."""
+        texts, targets = _string_batch(texts), _string_batch(targets)
+        if texts.shape[0] != targets.shape[0]:
+            raise ValueError(f"score takes one target per source, got {texts.shape[0]} sources and "
+                             f"{targets.shape[0]} targets")
+        if "score" not in self._functions:
+            self._functions["score"] = tf.function(self.score_graph, autograph=False, input_signature=[
+                tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.string)])
+        scores, tokens, token_scores = (t.numpy() for t in self._functions["score"](texts, targets))
+        results = []
+        for score, row_tokens, row_scores in zip(scores, tokens, token_scores):
+            count = sum(1 for token in row_tokens if token)
+            results.append(ScoredTranslation(float(score), [t.decode("utf-8") for t in row_tokens[:count]],
+                                             [float(v) for v in row_scores[:count]]))
+        return results
 
     def _strings(self, ids, scores, lengths, num_results, litert_batch):
         """Search results -> (translations string `[batch, n]`, scores `[batch, n]`)."""

@@ -122,6 +122,22 @@ def test_token_log_probs_match_ours(toy):
         np.testing.assert_allclose(result.log_probs, row[:len(target) + 1], atol=SCORE_ATOL)
 
 
+def test_translator_score_matches_ctranslate2_score_batch(toy):
+    """Issue #86: `Translator.score` (forced decoding from strings, what the SavedModel's
+    `score` signature serves) against CTranslate2's `score_batch` on the same weights and
+    sentences: the same pieces, EOS included, each piece's log-probability and the total
+    within 1e-4. The references include an out-of-vocabulary word and an empty target."""
+    pieces = toy["pieces"]
+    references = [reference(text) for text in GOLDEN[:-1]] + [""]
+    ours = toy["translator"].score(GOLDEN, references)
+    theirs = toy["ct2"].score_batch(toy["sources"], [pieces.encode(text, out_type=str) for text in references])
+    for mine, result in zip(ours, theirs):
+        assert mine.tokens == result.tokens
+        np.testing.assert_allclose(mine.token_scores, result.log_probs, atol=SCORE_ATOL)
+        assert mine.score == pytest.approx(sum(result.log_probs), abs=SCORE_ATOL)
+    assert ours[-1].tokens == ["</s>"]
+
+
 @pytest.mark.parametrize("norm_first,decoder_layers", [(False, None), (True, None), (False, 1)])
 def test_two_layer_random_model_log_probs_match(toy, tmp_path, norm_first, decoder_layers):
     # Several layers and heads, the pre-norm stacks' final LayerNorms, and a decoder

@@ -332,9 +332,10 @@ def test_every_signature_is_traced_once_into_the_saved_model(exported):
     _, names = saved_model_ops(exported["path"])  # the library's function names
     traced = collections.Counter(match.group(1) for match in
                                  (re.fullmatch(r"__inference_(_serve\w*?)_\d+", name) for name in names) if match)
-    assert traced == {"_serve": 1, "_serve_with_options": 1, "_serve_litert": 1, "_serve_xla": 1}
+    assert traced == {"_serve": 1, "_serve_with_options": 1, "_serve_litert": 1, "_serve_xla": 1,
+                      "_serve_score": 1}  # (issue #86 added `score`)
     wrappers = [name for name in names if name.startswith("__inference_signature_wrapper_")]
-    assert len(wrappers) == 4 and all(name.startswith("__inference_signature_wrapper__serve") for name in wrappers)
+    assert len(wrappers) == 5 and all(name.startswith("__inference_signature_wrapper__serve") for name in wrappers)
 
 
 def test_translate_command_reads_stdin(exported, export_processes):
@@ -725,6 +726,27 @@ def test_translate_command_names_a_persistent_xla_cache_it_cannot_use(exported, 
 @pytest.fixture(scope="module")
 def loaded(exported):
     return tf.saved_model.load(str(exported["path"]))
+
+
+def test_the_score_signature_scores_as_the_in_process_translator(exported, loaded):
+    """Issue #86: the SavedModel's `score` signature (forced decoding) gives what
+    `Translator.score` gives in process, pieces and figures, for well-formed text, invalid
+    UTF-8 and an empty target; a request whose text and target differ in length fails."""
+    score = loaded.signatures["score"]
+    texts = ["the man sees the dog", "a red house today", b"the dog\xc3", "the cat"]
+    targets = ["der Mann sieht den Hund", "ein rot Haus heute", "der Hund", ""]
+    served = score(text=tf.constant(texts), target=tf.constant(targets))
+    want = exported["translator"].score([t if isinstance(t, bytes) else t.encode() for t in texts], targets)
+    np.testing.assert_allclose(served["score"].numpy(), [w.score for w in want], atol=1e-5)
+    for row, expected in enumerate(want):
+        count = len(expected.tokens)
+        assert [t.decode() for t in served["tokens"].numpy()[row, :count]] == expected.tokens
+        assert not served["tokens"].numpy()[row, count:].any()
+        np.testing.assert_allclose(served["token_scores"].numpy()[row, :count], expected.token_scores, atol=1e-5)
+        assert served["score"].numpy()[row] == pytest.approx(sum(expected.token_scores), abs=1e-4)
+    assert want[-1].tokens == ["</s>"] and want[0].score < 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one target per source"):
+        score(text=tf.constant(["a", "b"]), target=tf.constant(["a"]))
 
 
 def test_bad_inputs_give_one_string_each(exported, loaded):
