@@ -213,7 +213,8 @@ def length_penalty_exponent(alpha: float, length: int) -> float:
 
 
 def translation_options(config: TransformerConfig, source_length: int, beam_size: int | None = None,
-                        patience: float = 2.0) -> dict:
+                        patience: float = 2.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
+                        disallow_unk: bool = False) -> dict:
     """`ctranslate2.Translator.translate_batch` options closest to our `Translator`.
 
     Same beam, length limit, source truncation and minimum length; the
@@ -228,6 +229,9 @@ def translation_options(config: TransformerConfig, source_length: int, beam_size
         patience: CTranslate2 stops at `beam * patience` finished
             hypotheses; 2 comes closer to our search than its default 1,
             which is faster.
+        min_length, no_repeat_ngram_size, disallow_unk: our `SearchOptions` of those
+            names, as CTranslate2's `min_decoding_length`, `no_repeat_ngram_size` and
+            `disable_unk` (the same tokens disallowed, before the same log-softmax).
 
     Returns:
         keyword arguments for `translate_batch`.
@@ -239,7 +243,9 @@ def translation_options(config: TransformerConfig, source_length: int, beam_size
         length_penalty=length_penalty_exponent(config.length_penalty_alpha, source_length),
         max_input_length=config.max_length,  # EOS included, kept last: as Translator.encode_text
         max_decoding_length=source_length + config.decode_extra_length,  # EOS included
-        min_decoding_length=0,  # an immediate EOS (empty translation) is allowed
+        min_decoding_length=min_length,  # 0: an immediate EOS (empty translation) is allowed
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        disable_unk=disallow_unk,
     )
 
 

@@ -75,7 +75,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID
+from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
 
 __all__ = [
     "KERAS_OPS",
@@ -373,6 +373,20 @@ class SearchOptions:
             buffers' ``decode_extra_length``): None (the config's), a python
             int or an int32 scalar tensor. `beam_search` takes `max_lengths`
             and does not read it.
+        min_length: the fewest tokens a hypothesis holds before its EOS
+            (CTranslate2's ``min_decoding_length``): EOS is disallowed at the
+            steps before; a python int >= 0 (0: off) or an int32 scalar tensor.
+            A sentence whose length limit comes first ends there without EOS.
+        no_repeat_ngram_size: python int >= 0 (0: off): a token that would
+            repeat an n-gram of this size already in the hypothesis is
+            disallowed (CTranslate2's ``no_repeat_ngram_size``; 1: no token
+            twice).
+        disallow_unk: python bool: the unknown token (``UNK_ID``) is never
+            generated (CTranslate2's ``disable_unk``).
+
+    A disallowed token's logit is set to ``NEG_INF`` before the step's
+    log-softmax (as CTranslate2 does), so the other tokens' log-probabilities
+    are those of the distribution without it.
 
     Checked when made: a `ValueError` names the value received and the range
     expected. Python integers are stored as ``int``.
@@ -389,6 +403,9 @@ class SearchOptions:
     patience: typing.Any = None
     max_beam_size: typing.Optional[int] = None
     extra_length: typing.Any = None
+    min_length: typing.Any = 0
+    no_repeat_ngram_size: int = 0
+    disallow_unk: bool = False
 
     def __post_init__(self):
         for name, value in _checked_options(self).items():
@@ -425,8 +442,19 @@ def _checked_options(options):
         value = getattr(options, name)
         if isinstance(value, (bool, str)) or (isinstance(value, (int, float, np.number)) and not np.isfinite(value)):
             raise ValueError(f"{name} must be a finite number or a scalar tensor, got {value!r}")
+    min_length = options.min_length
+    if _is_int(min_length) or isinstance(min_length, (bool, float)):
+        if isinstance(min_length, (bool, float)) or min_length < 0:
+            raise ValueError(f"min_length must be an int >= 0 (0: off) or a scalar tensor, got {min_length!r}")
+        min_length = int(min_length)
+    ngram = options.no_repeat_ngram_size
+    if not _is_int(ngram) or isinstance(ngram, bool) or ngram < 0:
+        raise ValueError(f"no_repeat_ngram_size must be a python int >= 0 (0: off), got {ngram!r}")
+    if not isinstance(options.disallow_unk, (bool, np.bool_)):
+        raise ValueError(f"disallow_unk must be a python bool, got {options.disallow_unk!r}")
     return {"beam_size": beam_size, "num_results": num_results, "max_beam_size": max_beam_size,
-            "exact_results": exact_results}
+            "exact_results": exact_results, "min_length": min_length, "no_repeat_ngram_size": int(ngram),
+            "disallow_unk": bool(options.disallow_unk)}
 
 
 def keras_nonzero(mask):
@@ -684,6 +712,11 @@ class _SearchSpec(typing.NamedTuple):
     gather: object  # `keras_gather`, or a function with its meaning (tf.gather)
     normalize_after_top_k: bool  # each beam's top tokens by their logits, then only those normalized
     keeps_done: bool  # the state holds the sentences that are done (all but `DropFinished`'s loop)
+    # Disallowed tokens (`_disallowed`): EOS before this many tokens (0 or None: off; a python int
+    # or an int32 scalar), repeated n-grams of this size (0: off), the unknown token.
+    min_length: object = 0
+    no_repeat_ngram_size: int = 0
+    disallow_unk: bool = False
 
 
 def _candidates(beam_size):
@@ -718,6 +751,9 @@ def _make_spec(options, loop, batch_size, max_decode_length, eos_id):
         gather=loop.ops.gather,
         normalize_after_top_k=loop.ops.normalize_after_top_k,
         keeps_done=not isinstance(loop.finished, DropFinished),
+        min_length=options.min_length,
+        no_repeat_ngram_size=options.no_repeat_ngram_size,
+        disallow_unk=options.disallow_unk,
     )
 
 
@@ -1076,6 +1112,66 @@ def _best_results(sentences, num_results, spec):
     return ops.cast(sequences, "int32"), ops.cast(scores, "float32")
 
 
+def _constrains(spec):
+    """Whether the search disallows any token (python bool: no ops at all when not)."""
+    return (not (_is_int(spec.min_length) and spec.min_length == 0) or spec.no_repeat_ngram_size > 0
+            or spec.disallow_unk)
+
+
+def _repeated_ngram_ends(seqs, step, n):
+    """For each row, which tokens would end an n-gram already in it (`no_repeat_ngram_size`).
+
+    Args:
+        seqs: int32 ``[rows, L]``, the tokens generated so far (positions ``< step``).
+        step: int32 scalar, the position of the next token.
+        n: python int >= 1.
+
+    Returns:
+        ``(tokens, repeated)``: int32 ``[rows, L - n + 1]``, the last token of the n-gram
+        starting at each position, and bool ``[rows, L - n + 1]``, whether that n-gram
+        lies before ``step`` and its first ``n - 1`` tokens are the row's last ``n - 1``.
+    """
+    rows, length = ops.shape(seqs)[0], ops.shape(seqs)[1]
+    width = ops.maximum(length - n + 1, 0)  # the n-grams a buffer of L positions holds
+    starts = ops.arange(width, dtype="int32")  # [W]
+    repeated = ops.expand_dims(starts + n <= step, 0)  # [1, W]
+    for j in range(n - 1):  # the n-gram's j-th token equals the row's (n - 1 - j)-th last one
+        last = ops.take(seqs, ops.maximum(step - n + 1 + j, 0), axis=1)  # [rows]
+        window = ops.slice(seqs, (0, j), (rows, width))  # [rows, W]
+        repeated = ops.logical_and(repeated, window == ops.expand_dims(last, 1))
+    tokens = ops.slice(seqs, (0, n - 1), (rows, width))  # [rows, W]
+    return tokens, ops.logical_and(repeated, ops.ones_like(tokens, dtype="bool"))  # [rows, W] (n = 1: no loop)
+
+
+def _disallowed(logits, sentences, step, spec):
+    """`logits` with every disallowed token's set to NEG_INF: EOS before `spec.min_length`
+    tokens, a token that would repeat an n-gram (`spec.no_repeat_ngram_size`), the unknown
+    token (`spec.disallow_unk`). CTranslate2's logits processors, applied as it applies them:
+    before the step's log-softmax.
+
+    Args:
+        logits: float32 ``[b * k, V]``, batch-major.
+        sentences: the state's per-sentence entries (``alive_seqs`` ``[b, k, L]``).
+        step: int32 scalar, the position of the token the logits score.
+    """
+    vocab = ops.arange(ops.shape(logits)[-1], dtype="int32")[None, :]  # [1, V]
+    banned = ops.zeros_like(vocab, dtype="bool")  # [1, V]
+    if spec.disallow_unk:
+        banned = ops.logical_or(banned, vocab == UNK_ID)
+    if not (_is_int(spec.min_length) and spec.min_length == 0):
+        banned = ops.logical_or(banned, ops.logical_and(vocab == spec.eos_id, step < spec.min_length))
+    if spec.no_repeat_ngram_size > 0:
+        length = ops.shape(sentences["alive_seqs"])[-1]
+        seqs = ops.reshape(sentences["alive_seqs"], (-1, length))  # [b * k, L]
+        tokens, repeated = _repeated_ngram_ends(seqs, step, spec.no_repeat_ngram_size)  # [b * k, L - n + 1] x2
+        rows = ops.broadcast_to(ops.arange(ops.shape(seqs)[0], dtype="int32")[:, None], ops.shape(tokens))
+        hits = ops.scatter(ops.reshape(ops.stack([rows, tokens], axis=-1), (-1, 2)),
+                           ops.reshape(ops.cast(repeated, "float32"), (-1,)),
+                           ops.shape(logits))  # [b * k, V]: how often each token ends a repeat
+        banned = ops.logical_or(banned, hits > 0)
+    return ops.where(banned, spec.neg_inf, logits)
+
+
 def _search_step(state, logits, cache, spec):
     """One step of the search after the step function: candidates, the new
     alive and finished sets, and which sentences are done.
@@ -1087,7 +1183,10 @@ def _search_step(state, logits, cache, spec):
         (see `_update_alive`) and ``done`` bool ``[b]``.
     """
     sentences = state["sentences"]
-    candidates = _grow_candidates(sentences, state["step"], ops.cast(logits, "float32"), spec)
+    logits = ops.cast(logits, "float32")
+    if _constrains(spec):  # (no ops at all in a search without constraints)
+        logits = _disallowed(logits, sentences, state["step"], spec)
+    candidates = _grow_candidates(sentences, state["step"], logits, spec)
     alive = _update_alive(candidates, spec)
     source_beam = alive.pop("source_beam")
     finished = _update_finished(sentences, candidates, spec)

@@ -558,11 +558,13 @@ class Searcher:
         extra_length = self.config.decode_extra_length if extra_length is None else extra_length
         return tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
 
-    def compiled_search(self, beam_size, num_results, batch_halvings=XLA_BATCH_HALVINGS, fold_projection=False):
+    def compiled_search(self, beam_size, num_results, batch_halvings=XLA_BATCH_HALVINGS, fold_projection=False,
+                        constraints=(0, 0, False)):
         """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha, patience) -> (ids, scores)`.
 
         One `tf.function(jit_compile=True)` per `(beam_size, num_results, batch_halvings,
-        fold_projection)` (`fold_projection`: see `_step_fn`);
+        fold_projection, constraints)` (`fold_projection`: see `_step_fn`; `constraints`: the
+        `SearchOptions` `(min_length, no_repeat_ngram_size, disallow_unk)`, python values);
         XLA compiles one program per `(b, S)`. The buffer holds
         `S - 1 + decode_extra_length` positions (a constant for XLA, which
         sees the shape of `source_ids`): the longest source `S` can hold
@@ -576,7 +578,10 @@ class Searcher:
         (the same optimized program, results and run time); the graph holds one body
         instead of 13 (docs/lab-notebook, serving speed parts 32 and 33).
         """
-        key = (beam_size, num_results, batch_halvings, fold_projection)
+        constraints = tuple(constraints)
+        key = (beam_size, num_results, batch_halvings, fold_projection) + (
+            (constraints,) if constraints != (0, 0, False) else ())  # (a search without them: the key as before)
+        min_length, no_repeat_ngram_size, disallow_unk = constraints
         if key not in self._compiled:
             extra = self.config.decode_extra_length
             stages = CacheStages(CACHE_STAGES, self.decoder.resize_self_attention_cache,
@@ -589,7 +594,9 @@ class Searcher:
                 static = self.decoder.static_cache(source_ids)
                 cache = self.decoder.initial_self_attention_cache(batch, 0)
                 step_fn = XLA_OPS.trace_once(self._step_fn(grow=False, fold_projection=fold_projection))
-                options = SearchOptions(beam_size=beam_size, alpha=alpha, num_results=num_results, patience=patience)
+                options = SearchOptions(beam_size=beam_size, alpha=alpha, num_results=num_results, patience=patience,
+                                        min_length=min_length, no_repeat_ngram_size=no_repeat_ngram_size,
+                                        disallow_unk=disallow_unk)
                 return beam_search(step_fn, cache, batch, max_lengths, options, loop=loop, static_cache=static,
                                    max_decode_length=buffer_length)
 
@@ -610,13 +617,14 @@ class Searcher:
 
     @not_converted
     def search_xla(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-                   patience=None, batch_halvings=XLA_BATCH_HALVINGS):
+                   patience=None, batch_halvings=XLA_BATCH_HALVINGS, constraints=(0, 0, False)):
         """`search` through the XLA-compiled function, on inputs padded to a bucket.
 
         Padded source columns are PAD (masked by the encoder and cross-attention);
         padded rows are an empty source (EOS) with a limit of one token, so
         they finish at the first step. Same results as `search`; the ids have
-        `bucket_width - 1 + decode_extra_length` positions.
+        `bucket_width - 1 + decode_extra_length` positions. `constraints`:
+        `compiled_search`'s.
         """
         extra_length = self._clip_extra_length(extra_length)
         batch, width = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
@@ -632,7 +640,7 @@ class Searcher:
         alpha = tf.cast(alpha, tf.float32)
 
         def run(halvings, fold_projection=False):
-            search = self.compiled_search(beam_size, num_results, halvings, fold_projection)
+            search = self.compiled_search(beam_size, num_results, halvings, fold_projection, constraints)
             return search(source, max_lengths, alpha, patience)
 
         fold = self.folds_projection_at_batch_one()

@@ -234,7 +234,8 @@ class Translator:
         if xla:
             ids, scores = self.searcher.search_xla(source_ids, lengths, options.beam_size, options.alpha,
                                                    options.extra_length, options.num_results,
-                                                   patience=options.patience, batch_halvings=batch_halvings)
+                                                   patience=options.patience, batch_halvings=batch_halvings,
+                                                   **_xla_constraints(options))
         elif litert_batch is not None:
             ids, scores = self.searcher.search_litert(source_ids, lengths, options)
         else:
@@ -338,7 +339,8 @@ class Translator:
         return strings, scores
 
     # -- eager convenience -----------------------------------------------
-    def translate(self, texts, beam_size=None, alpha=None, num_results=1, xla=False):
+    def translate(self, texts, beam_size=None, alpha=None, num_results=1, xla=False, min_length=0,
+                  no_repeat_ngram_size=0, disallow_unk=False):
         """Translates a list (or string tensor) of sentences; returns a list of str
         (or, with `num_results > 1`, a list of lists).
 
@@ -349,7 +351,11 @@ class Translator:
         batch) bucket it meets: same translations. With XLA, train.py's final BLEU
         took 1.8-4.1x the time (docs/lab-notebook, "Training's BLEU in the plain
         graph"). A syntax-aware model takes CoNLL-U sentences and always runs the
-        plain graph."""
+        plain graph.
+
+        `min_length`, `no_repeat_ngram_size` and `disallow_unk` disallow tokens as
+        CTranslate2's options of those names do (`SearchOptions`): EOS before `min_length`
+        tokens, a token that repeats an n-gram, the unknown token."""
         xla = xla and not self.config.syntax_aware
         # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
         beam_size = self.config.beam_size if beam_size is None else beam_size
@@ -361,18 +367,32 @@ class Translator:
         if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not math.isfinite(alpha):
             # (NaN scored every hypothesis NaN: every translation was "")
             raise ValueError(f"alpha must be a finite number, got {alpha!r}")
-        key = (beam_size, num_results, bool(xla))
+        constraints = {"min_length": min_length, "no_repeat_ngram_size": no_repeat_ngram_size,
+                       "disallow_unk": disallow_unk}
+        SearchOptions(**constraints)  # checked here: a ValueError names a bad value
+        key = (beam_size, num_results, bool(xla), *constraints.values())
         if key not in self._functions:
             self._functions[key] = tf.function(
                 lambda t, a: self.translate_graph(
                     t, SearchOptions(beam_size=beam_size, alpha=a, num_results=num_results,
-                                     extra_length=self.config.decode_extra_length),
+                                     extra_length=self.config.decode_extra_length, **constraints),
                     xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS),
                 input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32)],
                 autograph=False)  # see searcher.not_converted
         strings, _ = self._functions[key](_string_batch(texts), tf.constant(alpha, tf.float32))
         decoded = [[s.decode("utf-8") for s in row] for row in strings.numpy()]
         return [row[0] for row in decoded] if num_results == 1 else decoded
+
+
+def _xla_constraints(options):
+    """`Searcher.search_xla`'s `constraints` of `options`: python values, part of the
+    compiled program (a run-time `min_length` is the plain graph's)."""
+    if not isinstance(options.min_length, int):
+        raise ValueError("the XLA search takes min_length as a python int; a run-time min_length is for the "
+                         "plain graph (translate_options)")
+    if not (options.min_length or options.no_repeat_ngram_size or options.disallow_unk):
+        return {}  # (the call as before: no constraints)
+    return {"constraints": (options.min_length, options.no_repeat_ngram_size, options.disallow_unk)}
 
 
 def _string_batch(texts):

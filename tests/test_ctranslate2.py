@@ -17,8 +17,8 @@ from helpers import WORDS_DE, WORDS_EN, full_disk_writes, sigterm_self
 from export.ctranslate2 import (MODEL_FILE, TOKENIZER_FILE, ConversionError, convert, main,
                                 translation_options)
 from keras_transformer import TransformerConfig, build_transformer
-from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
-from keras_transformer.decoding import length_penalty
+from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from keras_transformer.decoding import SearchOptions, length_penalty
 from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
 from keras_transformer.translator import Translator
 
@@ -120,6 +120,71 @@ def test_token_log_probs_match_ours(toy):
     for result, target, row in zip(results, targets, want):
         assert result.tokens == [pieces.id_to_piece(i) for i in target + [EOS_ID]]
         np.testing.assert_allclose(result.log_probs, row[:len(target) + 1], atol=SCORE_ATOL)
+
+
+@pytest.fixture(scope="module")
+def unk_lover(toy, tmp_path_factory):
+    """The toy model with the unknown token's embedding row set to 1.5x that of the token it
+    most often outputs first, so that its greedy translations hold UNK: `(toy-like dict)`,
+    with its own Translator and CTranslate2 conversion."""
+    model = build_transformer(toy["config"])
+    model.set_weights(toy["model"].get_weights())
+    embeddings = model.embedding.embeddings
+    table = keras.ops.convert_to_numpy(embeddings).copy()
+    table[UNK_ID] = 1.5 * table[7]
+    embeddings.assign(table)
+    output = convert(model, toy["config"], toy["tokenizer"], tmp_path_factory.mktemp("unk") / "ct2")
+    return {**toy, "model": model, "translator": Translator(model, toy["config"], toy["tokenizer"].model_bytes),
+            "ct2": ctranslate2.Translator(str(output), device="cpu", inter_threads=1, intra_threads=1)}
+
+
+def _greedy_pair(toy, constraints):
+    """Our greedy search with `constraints` and CTranslate2's with the same options on
+    GOLDEN: `(our ids, CTranslate2's ids)`, EOS included, after checking the log-probabilities
+    of the two agree (each engine's score times its own length penalty)."""
+    translator, config, pieces = toy["translator"], toy["config"], toy["pieces"]
+    options = SearchOptions(beam_size=1, alpha=config.length_penalty_alpha, num_results=1,
+                            extra_length=config.decode_extra_length, **constraints)
+    search = tf.function(lambda ids, lengths, o=options: translator.searcher.search(ids, lengths, o),
+                         autograph=False)
+    ids, scores = search(tf.constant(toy["source_ids"]), tf.constant(toy["lengths"]))
+    mine = [until_eos(row) for row in ids.numpy()[:, 0]]
+    theirs_ids, theirs_logp = [], []
+    for source in toy["sources"]:
+        ct2 = translation_options(config, len(source), beam_size=1, **constraints)
+        result = toy["ct2"].translate_batch([source], **ct2, return_scores=True, return_end_token=True)[0]
+        theirs_ids.append([pieces.piece_to_id(p) for p in result.hypotheses[0]])
+        # CTranslate2's score divides the log-probability by len ** length_penalty, ours by GNMT's penalty
+        theirs_logp.append(result.scores[0] * len(result.hypotheses[0]) ** ct2["length_penalty"])
+    if mine == theirs_ids:
+        penalties = [float(length_penalty(len(row), config.length_penalty_alpha)) for row in mine]
+        np.testing.assert_allclose(scores.numpy()[:, 0] * penalties, theirs_logp, atol=10 * SCORE_ATOL)
+    return mine, theirs_ids
+
+
+@pytest.mark.parametrize("constraints", [
+    {"min_length": 9}, {"no_repeat_ngram_size": 1}, {"no_repeat_ngram_size": 2},
+    {"min_length": 4, "no_repeat_ngram_size": 2, "disallow_unk": True}])
+def test_disallowed_tokens_give_ctranslate2s_greedy_ids(toy, constraints):
+    """Issue #86: `min_length`, `no_repeat_ngram_size` and `disallow_unk` disallow the tokens
+    CTranslate2's `min_decoding_length`, `no_repeat_ngram_size` and `disable_unk` do, before
+    the same log-softmax: greedy ids identical on every GOLDEN sentence (the unconstrained
+    greedy search already is), log-probabilities within 1e-3; and each option changes some
+    translations, so the comparison is not of unconstrained searches."""
+    mine, theirs_ids = _greedy_pair(toy, constraints)
+    assert mine == theirs_ids
+    assert mine != ours(toy, 1)[0]
+    if "min_length" in constraints:
+        assert all(len(row) - 1 >= constraints["min_length"] for row in mine if row[-1] == EOS_ID)
+
+
+def test_disallow_unk_gives_ctranslate2s_disable_unk_ids(unk_lover):
+    """On a model that prefers the unknown token, `disallow_unk` keeps it out of every
+    translation, as CTranslate2's `disable_unk` does, with the same greedy ids."""
+    plain, _ = _greedy_pair(unk_lover, {})
+    assert sum(row.count(UNK_ID) for row in plain) >= 3
+    mine, theirs_ids = _greedy_pair(unk_lover, {"disallow_unk": True})
+    assert mine == theirs_ids and not any(UNK_ID in row for row in mine)
 
 
 def test_translator_score_matches_ctranslate2_score_batch(toy):

@@ -1,0 +1,113 @@
+"""Disallowed tokens in the search (`SearchOptions.min_length`, `no_repeat_ngram_size`,
+`disallow_unk`): every hypothesis of an n-best list keeps them, the search's loops (the
+plain graph's, the static buffer's, XLA's) agree, and a search without them is unchanged.
+CTranslate2 parity is in test_ctranslate2.py."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import TransformerConfig, build_transformer
+from keras_transformer.constants import EOS_ID, PAD_ID, UNK_ID
+from keras_transformer.decoding import SearchOptions, _repeated_ngram_ends
+from keras_transformer.searcher import STATIC_BUFFER, Searcher
+
+CONFIG = TransformerConfig(vocab_size=24, num_layers=1, d_model=32, d_ff=64, num_heads=4, dropout=0.0,
+                           max_length=12, decode_extra_length=10)
+SOURCE = np.array([[5, 9, 13, EOS_ID, PAD_ID], [1, EOS_ID, PAD_ID, PAD_ID, PAD_ID], [7, 7, 7, 7, EOS_ID],
+                   [20, 4, EOS_ID, PAD_ID, PAD_ID]], np.int32)
+LENGTHS = np.array([3, 1, 4, 2], np.int32)
+
+
+@pytest.fixture(scope="module")
+def searcher():
+    keras.utils.set_random_seed(11)
+    return Searcher(build_transformer(CONFIG), CONFIG)
+
+
+def search(searcher, buffer=None, **constraints):
+    options = SearchOptions(beam_size=4, alpha=0.6, num_results=4, extra_length=CONFIG.decode_extra_length,
+                            **constraints)
+    kwargs = {} if buffer is None else {"buffer": buffer}
+    run = tf.function(lambda s, n: searcher.search(s, n, options, **kwargs), autograph=False)
+    ids, scores = run(tf.constant(SOURCE), tf.constant(LENGTHS))
+    return ids.numpy(), scores.numpy()
+
+
+def hypotheses(ids):
+    """Each sentence's n-best as lists of generated ids: up to EOS, or without the buffer's
+    trailing PAD (a random model may generate PAD itself: it stays)."""
+    rows = []
+    for sentence in ids:
+        rows.append([])
+        for row in sentence:
+            row = [int(i) for i in row]
+            if EOS_ID in row:
+                rows[-1].append(row[:row.index(EOS_ID) + 1])
+            else:
+                while row and row[-1] == PAD_ID:
+                    row.pop()
+                rows[-1].append(row)
+    return rows
+
+
+def ngrams(tokens, n):
+    return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+
+
+def test_repeated_ngram_ends_against_a_python_reference():
+    """`_repeated_ngram_ends` at every step of random sequences: the tokens it marks are those
+    that complete an n-gram the sequence already holds (CTranslate2's NoRepeatNgram rule)."""
+    rng = np.random.default_rng(0)
+    seqs = rng.integers(0, 4, (6, 9)).astype(np.int32)  # few symbols: many repeats
+    for n in (1, 2, 3):
+        for step in range(10):
+            tokens, repeated = (np.asarray(t) for t in _repeated_ngram_ends(seqs, step, n))
+            for row in range(len(seqs)):
+                prefix = list(seqs[row, :step])
+                want = {gram[-1] for gram in ngrams(prefix, n)
+                        if n == 1 or (len(prefix) >= n - 1 and list(gram[:-1]) == prefix[len(prefix) - n + 1:])}
+                assert set(tokens[row][repeated[row]].tolist()) == want, (n, step, row)
+
+
+def test_every_hypothesis_keeps_the_constraints_and_the_loops_agree(searcher):
+    """Beam 4, 4 results each: no repeated bigram, no UNK, no EOS before 6 tokens in any
+    hypothesis of any sentence; the results differ from the unconstrained search's; and
+    the request-sized loop (dropping finished sentences) and the static buffer's (cache
+    stages, every sentence kept) return the same ids and scores."""
+    constraints = {"no_repeat_ngram_size": 2, "disallow_unk": True, "min_length": 6}
+    ids, scores = search(searcher, **constraints)
+    for sentence in hypotheses(ids):
+        for tokens in sentence:
+            body = tokens[:-1] if tokens and tokens[-1] == EOS_ID else tokens
+            assert UNK_ID not in tokens
+            assert len(set(ngrams(body + tokens[len(body):], 2))) == len(ngrams(body + tokens[len(body):], 2))
+            if tokens and tokens[-1] == EOS_ID:
+                assert len(body) >= 6
+    plain_ids, _ = search(searcher)
+    assert hypotheses(plain_ids) != hypotheses(ids)
+    static_ids, static_scores = search(searcher, STATIC_BUFFER, **constraints)
+    assert hypotheses(static_ids) == hypotheses(ids)
+    np.testing.assert_allclose(static_scores, scores, atol=1e-5)
+
+
+def test_the_xla_search_disallows_the_same_tokens(searcher):
+    """`search_xla` (bucketed, compiled, halvings) with the constraints gives the plain
+    graph's best translations."""
+    constraints = {"no_repeat_ngram_size": 1, "min_length": 3}
+    ids, scores = search(searcher, **constraints)
+    xla = tf.function(lambda s, n: searcher.search_xla(s, n, 4, 0.6, CONFIG.decode_extra_length, 1,
+                                                       constraints=(3, 1, False)), autograph=False)
+    xla_ids, xla_scores = xla(tf.constant(SOURCE), tf.constant(LENGTHS))
+    assert [sentence[0] for sentence in hypotheses(xla_ids.numpy())] == [s[0] for s in hypotheses(ids)]
+    np.testing.assert_allclose(xla_scores.numpy()[:, 0], scores[:, 0], atol=1e-5)
+
+
+@pytest.mark.parametrize("bad, words", [({"min_length": -1}, "min_length"), ({"min_length": 2.5}, "min_length"),
+                                         ({"no_repeat_ngram_size": -2}, "no_repeat_ngram_size"),
+                                         ({"disallow_unk": "yes"}, "disallow_unk")])
+def test_bad_constraint_values_are_one_line_errors_naming_them(bad, words):
+    with pytest.raises(ValueError, match=words) as raised:
+        SearchOptions(**bad)
+    assert "\n" not in str(raised.value)
