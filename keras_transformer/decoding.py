@@ -717,6 +717,8 @@ class _SearchSpec(typing.NamedTuple):
     min_length: object = 0
     no_repeat_ngram_size: int = 0
     disallow_unk: bool = False
+    # the state holds each sentence's target prefix (`beam_search(target_prefix=...)`)
+    has_prefix: bool = False
 
 
 def _candidates(beam_size):
@@ -729,7 +731,7 @@ def _candidates(beam_size):
     return ops.where(beam_size > 1, 2 * beam_size, 1)
 
 
-def _make_spec(options, loop, batch_size, max_decode_length, eos_id):
+def _make_spec(options, loop, batch_size, max_decode_length, eos_id, has_prefix=False):
     """Builds the `_SearchSpec` of a search (before the loop) from its (checked)
     `SearchOptions` and `SearchLoop`; the rest as in `beam_search`."""
     beam_size = options.beam_size if isinstance(options.beam_size, int) else ops.cast(options.beam_size, "int32")
@@ -754,10 +756,11 @@ def _make_spec(options, loop, batch_size, max_decode_length, eos_id):
         min_length=options.min_length,
         no_repeat_ngram_size=options.no_repeat_ngram_size,
         disallow_unk=options.disallow_unk,
+        has_prefix=has_prefix,
     )
 
 
-def _initial_state(initial_cache, max_lengths, bos_id, spec):
+def _initial_state(initial_cache, max_lengths, bos_id, spec, target_prefix=None):
     """The search state before step 0 (the ``while_loop`` variables).
 
     The state is a dict (a structure that ``keras.ops.while_loop`` and
@@ -780,6 +783,8 @@ def _initial_state(initial_cache, max_lengths, bos_id, spec):
           done             bool [b]         sentence finished: state frozen (`spec.keeps_done`)
           max_lengths      int32 [b]        length limit, clipped to [1, L]
           max_penalty      float32 [b]      length_penalty(max_lengths, alpha)
+          prefix_ids       int32 [b, P]     the target prefix (`spec.has_prefix`), PAD after
+          prefix_lengths   int32 [b]        its tokens
 
     The loops add their own entries: ``sentence`` int32 [b] (each row's
     sentence; `DropFinished`, `Halvings`), ``cache_rows`` int32 [b * k]
@@ -811,6 +816,10 @@ def _initial_state(initial_cache, max_lengths, bos_id, spec):
         sentences["done"] = ops.zeros((batch_size,), dtype="bool")
     if spec.patience is not None:  # counted only for the patience stop (ops saved every step otherwise)
         sentences["finished_count"] = ops.zeros((batch_size,), dtype="int32")
+    if spec.has_prefix:
+        prefix_ids, prefix_lengths = target_prefix
+        sentences["prefix_ids"] = ops.cast(prefix_ids, "int32")  # [batch, P]
+        sentences["prefix_lengths"] = ops.cast(ops.reshape(prefix_lengths, (-1,)), "int32")  # [batch]
     return {
         "step": ops.convert_to_tensor(0, "int32"),
         "cache": keras.tree.map_structure(lambda x: tile_beams(x, k), initial_cache),
@@ -1115,7 +1124,12 @@ def _best_results(sentences, num_results, spec):
 def _constrains(spec):
     """Whether the search disallows any token (python bool: no ops at all when not)."""
     return (not (_is_int(spec.min_length) and spec.min_length == 0) or spec.no_repeat_ngram_size > 0
-            or spec.disallow_unk)
+            or spec.disallow_unk or spec.has_prefix)
+
+
+def _per_beam(values, beam_size):
+    """A per-sentence ``[b]`` as the step's rows ``[b * k]`` (each sentence's value for its beams)."""
+    return ops.reshape(ops.broadcast_to(ops.expand_dims(values, 1), (ops.shape(values)[0], beam_size)), (-1,))
 
 
 def _repeated_ngram_ends(seqs, step, n):
@@ -1169,6 +1183,12 @@ def _disallowed(logits, sentences, step, spec):
                            ops.reshape(ops.cast(repeated, "float32"), (-1,)),
                            ops.shape(logits))  # [b * k, V]: how often each token ends a repeat
         banned = ops.logical_or(banned, hits > 0)
+    if spec.has_prefix:  # within its prefix a sentence's next token is the prefix's, whatever else holds
+        prefix_ids = sentences["prefix_ids"]  # [b, P]
+        position = ops.minimum(step, ops.shape(prefix_ids)[1] - 1)
+        forced = _per_beam(ops.take(prefix_ids, ops.maximum(position, 0), axis=1), spec.beam_size)  # [b * k]
+        forcing = _per_beam(step < sentences["prefix_lengths"], spec.beam_size)  # [b * k]
+        banned = ops.where(ops.expand_dims(forcing, 1), vocab != ops.expand_dims(forced, 1), banned)  # [b * k, V]
     return ops.where(banned, spec.neg_inf, logits)
 
 
@@ -1451,7 +1471,7 @@ def _shrinking_loop(run_step, state, static_cache, spec, loop_ops):
 # Beam search
 # --------------------------------------------------------------------------
 def beam_search(step_fn, initial_cache, batch_size, max_lengths, options=None, *, loop=None, static_cache=None,
-                max_decode_length=None, bos_id=BOS_ID, eos_id=EOS_ID, **keywords):
+                max_decode_length=None, bos_id=BOS_ID, eos_id=EOS_ID, target_prefix=None, **keywords):
     """Batched beam search with GNMT length penalty and early termination.
 
     Args:
@@ -1491,6 +1511,11 @@ def beam_search(step_fn, initial_cache, batch_size, max_lengths, options=None, *
             pass it explicitly (e.g. ``max_source_length + 50``).
         bos_id: the id fed at step 0.
         eos_id: the id that ends a hypothesis.
+        target_prefix: None, or ``(ids int [batch, P], lengths int [batch])``: each
+            sentence's hypotheses start with its first ``lengths`` ids (CTranslate2's
+            ``target_prefix``; 0: none). A prefix token is forced as the only allowed
+            token of its step (so it adds 0 to the log-probability, as in
+            CTranslate2), counts in the hypothesis's length and is returned with it.
         **keywords: instead of `options` and `loop`, their former keywords:
             `SearchOptions`' fields (``beam_size``, ``alpha``, ``num_results``,
             ``exact_results``, ``patience``, ``max_beam_size``), `LoopOps`'
@@ -1516,8 +1541,8 @@ def beam_search(step_fn, initial_cache, batch_size, max_lengths, options=None, *
     """
     options, loop = _settings(options, loop, keywords)
     max_decode_length = _buffer_length(max_decode_length, max_lengths)
-    spec = _make_spec(options, loop, batch_size, max_decode_length, eos_id)
-    state = _initial_state(initial_cache, max_lengths, bos_id, spec)
+    spec = _make_spec(options, loop, batch_size, max_decode_length, eos_id, has_prefix=target_prefix is not None)
+    state = _initial_state(initial_cache, max_lengths, bos_id, spec, target_prefix)
     run_step = _step_caller(step_fn, with_static=static_cache is not None)
     if isinstance(loop.finished, DropFinished):
         return _shrinking_loop(run_step, state, static_cache, spec, loop.ops)

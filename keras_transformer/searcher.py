@@ -405,7 +405,7 @@ class Searcher:
 
     @not_converted
     def search(self, source_ids, source_lengths, options, *former, buffer=REQUEST_SIZED, source_features=None,
-               static_cache=None, **former_keywords):
+               static_cache=None, target_prefix=None, **former_keywords):
         """Beam search over the decoder, `max_lengths = source_lengths + options.extra_length`.
 
         Args:
@@ -443,6 +443,8 @@ class Searcher:
             static_cache: None, or `decoder.static_cache(source_ids, source_features)`
                 computed by the caller (`search_litert`: one encoder for its two
                 searches).
+            target_prefix: None, or `(ids [batch, P], lengths [batch])`: the tokens each
+                translation starts with (`beam_search`'s `target_prefix`).
             *former, **former_keywords: the former form, still taken
                 (`search_options`): `search(source_ids, source_lengths, beam_size,
                 alpha, extra_length, num_results, patience=..., exact_results=...,
@@ -464,10 +466,11 @@ class Searcher:
             cache = self.decoder.initial_self_attention_cache(batch, 0)
             loop = SearchLoop(stages=CacheStages(buffer.stages, self.decoder.resize_self_attention_cache))
             return beam_search(self._step_fn(grow=False), cache, batch, max_lengths, options, loop=loop,
-                               static_cache=static, max_decode_length=self.max_decode_length)
-        return self._request_sized_search(source_ids, max_lengths, static, options, buffer)
+                               static_cache=static, max_decode_length=self.max_decode_length,
+                               target_prefix=target_prefix)
+        return self._request_sized_search(source_ids, max_lengths, static, options, buffer, target_prefix)
 
-    def _request_sized_search(self, source_ids, max_lengths, static, options, buffer):
+    def _request_sized_search(self, source_ids, max_lengths, static, options, buffer, target_prefix=None):
         """`search(buffer=...)` on buffers sized to the request (a `RequestSized`)."""
         batch = tf.shape(source_ids)[0]
         buffer_length = tf.clip_by_value(tf.reduce_max(tf.concat([max_lengths, [1]], axis=0)),
@@ -479,7 +482,7 @@ class Searcher:
             single_threaded = request_loop.single_threaded and self.single_threaded_loop
             loop = SearchLoop(SINGLE_THREADED_GRAPH_OPS if single_threaded else TF_GRAPH_OPS, request_loop.finished)
             return beam_search(step_fn, cache, batch, max_lengths, options, loop=loop, static_cache=static,
-                               max_decode_length=buffer_length)
+                               max_decode_length=buffer_length, target_prefix=target_prefix)
 
         # Each attention of a step picks oneDNN's batched matmuls or broadcast products
         # by the size of its product (`MultiHeadAttention(small_kernels=True)`), a `cond`

@@ -179,7 +179,7 @@ class Translator:
 
     @not_converted
     def translate_graph(self, text, options, *former, litert_batch=None, xla=False,
-                        batch_halvings=XLA_BATCH_HALVINGS, **former_keywords):
+                        batch_halvings=XLA_BATCH_HALVINGS, target_prefix=None, **former_keywords):
         """The whole translation as graph ops.
 
         Args:
@@ -203,6 +203,11 @@ class Translator:
             xla: run the search XLA-compiled (`Searcher.search_xla`); the rest of the
                 graph stays plain TensorFlow.
             batch_halvings: with `xla`, the search's `Halvings` (0: none).
+            target_prefix: None, or string `[batch]`: the text each translation must start
+                with (CTranslate2's `target_prefix`; "" for none), tokenized as the
+                targets were in training and cut to `max_length - 1` pieces. The
+                translation returned includes it. Plain graph only (not `xla`, not
+                `litert_batch`).
             *former, **former_keywords: the former form, still taken
                 (`searcher.search_options`): `translate_graph(text, beam_size, alpha,
                 extra_length, num_results, patience=..., exact_results=...,
@@ -228,10 +233,17 @@ class Translator:
                                                   options.max_beam_size is not None):
             raise ValueError("exact_results and a run-time beam size are for the plain graph's search "
                              f"(translate_options); the {'XLA' if xla else 'LiteRT'} search's are python ints")
+        if target_prefix is not None and (xla or litert_batch is not None):
+            raise ValueError("target_prefix is searched in the plain TensorFlow graph; the XLA and LiteRT "
+                             "searches take none")
         if litert_batch is None:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
-        if xla:
+        if target_prefix is not None:
+            prefix_ids, prefix_lengths = self.encode_text(self.clean_text(target_prefix))
+            ids, scores = self.searcher.search(source_ids, lengths, options,
+                                               target_prefix=(prefix_ids, prefix_lengths))  # (EOS after: never read)
+        elif xla:
             ids, scores = self.searcher.search_xla(source_ids, lengths, options.beam_size, options.alpha,
                                                    options.extra_length, options.num_results,
                                                    patience=options.patience, batch_halvings=batch_halvings,
@@ -340,7 +352,7 @@ class Translator:
 
     # -- eager convenience -----------------------------------------------
     def translate(self, texts, beam_size=None, alpha=None, num_results=1, xla=False, min_length=0,
-                  no_repeat_ngram_size=0, disallow_unk=False):
+                  no_repeat_ngram_size=0, disallow_unk=False, target_prefix=None):
         """Translates a list (or string tensor) of sentences; returns a list of str
         (or, with `num_results > 1`, a list of lists).
 
@@ -355,7 +367,10 @@ class Translator:
 
         `min_length`, `no_repeat_ngram_size` and `disallow_unk` disallow tokens as
         CTranslate2's options of those names do (`SearchOptions`): EOS before `min_length`
-        tokens, a token that repeats an n-gram, the unknown token."""
+        tokens, a token that repeats an n-gram, the unknown token. `target_prefix`, one
+        string per text ("" for none), is the start each translation must have
+        (CTranslate2's `target_prefix`: terminology, interactive completion); the
+        translations returned include it (plain graph only)."""
         xla = xla and not self.config.syntax_aware
         # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
         beam_size = self.config.beam_size if beam_size is None else beam_size
@@ -370,16 +385,22 @@ class Translator:
         constraints = {"min_length": min_length, "no_repeat_ngram_size": no_repeat_ngram_size,
                        "disallow_unk": disallow_unk}
         SearchOptions(**constraints)  # checked here: a ValueError names a bad value
-        key = (beam_size, num_results, bool(xla), *constraints.values())
+        texts = _string_batch(texts)
+        prefixes = () if target_prefix is None else (_string_batch(target_prefix),)
+        if prefixes and (xla or prefixes[0].shape[0] != texts.shape[0]):
+            raise ValueError("target_prefix takes one string per text ('' for none), searched in the plain graph "
+                             f"(xla=False); got {prefixes[0].shape[0]} for {texts.shape[0]} texts, xla={xla}")
+        key = (beam_size, num_results, bool(xla), *constraints.values(), bool(prefixes))
         if key not in self._functions:
             self._functions[key] = tf.function(
-                lambda t, a: self.translate_graph(
+                lambda t, a, *prefix: self.translate_graph(
                     t, SearchOptions(beam_size=beam_size, alpha=a, num_results=num_results,
                                      extra_length=self.config.decode_extra_length, **constraints),
-                    xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS),
-                input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32)],
+                    xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS, target_prefix=prefix[0] if prefix else None),
+                input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32),
+                                 *[tf.TensorSpec([None], tf.string)] * len(prefixes)],
                 autograph=False)  # see searcher.not_converted
-        strings, _ = self._functions[key](_string_batch(texts), tf.constant(alpha, tf.float32))
+        strings, _ = self._functions[key](texts, tf.constant(alpha, tf.float32), *prefixes)
         decoded = [[s.decode("utf-8") for s in row] for row in strings.numpy()]
         return [row[0] for row in decoded] if num_results == 1 else decoded
 

@@ -111,3 +111,58 @@ def test_bad_constraint_values_are_one_line_errors_naming_them(bad, words):
     with pytest.raises(ValueError, match=words) as raised:
         SearchOptions(**bad)
     assert "\n" not in str(raised.value)
+
+
+def test_a_target_prefix_starts_every_hypothesis_in_every_loop(searcher):
+    """Each sentence's prefix (or none) starts each of its 4 results, other constraints hold
+    after it, and the request-sized and static-buffer loops agree."""
+    prefix = tf.constant([[9, 9, 2, 0], [4, 0, 0, 0], [0, 0, 0, 0], [17, 18, 19, 20]], tf.int32)
+    prefix_lengths = tf.constant([3, 1, 0, 4], tf.int32)
+    options = SearchOptions(beam_size=4, alpha=0.6, num_results=4, extra_length=CONFIG.decode_extra_length,
+                            no_repeat_ngram_size=3)
+    ids, scores = prefixed_search(searcher, options, prefix, prefix_lengths)
+    for sentence, start, length in zip(hypotheses(ids), prefix.numpy(), prefix_lengths.numpy()):
+        for tokens in sentence:
+            assert tokens[:length] == list(start[:length])
+            assert len(set(ngrams(tokens, 3))) == len(ngrams(tokens, 3))
+    static_ids, static_scores = prefixed_search(searcher, options, prefix, prefix_lengths, STATIC_BUFFER)
+    assert hypotheses(static_ids) == hypotheses(ids)
+    np.testing.assert_allclose(static_scores, scores, atol=1e-5)
+
+
+def test_a_prefix_the_model_would_choose_keeps_the_translation_and_drops_only_its_log_probability(searcher):
+    """Two computations that must agree: without length normalization (alpha 0), forcing
+    the unprefixed best translation's own first two tokens finds that translation again,
+    scored lower by exactly those two tokens' log-probabilities (forced decoding): a
+    prefix token is the only one allowed at its step, so it adds 0, as in CTranslate2."""
+    from keras_transformer.scoring import score_tokens
+
+    rng = np.random.default_rng(5)
+    source = np.full((12, 5), PAD_ID, np.int32)
+    lengths = rng.integers(2, 5, 12).astype(np.int32)
+    for row, length in enumerate(lengths):
+        source[row, :length] = rng.integers(4, CONFIG.vocab_size, length)
+        source[row, length] = EOS_ID
+    options = SearchOptions(beam_size=4, alpha=0.0, num_results=1, extra_length=CONFIG.decode_extra_length)
+    plain = tf.function(lambda s, n: searcher.search(s, n, options), autograph=False)
+    plain_ids, plain_scores = (t.numpy() for t in plain(tf.constant(source), tf.constant(lengths)))
+    own = plain_ids[:, 0, :2]  # [batch, 2]
+    # two tokens of each translation that has more than two before its end (a prefix holds no EOS)
+    prefix_lengths = np.array([2 if len(best[0]) > 2 and EOS_ID not in best[0][:3] else 0
+                               for best in hypotheses(plain_ids)], np.int32)
+    assert prefix_lengths.sum() >= 6
+    run = tf.function(lambda s, n: searcher.search(s, n, options, target_prefix=(own, prefix_lengths)),
+                      autograph=False)
+    ids, scores = (t.numpy() for t in run(tf.constant(source), tf.constant(lengths)))
+    assert [s[0] for s in hypotheses(ids)] == [s[0] for s in hypotheses(plain_ids)]
+    token_scores = np.asarray(score_tokens(searcher.decoder.model, source, own, np.full(12, 2)))[:, :2]  # [b, 2]
+    prefix_logp = np.where(prefix_lengths == 2, token_scores.sum(1), 0.0)
+    np.testing.assert_allclose(scores[:, 0], plain_scores[:, 0] - prefix_logp, atol=1e-4)
+
+
+def prefixed_search(searcher, options, prefix, lengths, buffer=None):
+    kwargs = {} if buffer is None else {"buffer": buffer}
+    run = tf.function(lambda s, n: searcher.search(s, n, options, target_prefix=(prefix, lengths), **kwargs),
+                      autograph=False)
+    ids, scores = run(tf.constant(SOURCE), tf.constant(LENGTHS))
+    return ids.numpy(), scores.numpy()

@@ -187,6 +187,65 @@ def test_disallow_unk_gives_ctranslate2s_disable_unk_ids(unk_lover):
     assert mine == theirs_ids and not any(UNK_ID in row for row in mine)
 
 
+def _prefixed(toy, beam_size, prefixes):
+    """Our search and CTranslate2's with `target_prefix` on GOLDEN (one sentence a call, each
+    with its prefix's pieces): `(our ids, their ids)`, EOS included, prefix included."""
+    translator, config, pieces = toy["translator"], toy["config"], toy["pieces"]
+    prefix_ids, prefix_lengths = translator.encode_text(tf.constant(prefixes))
+    options = SearchOptions(beam_size=beam_size, alpha=config.length_penalty_alpha, num_results=1,
+                            extra_length=config.decode_extra_length)
+    search = tf.function(lambda ids, lengths, p, n: translator.searcher.search(ids, lengths, options,
+                                                                               target_prefix=(p, n)),
+                         autograph=False)
+    ids, _ = search(tf.constant(toy["source_ids"]), tf.constant(toy["lengths"]), prefix_ids, prefix_lengths)
+    mine = [until_eos(row) for row in ids.numpy()[:, 0]]
+    theirs_ids = []
+    for source, prefix in zip(toy["sources"], prefixes):
+        ct2 = translation_options(config, len(source), beam_size=beam_size)
+        result = toy["ct2"].translate_batch([source], target_prefix=[pieces.encode(prefix, out_type=str)], **ct2,
+                                            return_end_token=True)[0]
+        theirs_ids.append([pieces.piece_to_id(p) for p in result.hypotheses[0]])
+    return mine, theirs_ids
+
+
+# Each GOLDEN sentence's prefix: its reference's first word, or a word the reference lacks
+# (a start the model would not choose), or none.
+PREFIXES = [reference(text).split()[0] if i % 3 == 0 else ("heute" if i % 3 == 1 else "")
+            for i, text in enumerate(GOLDEN)]
+
+
+def test_target_prefix_gives_ctranslate2s_ids(toy):
+    """Issue #86: a target prefix forces each translation's start as CTranslate2's
+    `target_prefix` does: greedy ids identical on every GOLDEN sentence, the prefix included
+    and counted in the length limit; beam 4 agrees as the unprefixed beam search does
+    (`MIN_BEAM_AGREEMENT`); and every translation starts with its prefix's pieces."""
+    pieces = toy["pieces"]
+    mine, theirs_ids = _prefixed(toy, 1, PREFIXES)
+    assert mine == theirs_ids
+    for ids, prefix in zip(mine, PREFIXES):
+        assert ids[:len(pieces.encode(prefix))] == pieces.encode(prefix)
+    assert mine != ours(toy, 1)[0]
+    beam, theirs_beam = _prefixed(toy, 4, PREFIXES)
+    assert np.mean([a == b for a, b in zip(beam, theirs_beam)]) >= MIN_BEAM_AGREEMENT
+
+
+def test_translate_takes_a_prefix_per_sentence_and_returns_it_with_the_translation(toy):
+    """`Translator.translate(target_prefix=...)`: each translation starts with its prefix
+    ("" for none: the unprefixed translation); the prefixed ids are the search's above; a
+    prefix list of another length, or with `xla=True`, is a one-line ValueError."""
+    translator = toy["translator"]
+    texts = GOLDEN[:6]
+    plain = translator.translate(texts, beam_size=1)
+    prefixed = translator.translate(texts, beam_size=1, target_prefix=PREFIXES[:6])
+    for translation, prefix, alone in zip(prefixed, PREFIXES[:6], plain):
+        assert translation.startswith(prefix) and (prefix or translation == alone)
+    want = [toy["pieces"].decode(ids[:-1] if ids[-1] == EOS_ID else ids) for ids in _prefixed(toy, 1, PREFIXES)[0][:6]]
+    assert prefixed == want
+    for bad in ({"target_prefix": ["der"]}, {"target_prefix": PREFIXES[:6], "xla": True}):
+        with pytest.raises(ValueError, match="target_prefix takes one string per text"):
+            translator.translate(texts, **bad)
+
+
 def test_translator_score_matches_ctranslate2_score_batch(toy):
     """Issue #86: `Translator.score` (forced decoding from strings, what the SavedModel's
     `score` signature serves) against CTranslate2's `score_batch` on the same weights and
