@@ -383,6 +383,18 @@ class SearchOptions:
             twice).
         disallow_unk: python bool: the unknown token (``UNK_ID``) is never
             generated (CTranslate2's ``disable_unk``).
+        sampling_topk: 1 (the default: the best token, no sampling), or with
+            ``beam_size`` 1 the number of best tokens each step samples among
+            (0: the whole vocabulary): random sampling, e.g. for
+            back-translation (CTranslate2's ``sampling_topk``).
+        sampling_topp: with sampling, the smallest set of best tokens whose
+            probabilities (after the temperature) sum to at least this is
+            sampled among (1.0: all of them; CTranslate2's ``sampling_topp``).
+        sampling_temperature: with sampling, the log-probabilities are divided
+            by it before sampling (CTranslate2's ``sampling_temperature``); the
+            scores stay those of the model's own distribution.
+        seed: with sampling, a python int: the same seed and inputs give the
+            same samples (`LoopOps.uniform` draws the noise).
 
     A disallowed token's logit is set to ``NEG_INF`` before the step's
     log-softmax (as CTranslate2 does), so the other tokens' log-probabilities
@@ -406,6 +418,15 @@ class SearchOptions:
     min_length: typing.Any = 0
     no_repeat_ngram_size: int = 0
     disallow_unk: bool = False
+    sampling_topk: int = 1
+    sampling_topp: float = 1.0
+    sampling_temperature: float = 1.0
+    seed: int = 0
+
+    @property
+    def samples(self) -> bool:
+        """Whether the search samples its tokens (``sampling_topk`` other than 1)."""
+        return self.sampling_topk != 1
 
     def __post_init__(self):
         for name, value in _checked_options(self).items():
@@ -452,15 +473,41 @@ def _checked_options(options):
         raise ValueError(f"no_repeat_ngram_size must be a python int >= 0 (0: off), got {ngram!r}")
     if not isinstance(options.disallow_unk, (bool, np.bool_)):
         raise ValueError(f"disallow_unk must be a python bool, got {options.disallow_unk!r}")
+    topk, topp, temperature, seed = (options.sampling_topk, options.sampling_topp, options.sampling_temperature,
+                                     options.seed)
+    if not _is_int(topk) or isinstance(topk, bool) or topk < 0:
+        raise ValueError(f"sampling_topk must be a python int >= 0 (1: no sampling, 0: the whole vocabulary), "
+                         f"got {topk!r}")
+    for name, value in (("sampling_topp", topp), ("sampling_temperature", temperature)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not np.isfinite(value) \
+                or value <= 0 or (name == "sampling_topp" and value > 1):
+            raise ValueError(f"{name} must be a finite number in {'(0, 1]' if name == 'sampling_topp' else '> 0'}, "
+                             f"got {value!r}")
+    if not _is_int(seed) or isinstance(seed, bool) or not 0 <= seed < 2 ** 31:
+        raise ValueError(f"seed must be a python int in [0, 2**31), got {seed!r}")
+    if topk != 1 and beam_size != 1:
+        raise ValueError(f"sampling (sampling_topk={topk}) draws one token a step: it needs beam_size 1, got "
+                         f"{beam_size!r}")
     return {"beam_size": beam_size, "num_results": num_results, "max_beam_size": max_beam_size,
             "exact_results": exact_results, "min_length": min_length, "no_repeat_ngram_size": int(ngram),
-            "disallow_unk": bool(options.disallow_unk)}
+            "disallow_unk": bool(options.disallow_unk), "sampling_topk": int(topk), "sampling_topp": float(topp),
+            "sampling_temperature": float(temperature), "seed": int(seed)}
 
 
 def keras_nonzero(mask):
     """The positions of the True entries of a bool ``[b]``, ascending (``keras.ops.nonzero``):
     `LoopOps`' default ``nonzero``."""
     return ops.nonzero(mask)[0]
+
+
+def keras_uniform(shape, seed, step):
+    """`LoopOps`' default noise: ``keras.random.uniform`` from the seed ``(seed, step)``
+    (python ints: an eager or traced-per-step search; a loop's tensor step needs a
+    backend's stateless generator, as `keras_transformer.searcher`'s presets give)."""
+    if not _is_int(step):
+        raise ValueError("sampling inside a compiled loop needs LoopOps.uniform of the backend's stateless "
+                         "generator (keras_transformer.searcher's presets)")
+    return keras.random.uniform(shape, minval=1e-7, maxval=1.0, seed=keras.random.SeedGenerator(seed * 100003 + step))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -502,6 +549,10 @@ class LoopOps:
             ``logsumexp``'s nodes cost more than they save (1.01-1.07x), so
             only the XLA search sets it.
 
+        uniform: for sampling, ``(shape, seed, step) -> float32`` noise uniform in
+            ``(0, 1)``, the same for the same arguments (`keras_uniform`, the
+            default; a TensorFlow graph's: ``tf.random.stateless_uniform``).
+
     Presets: `KERAS_OPS` (every backend, LiteRT's builtins); the TensorFlow
     graph's and XLA's are `keras_transformer.searcher`'s.
     """
@@ -511,9 +562,12 @@ class LoopOps:
     nonzero: typing.Callable = keras_nonzero
     trace_once: typing.Optional[typing.Callable] = None
     normalize_after_top_k: bool = False
+    uniform: typing.Callable = None
 
     def __post_init__(self):
-        for name in ("while_loop", "gather", "nonzero", "trace_once"):
+        if self.uniform is None:
+            object.__setattr__(self, "uniform", keras_uniform)
+        for name in ("while_loop", "gather", "nonzero", "trace_once", "uniform"):
             value = getattr(self, name)
             if not callable(value) and not (name == "trace_once" and value is None):
                 raise TypeError(f"LoopOps.{name} must be a function, got {value!r}")
@@ -719,6 +773,8 @@ class _SearchSpec(typing.NamedTuple):
     disallow_unk: bool = False
     # the state holds each sentence's target prefix (`beam_search(target_prefix=...)`)
     has_prefix: bool = False
+    # sampling (`SearchOptions.samples`): None, or (topk, topp, temperature, seed, uniform)
+    sampling: object = None
 
 
 def _candidates(beam_size):
@@ -757,6 +813,8 @@ def _make_spec(options, loop, batch_size, max_decode_length, eos_id, has_prefix=
         no_repeat_ngram_size=options.no_repeat_ngram_size,
         disallow_unk=options.disallow_unk,
         has_prefix=has_prefix,
+        sampling=(options.sampling_topk, options.sampling_topp, options.sampling_temperature, options.seed,
+                  loop.ops.uniform) if options.samples else None,
     )
 
 
@@ -863,7 +921,42 @@ def _beam_rows(beam_indices, beam_size, sentences=None):
     return ops.reshape(rows, (-1,))  # [b * new_beam]
 
 
-def _per_beam_top(logits, spec):
+def _sampled(logits, step, spec, sentence=None):
+    """One token per row drawn from the step's distribution as CTranslate2's RandomSampler
+    draws it: among the ``topk`` most likely (0: all), log-probabilities divided by the
+    temperature, then the smallest set whose probabilities reach ``topp``; sampled with the
+    Gumbel-max trick from `LoopOps.uniform` noise. The noise is drawn for the whole batch
+    and each row takes its sentence's, so a sentence gets the same samples in every loop
+    (one that drops finished sentences, or halves the batch, or keeps it whole).
+
+    Args:
+        logits: float32 ``[rows, V]`` (one beam a sentence).
+        sentence: None (row ``i`` is sentence ``i``), or int32 ``[rows]``, each row's
+            sentence (the state's ``sentence`` entry of the loops that move rows).
+
+    Returns:
+        ``(logp float32 [rows, 1], token int32 [rows, 1])``: the token and its log-probability
+        under the model's own distribution (CTranslate2's score).
+    """
+    topk, topp, temperature, seed, uniform = spec.sampling
+    logp = ops.log_softmax(logits, axis=-1)  # [rows, V]
+    scores = logp
+    if topk > 0:
+        kth = ops.top_k(logp, topk)[0][:, -1:]  # [rows, 1]
+        scores = ops.where(logp >= kth, scores, spec.neg_inf)
+    scores = ops.log_softmax(scores / temperature, axis=-1)  # [rows, V]
+    if topp < 1.0:
+        ranked = ops.sort(ops.exp(scores), axis=-1)[:, ::-1]  # [rows, V], most likely first
+        before = ops.cumsum(ranked, axis=-1) - ranked  # [rows, V]: the mass of the tokens ranked before
+        smallest = ops.min(ops.where(before < topp, ranked, 2.0), axis=-1, keepdims=True)  # [rows, 1]
+        scores = ops.where(ops.exp(scores) >= smallest, scores, spec.neg_inf)
+    noise = uniform((spec.batch_size, ops.shape(logits)[-1]), seed, step)  # [batch, V] in (0, 1)
+    noise = noise if sentence is None else spec.gather(noise, sentence, 0)  # [rows, V]
+    token = ops.cast(ops.argmax(scores - ops.log(-ops.log(noise)), axis=-1), "int32")[:, None]  # [rows, 1]
+    return ops.take_along_axis(logp, token, axis=-1), token
+
+
+def _per_beam_top(logits, spec, step=None, sentence=None):
     """Each alive beam's best ``P`` next tokens (``P = min(C, V)``; a beam never
     contributes more than ``C`` candidates).
 
@@ -878,6 +971,9 @@ def _per_beam_top(logits, spec):
         ``(beam_logp float32 [b, k, P], beam_tok int32 [b, k * P], P)``.
     """
     k, num_candidates = spec.beam_size, spec.num_candidates
+    if spec.sampling is not None:  # one beam: its one candidate is drawn, not the best
+        beam_logp, beam_tok = _sampled(logits, step, spec, sentence)  # [b, 1] x2
+        return ops.reshape(beam_logp, (-1, 1, 1)), beam_tok, 1
     vocab = logits.shape[-1]
     if vocab is None:
         per_beam = num_candidates
@@ -924,7 +1020,7 @@ def _grow_candidates(sentences, step, logits, spec):
         continuing bool ``[b, C]`` (valid and neither).
     """
     k, num_candidates = spec.beam_size, spec.num_candidates
-    beam_logp, beam_tok, per_beam = _per_beam_top(logits, spec)  # [b, k, P], [b, k * P]
+    beam_logp, beam_tok, per_beam = _per_beam_top(logits, spec, step, sentences.get("sentence"))  # [b, k, P], [b, k*P]
     valid = ops.logical_and(
         sentences["alive_valid"][:, :, None], beam_logp > NEG_INF / 2
     )  # [b, k, P]

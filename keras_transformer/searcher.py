@@ -231,7 +231,15 @@ not_converted = tf.autograph.experimental.do_not_convert
 # The loop ops of the plain TensorFlow graph (`Searcher.search`): one `tf.gather` and one
 # `tf.where` node for each of the search's gathers and nonzeros, and a `while_loop` whose
 # shapes may change (`DropFinished`, self-attention caches grown per step).
-TF_GRAPH_OPS = LoopOps(while_loop=relaxed_while_loop, gather=tf_gather, nonzero=tf_nonzero)
+def tf_uniform(shape, seed, step):
+    """`LoopOps.uniform` in a TensorFlow graph: stateless noise in (0, 1) from ``(seed, step)``."""
+    return tf.random.stateless_uniform(shape, seed=tf.stack([tf.cast(seed, tf.int32), tf.cast(step, tf.int32)]),
+                                       minval=1e-7, maxval=1.0)
+
+
+TF_GRAPH_OPS = LoopOps(while_loop=relaxed_while_loop, gather=tf_gather, nonzero=tf_nonzero, uniform=tf_uniform)
+# The static buffer's loop (LiteRT's single sentence): keras.ops' own, with TensorFlow's noise for sampling.
+STATIC_BUFFER_OPS = LoopOps(uniform=tf_uniform)
 # ... and the same with the loop's body run by TensorFlow's single-threaded executor.
 SINGLE_THREADED_GRAPH_OPS = dataclasses.replace(
     TF_GRAPH_OPS, while_loop=functools.partial(relaxed_while_loop, single_threaded=True))
@@ -239,7 +247,7 @@ SINGLE_THREADED_GRAPH_OPS = dataclasses.replace(
 # for all its copies (`LoopOps.trace_once`), and each beam's best tokens taken from the logits
 # before only those are normalized (`LoopOps.normalize_after_top_k`).
 XLA_OPS = LoopOps(gather=tf_gather, trace_once=functools.partial(tf.function, autograph=False, reduce_retracing=True),
-                  normalize_after_top_k=True)
+                  normalize_after_top_k=True, uniform=tf_uniform)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -464,7 +472,7 @@ class Searcher:
         if isinstance(buffer, StaticBuffer):
             batch = tf.shape(source_ids)[0]
             cache = self.decoder.initial_self_attention_cache(batch, 0)
-            loop = SearchLoop(stages=CacheStages(buffer.stages, self.decoder.resize_self_attention_cache))
+            loop = SearchLoop(STATIC_BUFFER_OPS, stages=CacheStages(buffer.stages, self.decoder.resize_self_attention_cache))
             return beam_search(self._step_fn(grow=False), cache, batch, max_lengths, options, loop=loop,
                                static_cache=static, max_decode_length=self.max_decode_length,
                                target_prefix=target_prefix)

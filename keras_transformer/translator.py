@@ -352,7 +352,8 @@ class Translator:
 
     # -- eager convenience -----------------------------------------------
     def translate(self, texts, beam_size=None, alpha=None, num_results=1, xla=False, min_length=0,
-                  no_repeat_ngram_size=0, disallow_unk=False, target_prefix=None):
+                  no_repeat_ngram_size=0, disallow_unk=False, target_prefix=None, sampling_topk=1,
+                  sampling_topp=1.0, sampling_temperature=1.0, seed=0):
         """Translates a list (or string tensor) of sentences; returns a list of str
         (or, with `num_results > 1`, a list of lists).
 
@@ -370,10 +371,17 @@ class Translator:
         tokens, a token that repeats an n-gram, the unknown token. `target_prefix`, one
         string per text ("" for none), is the start each translation must have
         (CTranslate2's `target_prefix`: terminology, interactive completion); the
-        translations returned include it (plain graph only)."""
+        translations returned include it (plain graph only). `sampling_topk` other than 1
+        draws each token at random (CTranslate2's random sampling, e.g. for back-translation:
+        among the `sampling_topk` best, 0 for all, after `sampling_temperature`, within
+        `sampling_topp`), reproducibly for a `seed`; it searches with one beam (plain graph
+        only)."""
         xla = xla and not self.config.syntax_aware
         # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
-        beam_size = self.config.beam_size if beam_size is None else beam_size
+        sampling = {"sampling_topk": sampling_topk, "sampling_topp": sampling_topp,
+                    "sampling_temperature": sampling_temperature, "seed": seed}
+        if beam_size is None:
+            beam_size = 1 if sampling_topk != 1 else self.config.beam_size
         for name, value in (("beam_size", beam_size), ("num_results", num_results)):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -383,8 +391,8 @@ class Translator:
             # (NaN scored every hypothesis NaN: every translation was "")
             raise ValueError(f"alpha must be a finite number, got {alpha!r}")
         constraints = {"min_length": min_length, "no_repeat_ngram_size": no_repeat_ngram_size,
-                       "disallow_unk": disallow_unk}
-        SearchOptions(**constraints)  # checked here: a ValueError names a bad value
+                       "disallow_unk": disallow_unk, **sampling}
+        SearchOptions(beam_size=beam_size, num_results=num_results, **constraints)  # a ValueError names a bad value
         texts = _string_batch(texts)
         prefixes = () if target_prefix is None else (_string_batch(target_prefix),)
         if prefixes and (xla or prefixes[0].shape[0] != texts.shape[0]):
@@ -408,6 +416,8 @@ class Translator:
 def _xla_constraints(options):
     """`Searcher.search_xla`'s `constraints` of `options`: python values, part of the
     compiled program (a run-time `min_length` is the plain graph's)."""
+    if options.samples:
+        raise ValueError("sampling runs in the plain graph (xla=False)")
     if not isinstance(options.min_length, int):
         raise ValueError("the XLA search takes min_length as a python int; a run-time min_length is for the "
                          "plain graph (translate_options)")
