@@ -102,7 +102,9 @@ def build_spec(model, config: TransformerConfig, tokenizer) -> ctranslate2.specs
 
     spec = ctranslate2.specs.TransformerSpec.from_config(
         (config.num_layers, config.decoder_depth), config.num_heads, pre_norm=config.norm_first,
-        activation=ctranslate2.specs.Activation.RELU)
+        activation=ctranslate2.specs.Activation.RELU,
+        # `return_attention`: the last decoder layer's heads averaged, as `Translator.align` gives
+        alignment_layer=-1, alignment_heads=config.num_heads)
     positions = position_table(config)
     for stack in (spec.encoder, spec.decoder):
         stack.scale_embeddings = True  # x sqrt(d_model), as PositionalEmbedding

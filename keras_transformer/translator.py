@@ -39,6 +39,7 @@ from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.data.annotated import annotated_features
 from keras_transformer.decoding import SearchOptions
 from keras_transformer.model import source_feature_names
+from keras_transformer.alignment import attention_alignments, word_alignments
 from keras_transformer.scoring import score_tokens
 from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted, search_options
 
@@ -54,6 +55,17 @@ IN_PROCESS_BATCH_HALVINGS = 0
 # shortens what the model would see, and a megabyte-long request costs no
 # more than a long sentence.
 CHARS_PER_TOKEN_BOUND = 16
+
+
+class AlignedTranslation(typing.NamedTuple):
+    """One (source, translation) pair as `Translator.align` aligns it: the pieces of both
+    (each ending with EOS), `attention[t][s]` (what target piece `t` attends to, heads of
+    one layer averaged) and the word pairs `(source word, target word)`."""
+
+    source_tokens: list
+    target_tokens: list
+    attention: list
+    words: list
 
 
 class ScoredTranslation(typing.NamedTuple):
@@ -96,8 +108,9 @@ class Translator:
 
     # -- pieces ------------------------------------------------------------
     @not_converted
-    def clean_text(self, text):
-        """Input hygiene: invalid UTF-8 becomes U+FFFD, overlong text is cut.
+    def clean_text(self, text, max_tokens=None):
+        """Input hygiene: invalid UTF-8 becomes U+FFFD, overlong text is cut (to what
+        `max_tokens` pieces can hold, when given, instead of `max_length`).
 
         Args:
             text: string `[batch]`.
@@ -107,12 +120,13 @@ class Translator:
         """
         text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
                                             replacement_char=0xFFFD)
-        return tf.strings.substr(text, 0, CHARS_PER_TOKEN_BOUND * self.config.max_length,
-                                 unit="UTF8_CHAR")
+        tokens = self.config.max_length if max_tokens is None else max_tokens + 1
+        return tf.strings.substr(text, 0, CHARS_PER_TOKEN_BOUND * tokens, unit="UTF8_CHAR")
 
     @not_converted
-    def encode_text(self, text):
-        """Tokenizes and appends EOS, truncating to `max_length` tokens.
+    def encode_text(self, text, max_tokens=None):
+        """Tokenizes and appends EOS, truncating to `max_length` tokens (`max_tokens` text
+        tokens, then EOS, when given).
 
         Returns:
             source ids int32 `[batch, S]` padded with PAD_ID (S <= max_length),
@@ -120,7 +134,7 @@ class Translator:
             empty or whitespace-only text).
         """
         tokens = self.sentencepiece.tokenize(text)  # ragged [batch, (n)]
-        limit = self.config.max_length - 1  # room for EOS
+        limit = self.config.max_length - 1 if max_tokens is None else max_tokens  # room for EOS
         lengths = tf.minimum(tf.cast(tokens.row_lengths(), tf.int32), limit)  # [batch]
         width = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
         # Crop with to_tensor's shape, not ragged slicing (`tokens[:, :k]`
@@ -287,7 +301,8 @@ class Translator:
             text: string `[batch]`, the sources, cleaned and cut as `translate_graph` does
                 (CoNLL-U sentences for a syntax-aware model; a malformed one fails the call).
             target: string `[batch]`, the translations to score, cleaned the same way and
-                cut to `max_length - 1` pieces (EOS follows them).
+                cut to `max_length - 1 + decode_extra_length` pieces, the longest the search
+                makes (EOS follows them).
 
         Returns:
             `(score, tokens, token_scores)`: float32 `[batch]`, the target's log-probability
@@ -302,7 +317,7 @@ class Translator:
         else:
             source_ids, _ = self.encode_text(self.clean_text(text))
             features = None
-        target_ids, lengths = self.encode_text(self.clean_text(target))  # [batch, T + 1]: pieces, EOS, PAD
+        target_ids, lengths = self._encode_target(target)  # [batch, T + 1]: pieces, EOS, PAD
         positions = tf.range(tf.shape(target_ids)[1], dtype=tf.int32)  # [T + 1]
         scored = tf.expand_dims(positions, 0) <= tf.expand_dims(lengths, 1)  # [batch, T + 1]: pieces and EOS
         pieces = tf.where(tf.expand_dims(positions, 0) < tf.expand_dims(lengths, 1), target_ids,
@@ -310,6 +325,66 @@ class Translator:
         token_scores = score_tokens(self.model, source_ids, pieces, lengths, features)  # [batch, T + 1]
         tokens = tf.where(scored, tf.gather(self._pieces(), target_ids), "")  # [batch, T + 1]
         return tf.reduce_sum(token_scores, axis=1), tokens, token_scores
+
+    @not_converted
+    def align_graph(self, text, target, layer=-1):
+        """Alignments as graph ops: one decoder layer's attention over each given
+        translation, heads averaged (`keras_transformer.alignment`).
+
+        Args:
+            text: string `[batch]`, the sources (as `score_graph` reads them).
+            target: string `[batch]`, their translations (e.g. `translate`'s).
+            layer: the decoder layer (python int; -1: the last).
+
+        Returns:
+            `(source_tokens, target_tokens, attention)`: string `[batch, S]` (each source's
+            pieces and its EOS piece, "" after), string `[batch, T + 1]` (the target's, then
+            EOS), float32 `[batch, T + 1, S]` (row `t`: what target piece `t` attends to).
+        """
+        if self.config.syntax_aware:
+            source_ids, source_lengths, features, _ = self.encode_conllu(text, strict=True)
+        else:
+            source_ids, source_lengths = self.encode_text(self.clean_text(text))
+            features = None
+        target_ids, lengths = self._encode_target(target)  # [batch, T + 1]
+        positions = tf.range(tf.shape(target_ids)[1], dtype=tf.int32)  # [T + 1]
+        pieces = tf.where(tf.expand_dims(positions, 0) < tf.expand_dims(lengths, 1), target_ids, PAD_ID)[:, :-1]
+        attention = attention_alignments(self.model, source_ids, pieces, lengths, layer, features)
+        vocabulary = self._pieces()
+        source_columns = tf.range(tf.shape(source_ids)[1], dtype=tf.int32)  # [S]
+        source_tokens = tf.where(tf.expand_dims(source_columns, 0) <= tf.expand_dims(source_lengths, 1),
+                                 tf.gather(vocabulary, source_ids), "")  # [batch, S]
+        target_tokens = tf.where(tf.expand_dims(positions, 0) <= tf.expand_dims(lengths, 1),
+                                 tf.gather(vocabulary, target_ids), "")  # [batch, T + 1]
+        return source_tokens, target_tokens, attention
+
+    def align(self, texts, targets, layer=-1):
+        """Aligns each translation with its source: a list of `AlignedTranslation`, one per
+        pair, with the pieces, their attention (`align_graph`) and the word pairs
+        (`alignment.word_alignments`)."""
+        texts, targets = _string_batch(texts), _string_batch(targets)
+        if texts.shape[0] != targets.shape[0]:
+            raise ValueError(f"align takes one target per source, got {texts.shape[0]} sources and "
+                             f"{targets.shape[0]} targets")
+        key = ("align", layer)
+        if key not in self._functions:
+            self._functions[key] = tf.function(lambda t, g: self.align_graph(t, g, layer), autograph=False,
+                                               input_signature=[tf.TensorSpec([None], tf.string)] * 2)
+        source_tokens, target_tokens, attention = (t.numpy() for t in self._functions[key](texts, targets))
+        results = []
+        for sources, targets_row, weights in zip(source_tokens, target_tokens, attention):
+            source = [t.decode("utf-8") for t in sources if t]
+            target = [t.decode("utf-8") for t in targets_row if t]
+            matrix = weights[:len(target), :len(source)]
+            results.append(AlignedTranslation(source, target, matrix.tolist(), word_alignments(source, target, matrix)))
+        return results
+
+    def _encode_target(self, target):
+        """A translation to score or align, as `encode_text` makes sources: cleaned, its
+        pieces then EOS, cut to the longest translation the search makes
+        (`max_length - 1 + decode_extra_length` pieces)."""
+        longest = self.config.max_length - 1 + self.config.decode_extra_length
+        return self.encode_text(self.clean_text(target, max_tokens=longest), max_tokens=longest)
 
     def _pieces(self):
         """The vocabulary's pieces in id order, string `[vocab]` (FastSentencepieceTokenizer has

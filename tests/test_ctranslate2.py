@@ -246,6 +246,39 @@ def test_translate_takes_a_prefix_per_sentence_and_returns_it_with_the_translati
             translator.translate(texts, **bad)
 
 
+def test_alignments_equal_ctranslate2s_return_attention(toy):
+    """Issue #86: `Translator.align` on each of CTranslate2's greedy translations gives the
+    attention CTranslate2 returns with `return_attention` (the converter sets the last layer,
+    every head averaged): the same target pieces, EOS included, and each row within 1e-4 over
+    the source pieces (CTranslate2 leaves out the source's EOS column, which ours keeps)."""
+    pieces = toy["pieces"]
+    hypotheses, attentions = [], []
+    for source in toy["sources"]:
+        options = translation_options(toy["config"], len(source), beam_size=1)
+        result = toy["ct2"].translate_batch([source], **options, return_attention=True, return_end_token=True)[0]
+        hypotheses.append(pieces.decode(pieces.encode(pieces.decode(
+            [p for p in result.hypotheses[0] if p != "</s>"]), out_type=str)))
+        attentions.append((result.hypotheses[0], np.array(result.attention[0])))
+    aligned = toy["translator"].align(GOLDEN, hypotheses)
+    for mine, (their_tokens, theirs) in zip(aligned, attentions):
+        # (a translation stopped by the length limit has no EOS in CTranslate2's; ours scores one more row)
+        assert mine.target_tokens[:len(their_tokens)] == their_tokens and mine.source_tokens[-1] == "</s>"
+        np.testing.assert_allclose(np.array(mine.attention)[:len(their_tokens), :-1], theirs, atol=1e-4)
+        np.testing.assert_allclose(np.array(mine.attention).sum(1), 1.0, atol=1e-5)
+
+
+def test_word_alignments_of_the_word_for_word_toy_language_are_the_diagonal(toy):
+    """The toy language translates word for word in the same order: where the model's
+    translation is the reference, every target word is aligned to the source word at its
+    own position (the `i-i` pairs), so the word alignments mean what they say."""
+    translations = toy["translator"].translate(GOLDEN, beam_size=1)
+    exact = [(text, translation) for text, translation in zip(GOLDEN, translations)
+             if translation == reference(text) and "and" not in text]
+    assert len(exact) >= 8
+    for (text, translation), aligned in zip(exact, toy["translator"].align(*zip(*exact))):
+        assert aligned.words == [(i, i) for i in range(len(text.split()))], (text, translation)
+
+
 def test_translator_score_matches_ctranslate2_score_batch(toy):
     """Issue #86: `Translator.score` (forced decoding from strings, what the SavedModel's
     `score` signature serves) against CTranslate2's `score_batch` on the same weights and

@@ -398,6 +398,26 @@ class MultiHeadAttention(keras.layers.Layer):
             attended = context(False)
         return apply_per_token(self.output_dense, attended, kernels.matmul)
 
+    def attention_weights(self, query, value, attention_mask=None):
+        """The attention weights of whole sequences, `softmax(Q K^T / sqrt(d_k))` masked as
+        `call` masks them (no bias, scale or dropout): what each query position attends to,
+        for alignments (`keras_transformer.alignment`).
+
+        Args:
+            query: `[batch, T_q, d_model]`.
+            value: `[batch, T_k, d_model]` (the keys come from it).
+            attention_mask: bool, broadcastable to `[batch, T_q, T_k]`; False is never attended.
+
+        Returns:
+            float32 `[batch, heads, T_q, T_k]`, each row summing to 1.
+        """
+        q = self.split_heads(apply_per_token(self.query_dense, query))  # [batch, heads, T_q, head_size]
+        k, _ = self.compute_key_value(value)  # [batch, heads, T_k, head_size]
+        scores = ops.cast(self._products(q, k, False), "float32") / math.sqrt(self.head_size)
+        if attention_mask is not None:
+            scores = ops.where(ops.expand_dims(ops.cast(attention_mask, "bool"), 1), scores, NEG_INF)
+        return ops.softmax(scores, axis=-1)  # [batch, heads, T_q, T_k]
+
     @staticmethod
     def _products(q, k, few):
         """`q k^T` `[batch, heads, T_q, T_k]` from q `[batch, heads, T_q, head_size]` and

@@ -172,6 +172,26 @@ class DecoderBlock(_BlockBase):
              cross_attention_cache=None, training=None, grow_cache=False, small_kernels=None, kernels=None):
         small = grow_cache if small_kernels is None else small_kernels
         kernels = kernels or LAYER_KERNELS
+        x, new_cache = self._self_attended(inputs, self_attention_bias, self_attention_cache, cache_index,
+                                           training, grow_cache, small, kernels)
+        cross_mask = None if encoder_padding_mask is None else ops.expand_dims(encoder_padding_mask, 1)
+        x, _ = self._apply(
+            self.cross_attention_residual,
+            lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask,
+                                           cache=cross_attention_cache, training=training,
+                                           small_kernels=small if cross_attention_cache is not None else False,
+                                           kernels=kernels),
+            x, training)
+        x, _ = self._apply(self.feed_forward_residual, lambda h: self.feed_forward(h, matmul=kernels.matmul), x,
+                           training)
+        if self_attention_cache is None:
+            return x
+        return x, new_cache
+
+    def _self_attended(self, inputs, self_attention_bias=None, self_attention_cache=None, cache_index=None,
+                       training=None, grow_cache=False, small=False, kernels=LAYER_KERNELS):
+        """The self-attention sub-layer with its residual: `(x, the updated cache or None)`;
+        causal over whole sequences without a cache."""
         if self_attention_cache is None:
             length = ops.shape(inputs)[1]
             positions = ops.arange(length)
@@ -186,21 +206,16 @@ class DecoderBlock(_BlockBase):
                                            cache=self_attention_cache, cache_index=cache_index,
                                            grow_cache=grow_cache, small_kernels=small, kernels=kernels,
                                            training=training)
-        x, new_cache = self._apply(self.self_attention_residual, self_attend, inputs, training)
+        return self._apply(self.self_attention_residual, self_attend, inputs, training)
 
+    def cross_attention_weights(self, inputs, encoder_output, encoder_padding_mask=None):
+        """This block's encoder-decoder attention weights for whole target sequences (no
+        cache, inference): float32 `[batch, heads, T, S]`, what each target position
+        attends to in the source (`keras_transformer.alignment`)."""
+        x, _ = self._self_attended(inputs)
         cross_mask = None if encoder_padding_mask is None else ops.expand_dims(encoder_padding_mask, 1)
-        x, _ = self._apply(
-            self.cross_attention_residual,
-            lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask,
-                                           cache=cross_attention_cache, training=training,
-                                           small_kernels=small if cross_attention_cache is not None else False,
-                                           kernels=kernels),
-            x, training)
-        x, _ = self._apply(self.feed_forward_residual, lambda h: self.feed_forward(h, matmul=kernels.matmul), x,
-                           training)
-        if self_attention_cache is None:
-            return x
-        return x, new_cache
+        return self.cross_attention.attention_weights(self.cross_attention_residual.normalize_input(x),
+                                                      encoder_output, cross_mask)
 
     def compute_output_shape(self, inputs_shape, encoder_output_shape=None,
                              self_attention_cache_shape=None):
