@@ -24,6 +24,11 @@ asset file to lose), the averaged weights and the beam search:
   `[None, None]` (its pieces, then the EOS piece; "" after) and `token_scores` float32
   `[None, None]` (the log-probability of each; 0 after): `Translator.score_graph`,
   plain-text models only;
+* `align`: `text` string `[None]` and `target` string `[None]` -> `source_tokens` string
+  `[None, None]`, `target_tokens` string `[None, None]` (each with its EOS piece; "" after)
+  and `attention` float32 `[None, None, None]` (what each target piece attends to in the
+  source: the last decoder layer's heads averaged): `Translator.align_graph`, plain-text
+  models only;
 * `translate_options`: `text` string `[None]`, `beam_size` int32 (1..8),
   `alpha` float32, `extra_length` int32 (0..50), `num_results` int32
   (1..beam_size), `patience` float32, each option a scalar or one value per
@@ -109,6 +114,7 @@ OPTIONS_SIGNATURE = "translate_options"
 LITERT_SIGNATURE = "translate_litert"
 XLA_SIGNATURE = "translate_xla"
 SCORE_SIGNATURE = "score"
+ALIGN_SIGNATURE = "align"
 
 # The TensorFlow side of the export (`export.saved_model_graph`), imported on first use: the
 # command's `--help` and flag errors answer without TensorFlow.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pathlib
 
-from export.saved_model import (LITERT_MAX_BATCH, LITERT_SIGNATURE, MAX_PATIENCE, OPTIONS_SIGNATURE,
+from export.saved_model import (ALIGN_SIGNATURE, LITERT_MAX_BATCH, LITERT_SIGNATURE, MAX_PATIENCE, OPTIONS_SIGNATURE,
                                 SCORE_SIGNATURE, SERVING_DEFAULT, WARMUP_CONLLU, WARMUP_SENTENCES,
                                 XLA_SIGNATURE)
 from keras_transformer.config import TransformerConfig
@@ -78,6 +78,8 @@ class TranslationModule(tf.Module):
             tf.TensorSpec([None], tf.string, name="text")])
         self.serve_score = tf.function(self._serve_score, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec([None], tf.string, name="target")])
+        self.serve_align = tf.function(self._serve_align, autograph=False, input_signature=[
+            tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec([None], tf.string, name="target")])
 
     def _default_options(self):
         """The `SearchOptions` of the signatures without options: the config's beam size,
@@ -105,11 +107,16 @@ class TranslationModule(tf.Module):
     def _serve_score(self, text, target):
         """Forced decoding (`Translator.score_graph`): each target's log-probability as the
         translation of its text, and of each of its pieces."""
-        same = tf.debugging.assert_equal(tf.size(text), tf.size(target), message=(
-            "score: text and target must hold as many sentences (one target per source)"))
-        with tf.control_dependencies([same]):
+        with tf.control_dependencies([_one_target_per_source("score", text, target)]):
             score, tokens, token_scores = self._translator.score_graph(text, target)
         return {"score": score, "tokens": tokens, "token_scores": token_scores}
+
+    def _serve_align(self, text, target):
+        """Alignments (`Translator.align_graph`): what each target piece attends to in its
+        source, the last decoder layer's heads averaged."""
+        with tf.control_dependencies([_one_target_per_source("align", text, target)]):
+            source_tokens, target_tokens, attention = self._translator.align_graph(text, target)
+        return {"source_tokens": source_tokens, "target_tokens": target_tokens, "attention": attention}
 
     def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results, patience):
         def clipped(beam_size, num_results):
@@ -202,7 +209,14 @@ class TranslationModule(tf.Module):
         if self._config.syntax_aware:  # CoNLL-U in; no LiteRT / XLA variants
             return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options}
         return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options,
-                LITERT_SIGNATURE: self.serve_litert, XLA_SIGNATURE: self.serve_xla, SCORE_SIGNATURE: self.serve_score}
+                LITERT_SIGNATURE: self.serve_litert, XLA_SIGNATURE: self.serve_xla, SCORE_SIGNATURE: self.serve_score,
+                ALIGN_SIGNATURE: self.serve_align}
+
+
+def _one_target_per_source(signature, text, target):
+    """The check that a `score` or `align` request pairs each text with one target."""
+    return tf.debugging.assert_equal(tf.size(text), tf.size(target), message=(
+        f"{signature}: text and target must hold as many sentences (one target per source)"))
 
 
 def _per_sentence(value, batch, name):

@@ -333,9 +333,9 @@ def test_every_signature_is_traced_once_into_the_saved_model(exported):
     traced = collections.Counter(match.group(1) for match in
                                  (re.fullmatch(r"__inference_(_serve\w*?)_\d+", name) for name in names) if match)
     assert traced == {"_serve": 1, "_serve_with_options": 1, "_serve_litert": 1, "_serve_xla": 1,
-                      "_serve_score": 1}  # (issue #86 added `score`)
+                      "_serve_score": 1, "_serve_align": 1}  # (issue #86 added `score` and `align`)
     wrappers = [name for name in names if name.startswith("__inference_signature_wrapper_")]
-    assert len(wrappers) == 5 and all(name.startswith("__inference_signature_wrapper__serve") for name in wrappers)
+    assert len(wrappers) == 6 and all(name.startswith("__inference_signature_wrapper__serve") for name in wrappers)
 
 
 def test_translate_command_reads_stdin(exported, export_processes):
@@ -747,6 +747,22 @@ def test_the_score_signature_scores_as_the_in_process_translator(exported, loade
     assert want[-1].tokens == ["</s>"] and want[0].score < 0
     with pytest.raises(tf.errors.InvalidArgumentError, match="one target per source"):
         score(text=tf.constant(["a", "b"]), target=tf.constant(["a"]))
+
+
+def test_the_align_signature_aligns_as_the_in_process_translator(exported, loaded):
+    """Issue #86: the SavedModel's `align` signature gives `Translator.align`'s pieces and
+    attention; a request whose text and target differ in length fails."""
+    align = loaded.signatures["align"]
+    texts, targets = ["the man sees the dog", "a red house today"], ["der Mann sieht den Hund", "ein Haus"]
+    served = align(text=tf.constant(texts), target=tf.constant(targets))
+    for row, expected in enumerate(exported["translator"].align(texts, targets)):
+        source = [t.decode() for t in served["source_tokens"].numpy()[row] if t]
+        target = [t.decode() for t in served["target_tokens"].numpy()[row] if t]
+        assert (source, target) == (expected.source_tokens, expected.target_tokens)
+        np.testing.assert_allclose(served["attention"].numpy()[row, :len(target), :len(source)],
+                                   expected.attention, atol=1e-5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one target per source"):
+        align(text=tf.constant(["a", "b"]), target=tf.constant(["a"]))
 
 
 def test_bad_inputs_give_one_string_each(exported, loaded):
