@@ -99,7 +99,8 @@ import typing
 
 from export.errors import ConversionError, ExportWriteError
 from keras_transformer.config import TransformerConfig
-from keras_transformer.console import OneLineArgumentParser, PositiveInt, interrupted, sigterm_raises
+from keras_transformer.console import (OneLineArgumentParser, PositiveInt, interrupted, names_on_first_use,
+                                    sigterm_raises)
 from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 
 if typing.TYPE_CHECKING:
@@ -124,12 +125,7 @@ NEEDS_TORCH = ("bfloat16", "int8_bfloat16")
 _SPEC_NAMES = ("KerasTransformerConverter", "build_spec", "position_table")
 
 
-def __getattr__(name):
-    if name not in _SPEC_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("export.ctranslate2_spec"), name)
-    globals()[name] = value
-    return value
+__getattr__ = names_on_first_use(__name__, dict.fromkeys(_SPEC_NAMES, "export.ctranslate2_spec"))
 
 
 def _is_replaceable(path: pathlib.Path) -> bool:

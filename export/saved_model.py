@@ -79,7 +79,6 @@ not one copy per beam size.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import pathlib
@@ -89,7 +88,8 @@ import typing
 
 from export.errors import ExportWriteError, output_problem
 from keras_transformer.config import TransformerConfig
-from keras_transformer.console import FiniteFloat, OneLineArgumentParser, PositiveInt, interrupted, sigterm_raises
+from keras_transformer.console import (FiniteFloat, OneLineArgumentParser, PositiveInt, interrupted,
+                                    names_on_first_use, sigterm_raises)
 from keras_transformer.constants import MAX_BEAM_SIZE  # noqa: F401  (read from this module: see below)
 from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 
@@ -121,12 +121,7 @@ ALIGN_SIGNATURE = "align"
 _GRAPH_NAMES = ("TranslationModule", "options_warmup_inputs", "write_warmup_requests")
 
 
-def __getattr__(name):
-    if name not in _GRAPH_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("export.saved_model_graph"), name)
-    globals()[name] = value
-    return value
+__getattr__ = names_on_first_use(__name__, dict.fromkeys(_GRAPH_NAMES, "export.saved_model_graph"))
 
 
 def next_version(output: pathlib.Path) -> int:

@@ -1,6 +1,5 @@
 """keras-transformer: the Transformer of "Attention Is All You Need" in Keras 3."""
 
-import importlib as _importlib
 import typing as _typing
 
 from keras_transformer import console as _console
@@ -37,12 +36,8 @@ if _typing.TYPE_CHECKING or not _console.running_command():
 else:
     # The project's commands import the modules they use, and these names load on first use:
     # `train.py --help` and its flag errors answer without Keras and TensorFlow.
-    def __getattr__(name):
-        if name not in _MODULES:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(_importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
-        globals()[name] = value
-        return value
+    __getattr__ = _console.names_on_first_use(__name__, {name: f"{__name__}.{module}"
+                                                         for name, module in _MODULES.items()})
 
 __version__ = "0.1.0"
 

@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import errno
 import functools
+import importlib
 import importlib.abc
 import importlib.util
 import logging
@@ -51,6 +52,20 @@ _IGNORED_ABSL = (
     "Found untraced functions",
     "Compiled the loaded model, but the compiled metrics have yet to be built",
 )
+
+
+def names_on_first_use(module: str, sources: dict):
+    """A module-level `__getattr__` for `module` (its `__name__`) that imports each name of
+    `sources` (`{name: the module that defines it}`) on first use and keeps it in `module`:
+    how a command's modules and packages keep TensorFlow out of `--help` and flag errors."""
+    def __getattr__(name):
+        if name not in sources:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(sources[name]), name)
+        setattr(sys.modules[module], name, value)
+        return value
+
+    return __getattr__
 
 
 # The project's commands: scripts run as files, and packages whose modules run with `python -m`.

@@ -9,7 +9,6 @@ TensorFlow-only code (tf.data, tensorflow_text); the model never imports it.
                          max_length=128, shuffle=True, seed=0, repeat=True)
 """
 
-import importlib as _importlib
 import typing as _typing
 
 from keras_transformer import console as _console
@@ -36,12 +35,8 @@ else:
     # As the package's own names (keras_transformer/__init__): in the project's commands these
     # load on first use, so that a command that needs only `data.syntax` (plain Python and NumPy),
     # `python -m keras_transformer.parsing`, runs without TensorFlow.
-    def __getattr__(name):
-        if name not in _MODULES:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(_importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
-        globals()[name] = value
-        return value
+    __getattr__ = _console.names_on_first_use(__name__, {name: f"{__name__}.{module}"
+                                                         for name, module in _MODULES.items()})
 
 __all__ = [
     "load_corpus", "ParallelCorpus", "CorpusError", "count_lines", "describe_fingerprint_change",
