@@ -1217,15 +1217,14 @@ def _best_results(sentences, num_results, spec):
     return ops.cast(sequences, "int32"), ops.cast(scores, "float32")
 
 
+def _has_min_length(spec):
+    """Whether EOS may be disallowed for a minimum length (a tensor `min_length` may be)."""
+    return not (_is_int(spec.min_length) and spec.min_length == 0)
+
+
 def _constrains(spec):
     """Whether the search disallows any token (python bool: no ops at all when not)."""
-    return (not (_is_int(spec.min_length) and spec.min_length == 0) or spec.no_repeat_ngram_size > 0
-            or spec.disallow_unk or spec.has_prefix)
-
-
-def _per_beam(values, beam_size):
-    """A per-sentence ``[b]`` as the step's rows ``[b * k]`` (each sentence's value for its beams)."""
-    return ops.reshape(ops.broadcast_to(ops.expand_dims(values, 1), (ops.shape(values)[0], beam_size)), (-1,))
+    return _has_min_length(spec) or spec.no_repeat_ngram_size > 0 or spec.disallow_unk or spec.has_prefix
 
 
 def _repeated_ngram_ends(seqs, step, n):
@@ -1268,7 +1267,7 @@ def _disallowed(logits, sentences, step, spec):
     banned = ops.zeros_like(vocab, dtype="bool")  # [1, V]
     if spec.disallow_unk:
         banned = ops.logical_or(banned, vocab == UNK_ID)
-    if not (_is_int(spec.min_length) and spec.min_length == 0):
+    if _has_min_length(spec):
         banned = ops.logical_or(banned, ops.logical_and(vocab == spec.eos_id, step < spec.min_length))
     if spec.no_repeat_ngram_size > 0:
         length = ops.shape(sentences["alive_seqs"])[-1]
@@ -1282,8 +1281,8 @@ def _disallowed(logits, sentences, step, spec):
     if spec.has_prefix:  # within its prefix a sentence's next token is the prefix's, whatever else holds
         prefix_ids = sentences["prefix_ids"]  # [b, P]
         position = ops.minimum(step, ops.shape(prefix_ids)[1] - 1)
-        forced = _per_beam(ops.take(prefix_ids, ops.maximum(position, 0), axis=1), spec.beam_size)  # [b * k]
-        forcing = _per_beam(step < sentences["prefix_lengths"], spec.beam_size)  # [b * k]
+        forced = tile_beams(ops.take(prefix_ids, ops.maximum(position, 0), axis=1), spec.beam_size)  # [b * k]
+        forcing = tile_beams(step < sentences["prefix_lengths"], spec.beam_size)  # [b * k]
         banned = ops.where(ops.expand_dims(forcing, 1), vocab != ops.expand_dims(forced, 1), banned)  # [b * k, V]
     return ops.where(banned, spec.neg_inf, logits)
 
