@@ -105,6 +105,7 @@ class Translator:
         self.sentencepiece_model = tokenizer_model
         self.sentencepiece = tf_text.FastSentencepieceTokenizer(tokenizer_model)
         self._functions = {}
+        self._piece_list = None  # the vocabulary's pieces (`_pieces`), read on first use
 
     # -- pieces ------------------------------------------------------------
     @not_converted
@@ -312,19 +313,9 @@ class Translator:
             target's pieces and then the EOS piece, "" after; float32 `[batch, T + 1]`,
             the log-probability of each, 0 after.
         """
-        if self.config.syntax_aware:
-            source_ids, _, features, _ = self.encode_conllu(text, strict=True)
-        else:
-            source_ids, _ = self.encode_text(self.clean_text(text))
-            features = None
-        target_ids, lengths = self._encode_target(target)  # [batch, T + 1]: pieces, EOS, PAD
-        positions = tf.range(tf.shape(target_ids)[1], dtype=tf.int32)  # [T + 1]
-        scored = tf.expand_dims(positions, 0) <= tf.expand_dims(lengths, 1)  # [batch, T + 1]: pieces and EOS
-        pieces = tf.where(tf.expand_dims(positions, 0) < tf.expand_dims(lengths, 1), target_ids,
-                          PAD_ID)[:, :-1]  # [batch, T]: the pieces alone
+        source_ids, _, features, target_ids, lengths, pieces = self._forced_inputs(text, target)
         token_scores = score_tokens(self.model, source_ids, pieces, lengths, features)  # [batch, T + 1]
-        tokens = tf.where(scored, tf.gather(self._pieces(), target_ids), "")  # [batch, T + 1]
-        return tf.reduce_sum(token_scores, axis=1), tokens, token_scores
+        return tf.reduce_sum(token_scores, axis=1), self._token_strings(target_ids, lengths), token_scores
 
     @not_converted
     def align_graph(self, text, target, layer=-1):
@@ -341,31 +332,15 @@ class Translator:
             pieces and its EOS piece, "" after), string `[batch, T + 1]` (the target's, then
             EOS), float32 `[batch, T + 1, S]` (row `t`: what target piece `t` attends to).
         """
-        if self.config.syntax_aware:
-            source_ids, source_lengths, features, _ = self.encode_conllu(text, strict=True)
-        else:
-            source_ids, source_lengths = self.encode_text(self.clean_text(text))
-            features = None
-        target_ids, lengths = self._encode_target(target)  # [batch, T + 1]
-        positions = tf.range(tf.shape(target_ids)[1], dtype=tf.int32)  # [T + 1]
-        pieces = tf.where(tf.expand_dims(positions, 0) < tf.expand_dims(lengths, 1), target_ids, PAD_ID)[:, :-1]
+        source_ids, source_lengths, features, target_ids, lengths, pieces = self._forced_inputs(text, target)
         attention = attention_alignments(self.model, source_ids, pieces, lengths, layer, features)
-        vocabulary = self._pieces()
-        source_columns = tf.range(tf.shape(source_ids)[1], dtype=tf.int32)  # [S]
-        source_tokens = tf.where(tf.expand_dims(source_columns, 0) <= tf.expand_dims(source_lengths, 1),
-                                 tf.gather(vocabulary, source_ids), "")  # [batch, S]
-        target_tokens = tf.where(tf.expand_dims(positions, 0) <= tf.expand_dims(lengths, 1),
-                                 tf.gather(vocabulary, target_ids), "")  # [batch, T + 1]
-        return source_tokens, target_tokens, attention
+        return self._token_strings(source_ids, source_lengths), self._token_strings(target_ids, lengths), attention
 
     def align(self, texts, targets, layer=-1):
         """Aligns each translation with its source: a list of `AlignedTranslation`, one per
         pair, with the pieces, their attention (`align_graph`) and the word pairs
         (`alignment.word_alignments`)."""
-        texts, targets = _string_batch(texts), _string_batch(targets)
-        if texts.shape[0] != targets.shape[0]:
-            raise ValueError(f"align takes one target per source, got {texts.shape[0]} sources and "
-                             f"{targets.shape[0]} targets")
+        texts, targets = _string_pairs(texts, targets, "align")
         key = ("align", layer)
         if key not in self._functions:
             self._functions[key] = tf.function(lambda t, g: self.align_graph(t, g, layer), autograph=False,
@@ -379,6 +354,30 @@ class Translator:
             results.append(AlignedTranslation(source, target, matrix.tolist(), word_alignments(source, target, matrix)))
         return results
 
+    def _forced_inputs(self, text, target):
+        """What forced decoding (`score_graph`, `align_graph`) reads: the sources as the
+        search reads them (CoNLL-U for a syntax-aware model, a malformed one failing the call)
+        and the targets (`_encode_target`): `(source_ids [batch, S], source_lengths,
+        source_features or None, target_ids [batch, T + 1] (pieces, EOS, PAD), target_lengths,
+        the pieces alone [batch, T])`."""
+        if self.config.syntax_aware:
+            source_ids, source_lengths, features, _ = self.encode_conllu(text, strict=True)
+        else:
+            source_ids, source_lengths = self.encode_text(self.clean_text(text))
+            features = None
+        target_ids, lengths = self._encode_target(target)  # [batch, T + 1]
+        positions = tf.range(tf.shape(target_ids)[1], dtype=tf.int32)  # [T + 1]
+        pieces = tf.where(tf.expand_dims(positions, 0) < tf.expand_dims(lengths, 1), target_ids,
+                          PAD_ID)[:, :-1]  # [batch, T]: the pieces alone
+        return source_ids, source_lengths, features, target_ids, lengths, pieces
+
+    def _token_strings(self, ids, lengths):
+        """ids `[batch, N]` (pieces, EOS, PAD) -> their pieces as strings, up to and
+        including EOS (position `lengths`), "" after: string `[batch, N]`."""
+        positions = tf.range(tf.shape(ids)[1], dtype=tf.int32)  # [N]
+        return tf.where(tf.expand_dims(positions, 0) <= tf.expand_dims(lengths, 1),
+                        tf.gather(self._pieces(), ids), "")  # [batch, N]
+
     def _encode_target(self, target):
         """A translation to score or align, as `encode_text` makes sources: cleaned, its
         pieces then EOS, cut to the longest translation the search makes
@@ -389,19 +388,18 @@ class Translator:
     def _pieces(self):
         """The vocabulary's pieces in id order, string `[vocab]` (FastSentencepieceTokenizer has
         no id-to-piece op; the pieces become a constant of the graph that asks for them)."""
-        import sentencepiece
+        if self._piece_list is None:  # read once from the model: each traced graph gets the constant
+            import sentencepiece
 
-        processor = sentencepiece.SentencePieceProcessor(model_proto=self.sentencepiece_model)
-        return tf.constant([processor.id_to_piece(i) for i in range(processor.get_piece_size())], tf.string)
+            processor = sentencepiece.SentencePieceProcessor(model_proto=self.sentencepiece_model)
+            self._piece_list = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+        return tf.constant(self._piece_list, tf.string)
 
     def score(self, texts, targets):
         """Scores each target as the translation of its source (forced decoding); a list of
         `ScoredTranslation`, one per pair. Same figures as the SavedModel's `score`
         signature (`score_graph`)."""
-        texts, targets = _string_batch(texts), _string_batch(targets)
-        if texts.shape[0] != targets.shape[0]:
-            raise ValueError(f"score takes one target per source, got {texts.shape[0]} sources and "
-                             f"{targets.shape[0]} targets")
+        texts, targets = _string_pairs(texts, targets, "score")
         if "score" not in self._functions:
             self._functions["score"] = tf.function(self.score_graph, autograph=False, input_signature=[
                 tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.string)])
@@ -499,6 +497,16 @@ def _xla_constraints(options):
     if not (options.min_length or options.no_repeat_ngram_size or options.disallow_unk):
         return {}  # (the call as before: no constraints)
     return {"constraints": (options.min_length, options.no_repeat_ngram_size, options.disallow_unk)}
+
+
+def _string_pairs(texts, targets, what):
+    """`texts` and `targets` as `[batch]` string tensors of one length each (`_string_batch`);
+    a `ValueError` saying `what` takes one target per source otherwise."""
+    texts, targets = _string_batch(texts), _string_batch(targets)
+    if texts.shape[0] != targets.shape[0]:
+        raise ValueError(f"{what} takes one target per source, got {texts.shape[0]} sources and "
+                         f"{targets.shape[0]} targets")
+    return texts, targets
 
 
 def _string_batch(texts):
