@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import io
@@ -72,6 +73,7 @@ def invocation(module: str) -> str:
     return "python train.py" if module == "train" else f"python -m {module}"
 
 
+@functools.cache
 def parser_of(module: str) -> argparse.ArgumentParser:
     """The command's complete parser: `build_parser()`, or the one `main([])` builds, caught
     at its first `parse_args`/`parse_known_args` (nothing after that runs)."""
@@ -274,44 +276,39 @@ def documents() -> list[pathlib.Path]:
 
 def _bash_blocks(text: str):
     """(first line number, lines) of each fenced bash/sh/shell block."""
-    lines, start, block, fence = text.split("\n"), None, [], None
-    for number, line in enumerate(lines, 1):
+    start, block, fence, shell = None, [], None, False
+    for number, line in enumerate(text.split("\n"), 1):
         stripped = line.strip()
         if fence is None:
             match = re.match(r"^(```+|~~~+)\s*(\w*)", stripped)
             if match:
                 fence, start, block = match.group(1), number + 1, []
-                language = match.group(2)
-                if language not in ("bash", "sh", "shell", "console"):
-                    fence = ("skip", fence)
-        elif stripped.startswith(fence if isinstance(fence, str) else fence[1]):
-            if isinstance(fence, str):
+                shell = match.group(2) in ("bash", "sh", "shell", "console")
+        elif stripped.startswith(fence):
+            if shell:
                 yield start, block
             fence = None
-        elif isinstance(fence, str):
+        else:
             block.append(line)
 
 
 def _commands_in(lines: list[str], first: int):
     """(line number, tokens) of each shell command in a block, continuation lines joined."""
-    joined, number = "", None
-    for offset, line in enumerate(lines):
-        if number is None:
-            number = first + offset
+    joined, at = "", None
+    for number, line in enumerate(lines, first):
+        at = number if at is None else at  # where the command starts
         if line.rstrip().endswith("\\"):
             joined += line.rstrip()[:-1] + " "
             continue
-        joined += line
-        text = joined.split(" #", 1)[0] if not joined.lstrip().startswith("#") else ""
-        joined, at = "", number
-        number = None
+        text, command_line, joined, at = joined + line, at, "", None
+        text = "" if text.lstrip().startswith("#") else text.split(" #", 1)[0]  # before splitting at | ; &&
         for piece in re.split(r"&&|\|\||;|\|(?!\|)", text):
             try:
                 tokens = shlex.split(piece, comments=True)
             except ValueError:
                 tokens = piece.split()
             if tokens:
-                yield at, tokens
+                yield command_line, tokens
 
 
 def documented_commands() -> list[DocumentedCommand]:
@@ -349,7 +346,7 @@ def _module_exists(name: str) -> bool:
 def command_problems() -> list[str]:
     """What is wrong with the docs' commands: a module that does not exist, a flag its
     command does not take (a subcommand's flags are its own)."""
-    problems, parsers = [], {}
+    problems = []
     for command in documented_commands():
         where = f"{command.path}:{command.line}"
         if command.module != "train" and not _module_exists(command.module):
@@ -362,9 +359,7 @@ def command_problems() -> list[str]:
             continue
         if command.module in FOREIGN_PARSERS:
             continue
-        if command.module not in parsers:
-            parsers[command.module] = parser_of(command.module)
-        parser = parsers[command.module]
+        parser = parser_of(command.module)
         subcommands = _subparsers(parser)
         positional = [a for a in command.arguments if not a.startswith("-")]
         if subcommands and positional and positional[0] in subcommands:
