@@ -20,6 +20,11 @@ UTF8_BOM = b"\xef\xbb\xbf"
 # `export.translate` refuses them.
 MAX_BEAM_SIZE = 8
 
+# The largest `no_repeat_ngram_size` given at run time (the SavedModel's `translate_advanced`):
+# the search compares an n-gram's tokens in that many unrolled steps, masked to the size asked;
+# a python int (`Translator.translate`) has no bound.
+MAX_NO_REPEAT_NGRAM_SIZE = 8
+
 # A large negative number used instead of -inf for masked attention logits and
 # dead beams: -inf produces NaN in `inf - inf` and in softmax of an all-masked
 # row, a finite value does not.

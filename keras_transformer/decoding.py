@@ -75,7 +75,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
+from keras_transformer.constants import BOS_ID, EOS_ID, MAX_NO_REPEAT_NGRAM_SIZE, NEG_INF, PAD_ID, UNK_ID
 
 __all__ = [
     "KERAS_OPS",
@@ -328,6 +328,11 @@ def _is_int(value):
     return isinstance(value, (int, np.integer))
 
 
+def _is_python(value):
+    """Whether `value` is a python (or NumPy) value, not a tensor (a run-time option)."""
+    return not ops.is_tensor(value)
+
+
 # --------------------------------------------------------------------------
 # Settings: what the search finds (SearchOptions) and how its loop runs (SearchLoop)
 # --------------------------------------------------------------------------
@@ -380,13 +385,15 @@ class SearchOptions:
         no_repeat_ngram_size: python int >= 0 (0: off): a token that would
             repeat an n-gram of this size already in the hypothesis is
             disallowed (CTranslate2's ``no_repeat_ngram_size``; 1: no token
-            twice).
-        disallow_unk: python bool: the unknown token (``UNK_ID``) is never
-            generated (CTranslate2's ``disable_unk``).
+            twice); or an int32 scalar tensor in ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``.
+        disallow_unk: python bool, or a bool scalar tensor: the unknown token
+            (``UNK_ID``) is never generated (CTranslate2's ``disable_unk``).
         sampling_topk: 1 (the default: the best token, no sampling), or with
             ``beam_size`` 1 the number of best tokens each step samples among
             (0: the whole vocabulary): random sampling, e.g. for
-            back-translation (CTranslate2's ``sampling_topk``).
+            back-translation (CTranslate2's ``sampling_topk``). An int32
+            scalar tensor (>= 0) always runs the sampling search, in which 1
+            draws the best token: greedy decoding.
         sampling_topp: with sampling, the smallest set of best tokens whose
             probabilities (after the temperature) sum to at least this is
             sampled among (1.0: all of them; CTranslate2's ``sampling_topp``).
@@ -395,6 +402,10 @@ class SearchOptions:
             scores stay those of the model's own distribution.
         seed: with sampling, a python int: the same seed and inputs give the
             same samples (`LoopOps.uniform` draws the noise).
+
+    The run-time forms (tensors: the SavedModel's ``translate_advanced``) are the
+    caller's to keep in range, as a tensor ``beam_size`` is; the python forms are
+    checked here.
 
     A disallowed token's logit is set to ``NEG_INF`` before the step's
     log-softmax (as CTranslate2 does), so the other tokens' log-probabilities
@@ -425,8 +436,8 @@ class SearchOptions:
 
     @property
     def samples(self) -> bool:
-        """Whether the search samples its tokens (``sampling_topk`` other than 1)."""
-        return self.sampling_topk != 1
+        """Whether the search samples its tokens (``sampling_topk`` other than 1, or a tensor)."""
+        return not (_is_int(self.sampling_topk) and self.sampling_topk == 1)
 
     def __post_init__(self):
         for name, value in _checked_options(self).items():
@@ -469,29 +480,34 @@ def _checked_options(options):
             raise ValueError(f"min_length must be an int >= 0 (0: off) or a scalar tensor, got {min_length!r}")
         min_length = int(min_length)
     ngram = options.no_repeat_ngram_size
-    if not _is_int(ngram) or isinstance(ngram, bool) or ngram < 0:
-        raise ValueError(f"no_repeat_ngram_size must be a python int >= 0 (0: off), got {ngram!r}")
-    if not isinstance(options.disallow_unk, (bool, np.bool_)):
-        raise ValueError(f"disallow_unk must be a python bool, got {options.disallow_unk!r}")
+    if _is_python(ngram) and (not _is_int(ngram) or isinstance(ngram, bool) or ngram < 0):
+        raise ValueError(f"no_repeat_ngram_size must be an int >= 0 (0: off) or an int32 scalar tensor, got {ngram!r}")
+    if _is_python(options.disallow_unk) and not isinstance(options.disallow_unk, (bool, np.bool_)):
+        raise ValueError(f"disallow_unk must be a bool or a bool scalar tensor, got {options.disallow_unk!r}")
     topk, topp, temperature, seed = (options.sampling_topk, options.sampling_topp, options.sampling_temperature,
                                      options.seed)
-    if not _is_int(topk) or isinstance(topk, bool) or topk < 0:
-        raise ValueError(f"sampling_topk must be a python int >= 0 (1: no sampling, 0: the whole vocabulary), "
-                         f"got {topk!r}")
+    if _is_python(topk) and (not _is_int(topk) or isinstance(topk, bool) or topk < 0):
+        raise ValueError(f"sampling_topk must be an int >= 0 (1: no sampling, 0: the whole vocabulary) or an "
+                         f"int32 scalar tensor, got {topk!r}")
     for name, value in (("sampling_topp", topp), ("sampling_temperature", temperature)):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not np.isfinite(value) \
-                or value <= 0 or (name == "sampling_topp" and value > 1):
-            raise ValueError(f"{name} must be a finite number in {'(0, 1]' if name == 'sampling_topp' else '> 0'}, "
-                             f"got {value!r}")
-    if not _is_int(seed) or isinstance(seed, bool) or not 0 <= seed < 2 ** 31:
-        raise ValueError(f"seed must be a python int in [0, 2**31), got {seed!r}")
-    if topk != 1 and beam_size != 1:
-        raise ValueError(f"sampling (sampling_topk={topk}) draws one token a step: it needs beam_size 1, got "
-                         f"{beam_size!r}")
+        if _is_python(value) and (isinstance(value, bool) or not isinstance(value, (int, float, np.floating))
+                                  or not np.isfinite(value) or value <= 0 or (name == "sampling_topp" and value > 1)):
+            raise ValueError(f"{name} must be a finite number in {'(0, 1]' if name == 'sampling_topp' else '> 0'} "
+                             f"or a float scalar tensor, got {value!r}")
+    if _is_python(seed) and (not _is_int(seed) or isinstance(seed, bool) or not 0 <= seed < 2 ** 31):
+        raise ValueError(f"seed must be an int in [0, 2**31) or an int scalar tensor, got {seed!r}")
+    samples = not (_is_int(topk) and topk == 1)
+    if samples and beam_size != 1:
+        raise ValueError(f"sampling (sampling_topk={topk}) draws one token a step: it needs beam_size 1 (a python "
+                         f"int), got {beam_size!r}")
     return {"beam_size": beam_size, "num_results": num_results, "max_beam_size": max_beam_size,
-            "exact_results": exact_results, "min_length": min_length, "no_repeat_ngram_size": int(ngram),
-            "disallow_unk": bool(options.disallow_unk), "sampling_topk": int(topk), "sampling_topp": float(topp),
-            "sampling_temperature": float(temperature), "seed": int(seed)}
+            "exact_results": exact_results, "min_length": min_length,
+            "no_repeat_ngram_size": int(ngram) if _is_python(ngram) else ngram,
+            "disallow_unk": bool(options.disallow_unk) if _is_python(options.disallow_unk) else options.disallow_unk,
+            "sampling_topk": int(topk) if _is_python(topk) else topk,
+            "sampling_topp": float(topp) if _is_python(topp) else topp,
+            "sampling_temperature": float(temperature) if _is_python(temperature) else temperature,
+            "seed": int(seed) if _is_python(seed) else seed}
 
 
 def keras_nonzero(mask):
@@ -766,11 +782,11 @@ class _SearchSpec(typing.NamedTuple):
     gather: object  # `keras_gather`, or a function with its meaning (tf.gather)
     normalize_after_top_k: bool  # each beam's top tokens by their logits, then only those normalized
     keeps_done: bool  # the state holds the sentences that are done (all but `DropFinished`'s loop)
-    # Disallowed tokens (`_disallowed`): EOS before this many tokens (0 or None: off; a python int
-    # or an int32 scalar), repeated n-grams of this size (0: off), the unknown token.
+    # Disallowed tokens (`_disallowed`): EOS before this many tokens (0 or None: off), repeated
+    # n-grams of this size (0: off), the unknown token; each a python value or a scalar tensor.
     min_length: object = 0
-    no_repeat_ngram_size: int = 0
-    disallow_unk: bool = False
+    no_repeat_ngram_size: object = 0
+    disallow_unk: object = False
     # the state holds each sentence's target prefix (`beam_search(target_prefix=...)`)
     has_prefix: bool = False
     # sampling (`SearchOptions.samples`): None, or (topk, topp, temperature, seed, uniform)
@@ -941,15 +957,23 @@ def _sampled(logits, step, spec, sentence=None):
     topk, topp, temperature, seed, uniform = spec.sampling
     logp = ops.log_softmax(logits, axis=-1)  # [rows, V]
     scores = logp
-    if topk > 0:
-        kth = ops.top_k(logp, topk)[0][:, -1:]  # [rows, 1]
-        scores = ops.where(logp >= kth, scores, spec.neg_inf)
+    if _is_python(topk):
+        if topk > 0:
+            kth = ops.top_k(logp, topk)[0][:, -1:]  # [rows, 1]
+            scores = ops.where(logp >= kth, scores, spec.neg_inf)
+    else:  # given at run time (>= 0): the k-th best, or with 0 every token
+        k = ops.clip(ops.cast(topk, "int32"), 1, ops.shape(logp)[-1])
+        kth = ops.top_k(logp, k)[0][:, -1:]  # [rows, 1]
+        scores = ops.where(ops.logical_or(logp >= kth, topk <= 0), scores, spec.neg_inf)
     scores = ops.log_softmax(scores / temperature, axis=-1)  # [rows, V]
-    if topp < 1.0:
+    if not _is_python(topp) or topp < 1.0:
         ranked = ops.sort(ops.exp(scores), axis=-1)[:, ::-1]  # [rows, V], most likely first
         before = ops.cumsum(ranked, axis=-1) - ranked  # [rows, V]: the mass of the tokens ranked before
         smallest = ops.min(ops.where(before < topp, ranked, 2.0), axis=-1, keepdims=True)  # [rows, 1]
-        scores = ops.where(ops.exp(scores) >= smallest, scores, spec.neg_inf)
+        nucleus = ops.exp(scores) >= smallest
+        # (a run-time 1.0 keeps every token, as the python 1.0 does: no float sum decides it)
+        scores = ops.where(nucleus if _is_python(topp) else ops.logical_or(nucleus, topp >= 1.0),
+                           scores, spec.neg_inf)
     noise = uniform((spec.batch_size, ops.shape(logits)[-1]), seed, step)  # [batch, V] in (0, 1)
     noise = noise if sentence is None else spec.gather(noise, sentence, 0)  # [rows, V]
     token = ops.cast(ops.argmax(scores - ops.log(-ops.log(noise)), axis=-1), "int32")[:, None]  # [rows, 1]
@@ -1222,9 +1246,16 @@ def _has_min_length(spec):
     return not (_is_int(spec.min_length) and spec.min_length == 0)
 
 
+def _on(value):
+    """Whether an option may be on: a python value other than 0 / False, or a tensor (given
+    at run time). No ops at all for an option that is off."""
+    return not _is_python(value) or bool(value)
+
+
 def _constrains(spec):
     """Whether the search disallows any token (python bool: no ops at all when not)."""
-    return _has_min_length(spec) or spec.no_repeat_ngram_size > 0 or spec.disallow_unk or spec.has_prefix
+    return (_has_min_length(spec) or _on(spec.no_repeat_ngram_size) or _on(spec.disallow_unk)
+            or spec.has_prefix)
 
 
 def _repeated_ngram_ends(seqs, step, n):
@@ -1252,6 +1283,29 @@ def _repeated_ngram_ends(seqs, step, n):
     return tokens, ops.logical_and(repeated, ops.ones_like(tokens, dtype="bool"))  # [rows, W] (n = 1: no loop)
 
 
+def _repeated_ngram_ends_at_run_time(seqs, step, n):
+    """`_repeated_ngram_ends` for a size `n` given at run time (an int32 scalar in
+    ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``; 0: nothing repeated): the n-gram starting at every
+    position of the buffer, its tokens compared in `MAX_NO_REPEAT_NGRAM_SIZE - 1` unrolled
+    steps, each masked off beyond the size asked. The same n-grams as the python size's.
+
+    Returns:
+        ``(tokens, repeated)``: int32 ``[rows, L]`` and bool ``[rows, L]``.
+    """
+    rows, length = ops.shape(seqs)[0], ops.shape(seqs)[1]
+    n = ops.cast(n, "int32")
+    padded = ops.pad(seqs, [[0, 0], [0, MAX_NO_REPEAT_NGRAM_SIZE]], constant_values=PAD_ID)  # [rows, L + M]
+    starts = ops.arange(length, dtype="int32")  # [L]
+    repeated = ops.expand_dims(ops.logical_and(starts + n <= step, n > 0), 0)  # [1, L]
+    for j in range(MAX_NO_REPEAT_NGRAM_SIZE - 1):
+        last = ops.take(seqs, ops.clip(step - n + 1 + j, 0, length - 1), axis=1)  # [rows]
+        window = ops.slice(padded, (0, j), (rows, length))  # [rows, L]
+        same = ops.logical_or(window == ops.expand_dims(last, 1), j >= n - 1)  # (beyond the size: any token)
+        repeated = ops.logical_and(repeated, same)
+    tokens = ops.take(padded, ops.maximum(starts + n - 1, 0), axis=1)  # [rows, L]
+    return tokens, ops.logical_and(repeated, ops.ones_like(tokens, dtype="bool"))
+
+
 def _disallowed(logits, sentences, step, spec):
     """`logits` with every disallowed token's set to NEG_INF: EOS before `spec.min_length`
     tokens, a token that would repeat an n-gram (`spec.no_repeat_ngram_size`), the unknown
@@ -1265,14 +1319,15 @@ def _disallowed(logits, sentences, step, spec):
     """
     vocab = ops.arange(ops.shape(logits)[-1], dtype="int32")[None, :]  # [1, V]
     banned = ops.zeros_like(vocab, dtype="bool")  # [1, V]
-    if spec.disallow_unk:
-        banned = ops.logical_or(banned, vocab == UNK_ID)
+    if _on(spec.disallow_unk):
+        banned = ops.logical_or(banned, ops.logical_and(vocab == UNK_ID, spec.disallow_unk))
     if _has_min_length(spec):
         banned = ops.logical_or(banned, ops.logical_and(vocab == spec.eos_id, step < spec.min_length))
-    if spec.no_repeat_ngram_size > 0:
+    if _on(spec.no_repeat_ngram_size):
         length = ops.shape(sentences["alive_seqs"])[-1]
         seqs = ops.reshape(sentences["alive_seqs"], (-1, length))  # [b * k, L]
-        tokens, repeated = _repeated_ngram_ends(seqs, step, spec.no_repeat_ngram_size)  # [b * k, L - n + 1] x2
+        ngrams = _repeated_ngram_ends if _is_python(spec.no_repeat_ngram_size) else _repeated_ngram_ends_at_run_time
+        tokens, repeated = ngrams(seqs, step, spec.no_repeat_ngram_size)  # [b * k, W] x2
         rows = ops.broadcast_to(ops.arange(ops.shape(seqs)[0], dtype="int32")[:, None], ops.shape(tokens))
         hits = ops.scatter(ops.reshape(ops.stack([rows, tokens], axis=-1), (-1, 2)),
                            ops.reshape(ops.cast(repeated, "float32"), (-1,)),

@@ -491,9 +491,10 @@ def _xla_constraints(options):
     compiled program (a run-time `min_length` is the plain graph's)."""
     if options.samples:
         raise ValueError("sampling runs in the plain graph (xla=False)")
-    if not isinstance(options.min_length, int):
-        raise ValueError("the XLA search takes min_length as a python int; a run-time min_length is for the "
-                         "plain graph (translate_options)")
+    if not all(isinstance(value, (int, bool)) for value in (options.min_length, options.no_repeat_ngram_size,
+                                                             options.disallow_unk)):
+        raise ValueError("the XLA search takes min_length, no_repeat_ngram_size and disallow_unk as python values; "
+                         "run-time ones are for the plain graph (translate_advanced)")
     if not (options.min_length or options.no_repeat_ngram_size or options.disallow_unk):
         return {}  # (the call as before: no constraints)
     return {"constraints": (options.min_length, options.no_repeat_ngram_size, options.disallow_unk)}

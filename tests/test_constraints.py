@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import TransformerConfig, build_transformer
-from keras_transformer.constants import EOS_ID, PAD_ID, UNK_ID
-from keras_transformer.decoding import SearchOptions, _repeated_ngram_ends
+from keras_transformer.constants import EOS_ID, MAX_NO_REPEAT_NGRAM_SIZE, PAD_ID, UNK_ID
+from keras_transformer.decoding import SearchOptions, _repeated_ngram_ends, _repeated_ngram_ends_at_run_time
 from keras_transformer.searcher import STATIC_BUFFER, Searcher
 
 CONFIG = TransformerConfig(vocab_size=24, num_layers=1, d_model=32, d_ff=64, num_heads=4, dropout=0.0,
@@ -166,3 +166,39 @@ def prefixed_search(searcher, options, prefix, lengths, buffer=None):
                       autograph=False)
     ids, scores = run(tf.constant(SOURCE), tf.constant(LENGTHS))
     return ids.numpy(), scores.numpy()
+
+
+def test_the_run_time_ngram_rule_marks_what_the_python_one_does():
+    """`_repeated_ngram_ends_at_run_time` (the size a tensor, up to MAX_NO_REPEAT_NGRAM_SIZE)
+    bans the same tokens as the python size's unrolled rule at every step, size 0 none."""
+    rng = np.random.default_rng(1)
+    seqs = rng.integers(0, 4, (6, 11)).astype(np.int32)
+    for n in range(0, MAX_NO_REPEAT_NGRAM_SIZE + 1):
+        for step in range(12):
+            tokens, repeated = (np.asarray(t) for t in _repeated_ngram_ends_at_run_time(seqs, step, tf.constant(n)))
+            for row in range(len(seqs)):
+                got = set(tokens[row][repeated[row]].tolist())
+                if n == 0:
+                    assert got == set()
+                    continue
+                want_tokens, want = (np.asarray(t) for t in _repeated_ngram_ends(seqs, step, n))
+                assert got == set(want_tokens[row][want[row]].tolist()), (n, step, row)
+
+
+@pytest.mark.parametrize("constraints", [
+    {"no_repeat_ngram_size": 2, "disallow_unk": True, "min_length": 6},
+    {"no_repeat_ngram_size": 1, "disallow_unk": False, "min_length": 0},
+    {"no_repeat_ngram_size": 0, "disallow_unk": True, "min_length": 3},
+    {"no_repeat_ngram_size": 0, "disallow_unk": False, "min_length": 0}])
+def test_run_time_constraints_search_as_python_ones(searcher, constraints):
+    """The constraints given as tensors at run time (the SavedModel's `translate_advanced`)
+    give the python values' ids and scores: one graph for every value."""
+    want_ids, want_scores = search(searcher, **constraints)
+    options = SearchOptions(beam_size=4, alpha=0.6, num_results=4, extra_length=CONFIG.decode_extra_length,
+                            min_length=tf.constant(constraints["min_length"]),
+                            no_repeat_ngram_size=tf.constant(constraints["no_repeat_ngram_size"]),
+                            disallow_unk=tf.constant(constraints["disallow_unk"]))
+    ids, scores = searcher.search(tf.constant(SOURCE), tf.constant(LENGTHS), options)
+    width = min(ids.shape[-1], want_ids.shape[-1])
+    assert (ids.numpy()[..., :width] == want_ids[..., :width]).all()
+    np.testing.assert_allclose(scores.numpy(), want_scores, rtol=1e-6)

@@ -116,3 +116,32 @@ def test_bad_sampling_values_are_one_line_errors_naming_them(bad, words):
     with pytest.raises(ValueError, match=words) as raised:
         SearchOptions(**bad)
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("sampling", [
+    {"sampling_topk": 0, "sampling_temperature": 1.3, "seed": 7},
+    {"sampling_topk": 5, "sampling_temperature": 0.8, "sampling_topp": 1.0, "seed": 3},
+    {"sampling_topk": 0, "sampling_topp": 0.6, "seed": 9}])
+def test_run_time_sampling_options_draw_the_python_ones_samples(searcher, sampling):
+    """Sampling options given as tensors at run time (the SavedModel's `translate_advanced`)
+    draw the same sequences, with the same scores, as the python values with the same seed."""
+    source = np.array([[5, 9, 13, EOS_ID], [7, 8, EOS_ID, PAD_ID], [20, EOS_ID, PAD_ID, PAD_ID]], np.int32)
+    want, want_scores = sample(searcher, copies=8, source=source, **sampling)
+    tensors = {"sampling_topk": tf.constant(sampling["sampling_topk"]),
+               "sampling_topp": tf.constant(sampling.get("sampling_topp", 1.0)),
+               "sampling_temperature": tf.constant(sampling.get("sampling_temperature", 1.0)),
+               "seed": tf.constant(sampling["seed"])}
+    ids, scores = sample(searcher, copies=8, source=source, **tensors)
+    assert (ids == want).all()
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-6)
+
+
+def test_a_run_time_topk_of_one_is_greedy_decoding(searcher):
+    """`sampling_topk` 1 given at run time runs the sampling search, which then draws the
+    best token every step: the greedy search's ids and scores."""
+    source = np.array([[5, 9, 13, EOS_ID], [7, 8, EOS_ID, PAD_ID], [20, EOS_ID, PAD_ID, PAD_ID]], np.int32)
+    greedy, greedy_scores = sample(searcher, copies=2, source=source)
+    ids, scores = sample(searcher, copies=2, source=source, sampling_topk=tf.constant(1),
+                         sampling_temperature=tf.constant(1.7), seed=tf.constant(5))
+    assert (ids == greedy).all()
+    np.testing.assert_allclose(scores, greedy_scores, rtol=1e-6)
