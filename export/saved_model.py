@@ -45,6 +45,16 @@ asset file to lose), the averaged weights and the beam search:
   stops as soon as the `num_results` best are known: with one result, by the
   same bound as `serving_default` (the best finished hypothesis, not the
   worst of `beam_size`).
+* `translate_advanced`: `translate_options` with CTranslate2's other decoding options, every
+  input required (TF Serving requires each input of a signature in every request, so they
+  could not be optional inputs of `translate_options`): `text`, `target_prefix` string (""
+  for none; the translation starts with it), `translate_options`' five options, `min_length`
+  int32, `no_repeat_ngram_size` int32 (0..`MAX_NO_REPEAT_NGRAM_SIZE`), `disallow_unk` bool,
+  `sampling_topk` int32 (1: search; else sampling with one beam), `sampling_topp` float32,
+  `sampling_temperature` float32, `seed` int32, each a scalar or one value per sentence ->
+  `translations`, `scores` (as `translate_options`) and `errors` string `[None]`: "" or
+  which option of that sentence is out of range (the sentence then gets "" with score 0).
+  Plain-text models only.
 
 The search is exact by default (the best translation is the one a search
 without early stop finds); `--patience P` makes CTranslate2's patience stop
@@ -94,7 +104,8 @@ from keras_transformer.constants import MAX_BEAM_SIZE  # noqa: F401  (read from 
 from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 
 if typing.TYPE_CHECKING:
-    from export.saved_model_graph import TranslationModule, options_warmup_inputs, write_warmup_requests
+    from export.saved_model_graph import (TranslationModule, advanced_warmup_inputs, options_warmup_inputs,
+                                          write_warmup_requests)
 
 # `MAX_BEAM_SIZE` (constants): the beam sizes the options signature can run. One search takes
 # the beam size at run time; it was one `switch_case` branch per beam size, eight copies of
@@ -115,10 +126,11 @@ LITERT_SIGNATURE = "translate_litert"
 XLA_SIGNATURE = "translate_xla"
 SCORE_SIGNATURE = "score"
 ALIGN_SIGNATURE = "align"
+ADVANCED_SIGNATURE = "translate_advanced"
 
 # The TensorFlow side of the export (`export.saved_model_graph`), imported on first use: the
 # command's `--help` and flag errors answer without TensorFlow.
-_GRAPH_NAMES = ("TranslationModule", "options_warmup_inputs", "write_warmup_requests")
+_GRAPH_NAMES = ("TranslationModule", "advanced_warmup_inputs", "options_warmup_inputs", "write_warmup_requests")
 
 
 __getattr__ = names_on_first_use(__name__, dict.fromkeys(_GRAPH_NAMES, "export.saved_model_graph"))
@@ -194,7 +206,8 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
     """
     import tensorflow as tf
 
-    from export.saved_model_graph import TranslationModule, options_warmup_inputs, write_warmup_requests
+    from export.saved_model_graph import (TranslationModule, advanced_warmup_inputs, options_warmup_inputs,
+                                          write_warmup_requests)
 
     output = pathlib.Path(output)
     if version is not None and int(version) < 0:  # (`--version -1` wrote export/-1, which TF Serving never loads)
@@ -222,7 +235,9 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
                 raise ValueError("--xla-warmup: a syntax-aware model has no translate_xla signature")
             xla_texts = [text for _, text in bucket_warmup_texts(tokenizer_model, config)] if xla_warmup else None
             options = options_warmup_inputs(config, patience) if OPTIONS_SIGNATURE in signatures else None
-            write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware, options=options)
+            advanced = advanced_warmup_inputs(config, patience) if ADVANCED_SIGNATURE in signatures else None
+            write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware, options=options,
+                                  advanced=advanced)
             write_export_config(staging, config, patience)
             os.rename(staging, final)  # atomic on one file system
         except (OSError, tf.errors.OpError) as error:  # a full disk, no permission: one line, not TF's traceback

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pathlib
 
-from export.saved_model import (ALIGN_SIGNATURE, LITERT_MAX_BATCH, LITERT_SIGNATURE, MAX_PATIENCE, OPTIONS_SIGNATURE,
-                                SCORE_SIGNATURE, SERVING_DEFAULT, WARMUP_CONLLU, WARMUP_SENTENCES,
-                                XLA_SIGNATURE)
+from export.saved_model import (ADVANCED_SIGNATURE, ALIGN_SIGNATURE, LITERT_MAX_BATCH, LITERT_SIGNATURE,
+                                MAX_PATIENCE, OPTIONS_SIGNATURE, SCORE_SIGNATURE, SERVING_DEFAULT,
+                                WARMUP_CONLLU, WARMUP_SENTENCES, XLA_SIGNATURE)
 from keras_transformer.config import TransformerConfig
-from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
+from keras_transformer.constants import MAX_BEAM_SIZE, MAX_NO_REPEAT_NGRAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
@@ -80,6 +80,9 @@ class TranslationModule(tf.Module):
             tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec([None], tf.string, name="target")])
         self.serve_align = tf.function(self._serve_align, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec([None], tf.string, name="target")])
+        self.serve_advanced = tf.function(self._serve_advanced, autograph=False, input_signature=[
+            tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec(None, tf.string, name="target_prefix"),
+            *(tf.TensorSpec(None, dtype, name=name) for name, dtype, _ in ADVANCED_OPTIONS)])
 
     def _default_options(self):
         """The `SearchOptions` of the signatures without options: the config's beam size,
@@ -119,63 +122,87 @@ class TranslationModule(tf.Module):
         return {"source_tokens": source_tokens, "target_tokens": target_tokens, "attention": attention}
 
     def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results, patience):
-        def clipped(beam_size, num_results):
-            beam_size = tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE)
-            return beam_size, tf.clip_by_value(num_results, 1, beam_size)
-
         batch = tf.shape(text)[0]
-        # the request's own number of results (its first value), clipped: the output's width
-        # for a request without sentences, whose output is empty (`[0, n]`, as before)
-        _, requested = clipped(tf.reshape(beam_size, [-1])[:1], tf.reshape(num_results, [-1])[:1])
-        beam_size, alpha, extra_length, num_results, patience = (
-            _per_sentence(value, batch, name) for value, name in (
-                (beam_size, "beam_size"), (alpha, "alpha"), (extra_length, "extra_length"),
-                (num_results, "num_results"), (patience, "patience")))  # [batch] each
-        beam_size, num_results = clipped(beam_size, num_results)
-        # A NaN or infinite alpha is the export's own: it scored every hypothesis NaN (or -inf,
-        # or 0), so every translation was "" with score -1e9. A NaN patience is off (<= 0), and
-        # one above MAX_PATIENCE (more hypotheses than any search finishes) is that bound, so
-        # round(beam * patience) stays an int32.
-        alpha = tf.where(tf.math.is_finite(alpha), alpha, self._config.length_penalty_alpha)
-        patience = tf.where(tf.math.is_nan(patience), 0.0, tf.minimum(patience, MAX_PATIENCE))
+        requested = _requested_results(beam_size, num_results)
+        beam_size, alpha, extra_length, num_results, patience = _search_columns(
+            self._config, batch, "translate_options", beam_size=beam_size, alpha=alpha, extra_length=extra_length,
+            num_results=num_results, patience=patience)
+
+        def search_group(rows, options):
+            beam, alpha, extra, results, patience = options
+            found, found_scores, found_errors = self._search_options(
+                tf.gather_nd(text, rows), beam, alpha, extra, results, patience)  # [n, beam] x2
+            found, found_scores = _result_slots(found, found_scores, beam, results)
+            return found, found_scores, found_errors if self._config.syntax_aware else tf.fill([tf.size(rows)], "")
+
         # One search per distinct set of options, on its sentences (a request's own scalars:
         # one search on all of them, the graph's only one; requests that TF Serving merged
         # with other options: one search each, as each would run alone).
-        keys = tf.stack([beam_size, tf.bitcast(alpha, tf.int32), extra_length, num_results,
-                         tf.bitcast(patience, tf.int32)], axis=1)  # [batch, 5]
-        options, group = tf.raw_ops.UniqueV2(x=keys, axis=[0])  # [groups, 5], [batch]
-        options = tf.reshape(options, [-1, 5])  # (UniqueV2 leaves the second dimension unknown)
+        strings, scores, errors = _search_groups(batch, (beam_size, alpha, extra_length, num_results, patience),
+                                                 search_group)
         # The output's width: the most results a sentence asked for (a request's own scalar
         # `num_results`, also for an empty request).
         width = tf.reduce_max(tf.concat([num_results, requested, [1]], 0))
-        strings = tf.fill([batch, MAX_BEAM_SIZE], "")
-        scores = tf.fill([batch, MAX_BEAM_SIZE], tf.constant(NEG_INF, tf.float32))
-        errors = tf.fill([batch], "")
-
-        def search_group(index, strings, scores, errors):
-            rows = tf.where(tf.equal(group, index))  # [n, 1]
-            beam, alpha, extra, results, patience = tf.unstack(options[index])
-            found, found_scores, found_errors = self._search_options(
-                tf.gather_nd(text, rows), beam, tf.bitcast(alpha, tf.float32), extra, results,
-                tf.bitcast(patience, tf.float32))  # [n, beam] x2
-            # the slots beyond the sentence's own results are "" and NEG_INF (the search's own
-            # empty slots), not the hypotheses its stop did not keep exact
-            kept = tf.range(MAX_BEAM_SIZE) < results  # [MAX_BEAM_SIZE]
-            pad = [[0, 0], [0, MAX_BEAM_SIZE - beam]]
-            found = tf.where(kept, tf.pad(found, pad), "")
-            found_scores = tf.where(kept, tf.pad(found_scores, pad, constant_values=NEG_INF), NEG_INF)
-            strings = tf.tensor_scatter_nd_update(strings, rows, found)
-            scores = tf.tensor_scatter_nd_update(scores, rows, found_scores)
-            if self._config.syntax_aware:
-                errors = tf.tensor_scatter_nd_update(errors, rows, found_errors)
-            return index + 1, strings, scores, errors
-
-        _, strings, scores, errors = tf.while_loop(
-            lambda index, *_: index < tf.shape(options)[0], search_group, (0, strings, scores, errors))
         outputs = {"translations": strings[:, :width], "scores": scores[:, :width]}
         if self._config.syntax_aware:
             outputs["errors"] = errors
         return outputs
+
+    def _serve_advanced(self, text, target_prefix, beam_size, alpha, extra_length, num_results, patience,
+                        min_length, no_repeat_ngram_size, disallow_unk, sampling_topk, sampling_topp,
+                        sampling_temperature, seed):
+        """`translate_options` with every decoding option (`ADVANCED_OPTIONS`) and a target
+        prefix: each sentence's options checked (a bad value: the sentence is not searched,
+        its translation is "", and `errors` says which value), then one search per distinct
+        set of options, as `translate_options` does: the beam search (run-time beam size,
+        constraints, prefix) or, where `sampling_topk` is not 1, the sampling search (one
+        beam)."""
+        batch = tf.shape(text)[0]
+        given = {"beam_size": beam_size, "alpha": alpha, "extra_length": extra_length, "num_results": num_results,
+                 "patience": patience, "min_length": min_length, "no_repeat_ngram_size": no_repeat_ngram_size,
+                 "disallow_unk": disallow_unk, "sampling_topk": sampling_topk, "sampling_topp": sampling_topp,
+                 "sampling_temperature": sampling_temperature, "seed": seed}
+        requested = _requested_results(beam_size, num_results)
+        columns = dict(zip(given, _search_columns(self._config, batch, ADVANCED_SIGNATURE, **given)))
+        errors = _advanced_errors(columns)  # [batch]: "" or what is wrong
+        good = tf.equal(errors, "")
+        # a sentence with a bad option: searched as an empty input with the defaults ("", score 0)
+        text = tf.where(good, tf.reshape(text, [-1]), "")
+        target_prefix = tf.where(good, _per_sentence(target_prefix, batch, "target_prefix", ADVANCED_SIGNATURE), "")
+        defaults = _advanced_defaults(self._config, self._patience or 0.0)
+        columns = {name: tf.where(good, value, defaults[name]) for name, value in columns.items()}
+
+        def search_group(rows, options):
+            options = dict(zip(columns, options))
+            found, found_scores = tf.cond(
+                tf.equal(options["sampling_topk"], 1),
+                lambda: self._search_advanced(tf.gather_nd(text, rows), tf.gather_nd(target_prefix, rows), options),
+                lambda: self._sample_advanced(tf.gather_nd(text, rows), tf.gather_nd(target_prefix, rows), options))
+            return found, found_scores, tf.fill([tf.size(rows)], "")
+
+        strings, scores, _ = _search_groups(batch, tuple(columns.values()), search_group)
+        width = tf.reduce_max(tf.concat([columns["num_results"], requested, [1]], 0))
+        return {"translations": strings[:, :width], "scores": scores[:, :width], "errors": errors}
+
+    def _search_advanced(self, text, prefix, options):
+        """`translate_advanced`'s beam search on one group: `translate_options`' search with
+        the constraints and the prefix, its results in `MAX_BEAM_SIZE` slots."""
+        beam, results = options["beam_size"], options["num_results"]
+        search = SearchOptions(beam_size=beam, alpha=options["alpha"], num_results=beam,
+                               extra_length=options["extra_length"], exact_results=tf.minimum(results, beam),
+                               patience=options["patience"], max_beam_size=MAX_BEAM_SIZE,
+                               **_constraints(options))
+        found, found_scores = self._translator.translate_graph(text, search, target_prefix=prefix)
+        return _result_slots(found, found_scores, beam, results)
+
+    def _sample_advanced(self, text, prefix, options):
+        """`translate_advanced`'s sampling search on one group: one beam, one result."""
+        search = SearchOptions(beam_size=1, alpha=options["alpha"], num_results=1,
+                               extra_length=options["extra_length"], **_constraints(options),
+                               **{name: options[name] for name in ("sampling_topk", "sampling_topp",
+                                                                   "sampling_temperature", "seed")})
+        found, found_scores = self._translator.translate_graph(text, search, target_prefix=prefix)
+        return _result_slots(found, found_scores, 1, 1)
 
     def _search_options(self, text, beam, alpha, extra_length, num_results, patience):
         """`translate_options`' search for the beam size `beam` (an int32 scalar in
@@ -210,7 +237,7 @@ class TranslationModule(tf.Module):
             return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options}
         return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options,
                 LITERT_SIGNATURE: self.serve_litert, XLA_SIGNATURE: self.serve_xla, SCORE_SIGNATURE: self.serve_score,
-                ALIGN_SIGNATURE: self.serve_align}
+                ALIGN_SIGNATURE: self.serve_align, ADVANCED_SIGNATURE: self.serve_advanced}
 
 
 def _one_target_per_source(signature, text, target):
@@ -219,7 +246,127 @@ def _one_target_per_source(signature, text, target):
         f"{signature}: text and target must hold as many sentences (one target per source)"))
 
 
-def _per_sentence(value, batch, name):
+# `translate_advanced`'s options after `text` and `target_prefix`: (input name, dtype, default).
+# The default of each is the export's (`_advanced_defaults`: None here) or this value.
+ADVANCED_OPTIONS = (
+    ("beam_size", tf.int32, None), ("alpha", tf.float32, None), ("extra_length", tf.int32, None),
+    ("num_results", tf.int32, 1), ("patience", tf.float32, None), ("min_length", tf.int32, 0),
+    ("no_repeat_ngram_size", tf.int32, 0), ("disallow_unk", tf.bool, False), ("sampling_topk", tf.int32, 1),
+    ("sampling_topp", tf.float32, 1.0), ("sampling_temperature", tf.float32, 1.0), ("seed", tf.int32, 0))
+
+
+def _advanced_defaults(config: TransformerConfig, patience: float = 0.0) -> dict:
+    """`translate_advanced`'s options that translate as `serving_default` does: the export's
+    beam size, alpha, extra length and patience, one result, no constraint, no sampling."""
+    exported = {"beam_size": config.beam_size, "alpha": config.length_penalty_alpha,
+                "extra_length": config.decode_extra_length, "patience": patience}
+    return {name: exported[name] if default is None else default for name, _, default in ADVANCED_OPTIONS}
+
+
+def _requested_results(beam_size, num_results):
+    """The request's own number of results (the first value of each), clipped as the
+    options are: the output's width for a request without sentences (`[0, n]`)."""
+    beam = tf.clip_by_value(tf.reshape(beam_size, [-1])[:1], 1, MAX_BEAM_SIZE)
+    return tf.clip_by_value(tf.reshape(num_results, [-1])[:1], 1, beam)
+
+
+def _search_columns(config, batch, signature, **options):
+    """The options of `translate_options` (and `translate_advanced`) as one value per
+    sentence, `[batch]` each, in the order given: the beam size and number of results
+    clipped to `[1, MAX_BEAM_SIZE]` and `[1, beam_size]`; a NaN or infinite alpha the
+    export's own (it scored every hypothesis NaN, or -inf, or 0, so every translation was ""
+    with score -1e9); a NaN patience off (<= 0), and one above MAX_PATIENCE (more hypotheses
+    than any search finishes) that bound, so round(beam * patience) stays an int32. The
+    other options as given (`_advanced_errors` checks them)."""
+    columns = {name: _per_sentence(value, batch, name, signature) for name, value in options.items()}
+    columns["beam_size"] = tf.clip_by_value(columns["beam_size"], 1, MAX_BEAM_SIZE)
+    columns["num_results"] = tf.clip_by_value(columns["num_results"], 1, columns["beam_size"])
+    alpha, patience = columns["alpha"], columns["patience"]
+    columns["alpha"] = tf.where(tf.math.is_finite(alpha), alpha, config.length_penalty_alpha)
+    columns["patience"] = tf.where(tf.math.is_nan(patience), 0.0, tf.minimum(patience, MAX_PATIENCE))
+    return tuple(columns.values())
+
+
+def _advanced_errors(columns):
+    """`translate_advanced`'s check of each sentence's options: string `[batch]`, "" or what
+    is wrong (the first bad value, named with the range it must be in)."""
+    topk, topp, temperature = columns["sampling_topk"], columns["sampling_topp"], columns["sampling_temperature"]
+    problems = (
+        (columns["min_length"] < 0, "min_length must be >= 0"),
+        (tf.logical_or(columns["no_repeat_ngram_size"] < 0, columns["no_repeat_ngram_size"] > MAX_NO_REPEAT_NGRAM_SIZE),
+         f"no_repeat_ngram_size must be in [0, {MAX_NO_REPEAT_NGRAM_SIZE}]"),
+        (topk < 0, "sampling_topk must be >= 0 (1: no sampling, 0: the whole vocabulary)"),
+        (tf.logical_not(tf.logical_and(topp > 0, topp <= 1)), "sampling_topp must be in (0, 1]"),
+        (tf.logical_not(tf.logical_and(temperature > 0, tf.math.is_finite(temperature))),
+         "sampling_temperature must be a finite number > 0"),
+        (columns["seed"] < 0, "seed must be >= 0"),
+        (tf.logical_and(tf.not_equal(topk, 1), columns["beam_size"] > 1),
+         "sampling (sampling_topk other than 1) draws one token a step: it needs beam_size 1"),
+    )
+    errors = tf.fill(tf.shape(topk), "")
+    for bad, message in reversed(problems):  # the first problem of the list wins
+        errors = tf.where(bad, f"{ADVANCED_SIGNATURE}: {message}", errors)
+    return errors
+
+
+def _constraints(options):
+    """The group's disallowed-token options (run-time scalars) as `SearchOptions` fields."""
+    return {name: options[name] for name in ("min_length", "no_repeat_ngram_size", "disallow_unk")}
+
+
+def _result_slots(found, found_scores, beam, results):
+    """A search's `[n, beam]` results in `MAX_BEAM_SIZE` slots: the slots beyond the
+    sentence's own results are "" and NEG_INF (the search's own empty slots), not the
+    hypotheses its stop did not keep exact."""
+    kept = tf.range(MAX_BEAM_SIZE) < results  # [MAX_BEAM_SIZE]
+    pad = [[0, 0], [0, MAX_BEAM_SIZE - beam]]
+    found = tf.where(kept, tf.pad(found, pad), "")
+    found_scores = tf.where(kept, tf.pad(found_scores, pad, constant_values=NEG_INF), NEG_INF)
+    return found, found_scores
+
+
+def _search_groups(batch, columns, search_group):
+    """One search per distinct set of options: `columns`, a tuple of `[batch]` int32, float32
+    or bool options, grouped by their values (`UniqueV2` of their bits); `search_group(rows,
+    options)` searches the sentences `rows` (int64 `[n, 1]`) with the group's `options` (a
+    tuple of scalars, the columns' dtypes) and returns (strings `[n, MAX_BEAM_SIZE]`, scores
+    `[n, MAX_BEAM_SIZE]`, errors `[n]`), which land in those rows of the outputs."""
+    dtypes = [column.dtype for column in columns]
+    keys = tf.stack([_as_int32(column) for column in columns], axis=1)  # [batch, K]
+    options, group = tf.raw_ops.UniqueV2(x=keys, axis=[0])  # [groups, K], [batch]
+    options = tf.reshape(options, [-1, len(columns)])  # (UniqueV2 leaves the second dimension unknown)
+    strings = tf.fill([batch, MAX_BEAM_SIZE], "")
+    scores = tf.fill([batch, MAX_BEAM_SIZE], tf.constant(NEG_INF, tf.float32))
+    errors = tf.fill([batch], "")
+
+    def body(index, strings, scores, errors):
+        rows = tf.where(tf.equal(group, index))  # [n, 1]
+        values = tuple(_from_int32(value, dtype) for value, dtype in zip(tf.unstack(options[index]), dtypes))
+        found, found_scores, found_errors = search_group(rows, values)
+        return (index + 1, tf.tensor_scatter_nd_update(strings, rows, found),
+                tf.tensor_scatter_nd_update(scores, rows, found_scores),
+                tf.tensor_scatter_nd_update(errors, rows, found_errors))
+
+    _, strings, scores, errors = tf.while_loop(
+        lambda index, *_: index < tf.shape(options)[0], body, (0, strings, scores, errors))
+    return strings, scores, errors
+
+
+def _as_int32(column):
+    """An option column as int32 bits (a float's bitcast, a bool as 0 / 1): `UniqueV2` keys."""
+    if column.dtype == tf.float32:
+        return tf.bitcast(column, tf.int32)
+    return tf.cast(column, tf.int32)
+
+
+def _from_int32(value, dtype):
+    """`_as_int32`'s inverse for one value."""
+    if dtype == tf.float32:
+        return tf.bitcast(value, tf.float32)
+    return tf.cast(value, dtype)
+
+
+def _per_sentence(value, batch, name, signature="translate_options"):
     """A `translate_options` option as one value per sentence, `[batch]`: given as a scalar
     (the whole request's), or as `[batch]`, one value per sentence of `text`, which TF
     Serving's server-side batching needs (`--enable_batching` concatenates the requests
@@ -229,7 +376,7 @@ def _per_sentence(value, batch, name):
     a message naming the option."""
     rank = tf.rank(value)
     fits = tf.logical_or(tf.equal(rank, 0), tf.logical_and(tf.equal(rank, 1), tf.equal(tf.size(value), batch)))
-    check = tf.debugging.Assert(fits, [f"translate_options: {name} must be a scalar or hold one value for each "
+    check = tf.debugging.Assert(fits, [f"{signature}: {name} must be a scalar or hold one value for each "
                                        "sentence of text; its shape:", tf.shape(value),
                                        "text's:", tf.reshape(batch, [1])])
     with tf.control_dependencies([check]):
@@ -248,9 +395,17 @@ def options_warmup_inputs(config: TransformerConfig, patience: float = 0.0) -> d
             "patience": tf.constant(patience, tf.float32)}
 
 
+def advanced_warmup_inputs(config: TransformerConfig, patience: float = 0.0) -> dict:
+    """The inputs of the `translate_advanced` warm-up request besides `text`: no prefix and
+    the options that translate as `serving_default` does (`_advanced_defaults`)."""
+    dtypes = {name: dtype for name, dtype, _ in ADVANCED_OPTIONS}
+    return {"target_prefix": tf.constant(""),
+            **{name: tf.constant(value, dtypes[name]) for name, value in _advanced_defaults(config, patience).items()}}
+
+
 def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator",
                           xla_texts: list[str] | None = None, conllu: bool = False,
-                          options: dict | None = None) -> pathlib.Path:
+                          options: dict | None = None, advanced: dict | None = None) -> pathlib.Path:
     """Writes `assets.extra/tf_serving_warmup_requests` (PredictionLog TFRecords).
 
     Args:
@@ -266,6 +421,8 @@ def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator
             for the `multi30k` shape (25 s when it held one search per beam
             size; docs/lab-notebook, "Export and load time"). The server pays
             that at load, not a request.
+        advanced: if given, also one `translate_advanced` request with these
+            inputs (`advanced_warmup_inputs`), given once per sentence as well.
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
@@ -275,6 +432,8 @@ def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator
     requests = [(SERVING_DEFAULT, texts, {})]
     if options is not None:
         requests.append((OPTIONS_SIGNATURE, texts, options))
+    if advanced is not None:
+        requests.append((ADVANCED_SIGNATURE, texts, advanced))
     requests += [(XLA_SIGNATURE, [text] * batch, {}) for text in xla_texts or () for batch in XLA_BATCH_BUCKETS]
     with tf.io.TFRecordWriter(str(path)) as writer:
         for signature, texts, scalars in requests:

@@ -11,7 +11,9 @@ does not pay back XLA's compile of each (length, batch) bucket it meets: on
 a Multi30k-shaped export, 1, 16, 200 and 1,000 lines took 1.1-1.3x, 2.3x,
 4.7-5.2x and 2.1-2.2x the process time with `--xla` (docs/lab-notebook, "The
 translate command without XLA"). `--beam-size`, `--alpha`, `--n-best` and
-`--patience` use the `translate_options` signature. A syntax-aware export
+`--patience` use the `translate_options` signature; `--target-prefix`, `--min-length`,
+`--no-repeat-ngram-size`, `--disallow-unk` and the sampling flags (`--sampling-topk`,
+`--sampling-topp`, `--sampling-temperature`, `--seed`) use `translate_advanced`. A syntax-aware export
 reads CoNLL-U from stdin instead (sentences separated by blank lines) and
 prints one translation per sentence; a malformed sentence gets an empty
 line, one line on stderr naming it and its problem, and exit status 1,
@@ -30,7 +32,7 @@ import sys
 
 from export.errors import missing_saved_model, newest_version
 from keras_transformer.config import TransformerConfig
-from keras_transformer.constants import MAX_BEAM_SIZE
+from keras_transformer.constants import MAX_BEAM_SIZE, MAX_NO_REPEAT_NGRAM_SIZE
 from keras_transformer.console import (FiniteFloat, OneLineArgumentParser, PositiveInt, harmless_lines_dropped,
                                        input_lines, interrupted, sigterm_raises, stdout_failed)
 
@@ -66,6 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
                              "does (faster, not exact; default: the export's own, the exact search unless "
                              "it was exported with --patience)")
+    decoding = parser.add_argument_group(
+        "decoding options", "any of them calls the translate_advanced signature (as CTranslate2's options of "
+                            "those names)")
+    decoding.add_argument("--target-prefix", default=None, metavar="TEXT",
+                          help="every translation starts with TEXT (printed with it)")
+    decoding.add_argument("--min-length", type=int, default=None,
+                          help="the fewest target pieces before the end of a translation (default 0)")
+    decoding.add_argument("--no-repeat-ngram-size", type=int, default=None,
+                          help=f"no n-gram of this many pieces twice in a translation, 1..{MAX_NO_REPEAT_NGRAM_SIZE} "
+                               f"(default 0: off)")
+    decoding.add_argument("--disallow-unk", action="store_true", help="never generate the unknown piece")
+    decoding.add_argument("--sampling-topk", type=int, default=None,
+                          help="sample each piece among the K most likely (0: all) instead of searching; with one "
+                               "beam (default 1: no sampling)")
+    decoding.add_argument("--sampling-topp", type=float, action=FiniteFloat, default=None,
+                          help="with sampling, among the fewest most likely pieces whose probabilities reach P, "
+                               "in (0, 1] (default 1)")
+    decoding.add_argument("--sampling-temperature", type=float, action=FiniteFloat, default=None,
+                          help="with sampling, divide the log-probabilities by T > 0 first (default 1)")
+    decoding.add_argument("--seed", type=int, default=None,
+                          help="with sampling, >= 0: the same seed and input lines give the same samples "
+                               "(default 0)")
     parser.add_argument("--batch-size", type=int, action=PositiveInt, default=None,
                         help=f"lines per request (default {BATCH_SIZE}; 1 when stdin is a terminal, so that a "
                              f"line typed is translated when Enter is pressed)")
@@ -97,6 +121,8 @@ def main(argv=None) -> int:
         parser.error(f"--n-best {args.n_best} asks for more results than --beam-size {args.beam_size} keeps; "
                      f"give a larger beam or fewer results")
 
+    advanced = _advanced_problem(parser, args)  # (a bad value: parser.error, before TensorFlow loads)
+
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
 
@@ -123,6 +149,10 @@ def main(argv=None) -> int:
         print(f"export.translate: error: {problem}", file=sys.stderr)
         return 2
     options = loaded.signatures["translate_options"]
+    if advanced and "translate_advanced" not in loaded.signatures:
+        print(f"export.translate: error: {', '.join(advanced)}: {args.saved_model} has no translate_advanced "
+              f"signature (a syntax-aware export, or one older than that signature)", file=sys.stderr)
+        return 2
 
     # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
     # sentences separated by blank lines, one translation printed per sentence.
@@ -133,6 +163,8 @@ def main(argv=None) -> int:
     # hit of the persistent XLA cache, and with oneDNN on (this command's default) on a CPU
     # without AVX-512, its fallback to TensorFlow's own kernels in the plain searches.
     default, options = _without_harmless_lines(default), _without_harmless_lines(options)
+    if advanced:
+        options = _advanced_call(_without_harmless_lines(loaded.signatures["translate_advanced"]), args)
     if args.patience is not None and not has_patience:
         print(f"export.translate: error: {args.saved_model} predates --patience (its translate_options "
               f"has no patience input); export the model again", file=sys.stderr)
@@ -150,7 +182,10 @@ def main(argv=None) -> int:
     patience = {"patience": tf.constant(patience_value, tf.float32)} if has_patience else {}
 
     # Without options every request goes to `default`; with any, to translate_options.
-    plain_request = args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None
+    plain_request = (args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None
+                     and not advanced)
+    if advanced and args.sampling_topk not in (None, 1) and args.beam_size is None:
+        args.beam_size = 1  # (sampling draws one piece a step: one beam)
     if args.xla and plain_request:
         # Grappler would optimize translate_xla's graph before XLA compiles it: 2-3 s more per
         # bucket's first request on the multi30k preset's shape, for the same program speed and
@@ -226,6 +261,56 @@ def main(argv=None) -> int:
               f"(named above); the others were translated", file=sys.stderr)
         return 1
     return 0
+
+
+def _advanced_problem(parser, args):
+    """The decoding flags given (`translate_advanced`'s), in the order of the help; a value
+    out of range is a `parser.error` naming it."""
+    given = [flag for flag, value in (
+        ("--target-prefix", args.target_prefix), ("--min-length", args.min_length),
+        ("--no-repeat-ngram-size", args.no_repeat_ngram_size), ("--disallow-unk", args.disallow_unk or None),
+        ("--sampling-topk", args.sampling_topk), ("--sampling-topp", args.sampling_topp),
+        ("--sampling-temperature", args.sampling_temperature), ("--seed", args.seed)) if value is not None]
+    for flag, value, fits, bound in (
+            ("--min-length", args.min_length, lambda v: v >= 0, ">= 0"),
+            ("--no-repeat-ngram-size", args.no_repeat_ngram_size, lambda v: 0 <= v <= MAX_NO_REPEAT_NGRAM_SIZE,
+             f"0..{MAX_NO_REPEAT_NGRAM_SIZE} (the export's largest)"),
+            ("--sampling-topk", args.sampling_topk, lambda v: v >= 0, ">= 0 (1: no sampling, 0: every piece)"),
+            ("--sampling-topp", args.sampling_topp, lambda v: 0 < v <= 1, "in (0, 1]"),
+            ("--sampling-temperature", args.sampling_temperature, lambda v: v > 0, "> 0"),
+            ("--seed", args.seed, lambda v: 0 <= v < 2 ** 31, "in [0, 2**31)")):
+        if value is not None and not fits(value):
+            parser.error(f"{flag} must be {bound}, got {value}")
+    samples = args.sampling_topk not in (None, 1)
+    if samples and ((args.beam_size or 1) > 1 or args.n_best > 1):
+        parser.error(f"--sampling-topk {args.sampling_topk} samples one translation with one beam; it takes no "
+                     f"--beam-size above 1 or --n-best above 1")
+    sampling_only = [flag for flag in given if flag in ("--sampling-topp", "--sampling-temperature", "--seed")]
+    if sampling_only and not samples:
+        parser.error(f"{', '.join(sampling_only)} {'is a sampling option' if len(sampling_only) == 1 else 'are sampling options'}; "
+                     f"give --sampling-topk too (0: every piece)")
+    return given
+
+
+def _advanced_call(signature, args):
+    """`translate_options`' call (the options it is given) made on `translate_advanced`, with
+    the decoding flags (their defaults where not given), one value per sentence."""
+    import tensorflow as tf
+
+    values = {"target_prefix": (args.target_prefix or "", tf.string), "min_length": (args.min_length or 0, tf.int32),
+              "no_repeat_ngram_size": (args.no_repeat_ngram_size or 0, tf.int32),
+              "disallow_unk": (bool(args.disallow_unk), tf.bool),
+              "sampling_topk": (1 if args.sampling_topk is None else args.sampling_topk, tf.int32),
+              "sampling_topp": (args.sampling_topp or 1.0, tf.float32),
+              "sampling_temperature": (args.sampling_temperature or 1.0, tf.float32),
+              "seed": (args.seed or 0, tf.int32)}
+
+    def call(**inputs):
+        batch = tf.shape(next(iter(inputs.values())))[0]
+        per_sentence = {name: tf.fill([batch], tf.constant(value, dtype)) for name, (value, dtype) in values.items()}
+        return signature(**inputs, **per_sentence)
+
+    return call
 
 
 def _without_harmless_lines(signature):

@@ -21,6 +21,7 @@ from helpers import (CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, closed_pipe, i
                      warmup_requests)
 
 from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
+from keras_transformer.decoding import SearchOptions
 from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -321,6 +322,25 @@ def test_litert_searches_drop_sentences_or_run_in_cache_stages(exported):
     assert growing == 1
 
 
+def test_the_advanced_signatures_warmup_request_translates_as_serving_default(exported, loaded):
+    """The `translate_advanced` warm-up request gives every input once per sentence (TF
+    Serving's batching refuses scalars: the server would fail the load), with no prefix and
+    the options that translate as `serving_default` does: its translations and scores."""
+    (_, served), _, (name, inputs) = warmup_requests(exported["path"])
+    config = exported["config"]
+    assert name == "translate_advanced"
+    assert {key: value.numpy().tolist() for key, value in inputs.items() if key != "text"} == {
+        **{key: [value] * 3 for key, value in ADVANCED_DEFAULTS.items()}, "target_prefix": [b""] * 3,
+        "beam_size": [config.beam_size] * 3, "alpha": [pytest.approx(config.length_penalty_alpha)] * 3,
+        "extra_length": [config.decode_extra_length] * 3}
+    assert all(value.shape == (3,) for value in inputs.values())
+    got = loaded.signatures["translate_advanced"](**inputs)
+    want = loaded.signatures["serving_default"](**served)
+    np.testing.assert_array_equal(got["translations"].numpy()[:, 0], want["translation"].numpy())
+    np.testing.assert_allclose(got["scores"].numpy()[:, 0], want["score"].numpy(), atol=1e-6)
+    assert (got["errors"].numpy() == b"").all()
+
+
 def test_every_signature_is_traced_once_into_the_saved_model(exported):
     """`saved_model.pb` holds each signature's graph once. A concrete function traced
     before `tf.saved_model.save` was traced again by the save for the module's own
@@ -333,9 +353,10 @@ def test_every_signature_is_traced_once_into_the_saved_model(exported):
     traced = collections.Counter(match.group(1) for match in
                                  (re.fullmatch(r"__inference_(_serve\w*?)_\d+", name) for name in names) if match)
     assert traced == {"_serve": 1, "_serve_with_options": 1, "_serve_litert": 1, "_serve_xla": 1,
-                      "_serve_score": 1, "_serve_align": 1}  # (issue #86 added `score` and `align`)
+                      "_serve_score": 1, "_serve_align": 1,
+                      "_serve_advanced": 1}  # (issue #86 added `score`, `align` and `translate_advanced`)
     wrappers = [name for name in names if name.startswith("__inference_signature_wrapper_")]
-    assert len(wrappers) == 6 and all(name.startswith("__inference_signature_wrapper__serve") for name in wrappers)
+    assert len(wrappers) == 7 and all(name.startswith("__inference_signature_wrapper__serve") for name in wrappers)
 
 
 def test_translate_command_reads_stdin(exported, export_processes):
@@ -403,6 +424,31 @@ def test_translate_command_takes_its_defaults_from_the_export(exported, loaded, 
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
     assert translate.main(["--saved-model", str(tmp_path), "--n-best", "2"]) == 0
     assert calls[1] == calls[0] and capsys.readouterr().out.splitlines() == lines
+
+
+@pytest.mark.parametrize("flags, options", [
+    (["--target-prefix", "der Hund", "--min-length", "6"], {"target_prefix": "der Hund", "min_length": 6}),
+    (["--no-repeat-ngram-size", "1", "--disallow-unk", "--n-best", "2"],
+     {"no_repeat_ngram_size": 1, "disallow_unk": True, "num_results": 2}),
+    (["--sampling-topk", "0", "--sampling-temperature", "1.5", "--sampling-topp", "0.9", "--seed", "4"],
+     {"sampling_topk": 0, "sampling_temperature": 1.5, "sampling_topp": 0.9, "seed": 4, "beam_size": 1})])
+def test_translate_command_passes_the_decoding_flags_to_translate_advanced(exported, loaded, monkeypatch, capsys,
+                                                                          flags, options):
+    """Issue #86: `export.translate`'s decoding flags call `translate_advanced` with them (one
+    value per sentence) and the export's defaults for the rest: the signature's translations,
+    one line each (n-best: tab-separated with scores). Sampling takes one beam by itself."""
+    import io
+
+    from export import translate
+
+    monkeypatch.setattr(tf.saved_model, "load", lambda path: loaded)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
+    assert translate.main(["--saved-model", str(exported["path"]), *flags]) == 0
+    strings, scores, _ = advanced(loaded, GOLDEN, **options)
+    count = options.get("num_results", 1)
+    want = [row[0] if count == 1 else "\t".join(f"{t}\t{s:.4f}" for t, s in zip(row, row_scores))
+            for row, row_scores in zip(strings, scores)]
+    assert capsys.readouterr().out.splitlines() == want
 
 
 def test_translate_command_answers_each_line_typed_at_a_terminal(exported, loaded, monkeypatch, capsys):
@@ -765,6 +811,91 @@ def test_the_align_signature_aligns_as_the_in_process_translator(exported, loade
         align(text=tf.constant(["a", "b"]), target=tf.constant(["a"]))
 
 
+ADVANCED_DEFAULTS = {"target_prefix": "", "beam_size": 4, "alpha": 0.6, "extra_length": 10, "num_results": 1,
+                     "patience": 0.0, "min_length": 0, "no_repeat_ngram_size": 0, "disallow_unk": False,
+                     "sampling_topk": 1, "sampling_topp": 1.0, "sampling_temperature": 1.0, "seed": 0}
+
+
+def advanced(loaded, texts, rows=None, **options):
+    """A `translate_advanced` request: `options` for every sentence (scalars), `rows` a list
+    of each sentence's own options (over `options` and the defaults), one value per sentence."""
+    rows = rows or [{}] * len(texts)
+    inputs = {name: [{**ADVANCED_DEFAULTS, **options, **row}[name] for row in rows] for name in ADVANCED_DEFAULTS}
+    dtypes = {"alpha": tf.float32, "patience": tf.float32, "sampling_topp": tf.float32,
+              "sampling_temperature": tf.float32, "disallow_unk": tf.bool, "target_prefix": tf.string}
+    out = loaded.signatures["translate_advanced"](
+        text=tf.constant(texts), **{name: tf.constant(values, dtypes.get(name, tf.int32))
+                                    for name, values in inputs.items()})
+    return ([[t.decode() for t in row] for row in out["translations"].numpy()], out["scores"].numpy(),
+            [e.decode() for e in out["errors"].numpy()])
+
+
+def test_the_advanced_signature_with_its_defaults_is_translate_options(loaded):
+    """Issue #86: `translate_advanced` without prefix, constraints or sampling gives
+    `translate_options`' translations and scores, n-best included."""
+    texts = GOLDEN + [""]
+    for results in (1, 3):
+        want = loaded.signatures["translate_options"](
+            text=tf.constant(texts), beam_size=tf.constant(4), alpha=tf.constant(0.6), extra_length=tf.constant(10),
+            num_results=tf.constant(results), patience=tf.constant(0.0))
+        strings, scores, errors = advanced(loaded, texts, num_results=results)
+        assert strings == [[t.decode() for t in row] for row in want["translations"].numpy()]
+        np.testing.assert_array_equal(scores, want["scores"].numpy())
+        assert errors == [""] * len(texts)
+
+
+def test_the_advanced_signature_gives_each_sentence_the_in_process_search_of_its_options(exported, loaded):
+    """Issue #86: one request whose sentences each ask for other options (a target prefix,
+    a minimum length, no repeated n-gram, no unknown piece, seeded sampling, n-best):
+    each sentence gets what `Translator.translate_graph` finds for it alone with those
+    options as python values, translations and scores."""
+    translator = exported["translator"]
+    rows = [{"target_prefix": "der Hund"}, {"min_length": 9, "no_repeat_ngram_size": 1},
+            {"no_repeat_ngram_size": 2, "disallow_unk": True, "beam_size": 2, "alpha": 0.0},
+            {"beam_size": 1, "sampling_topk": 0, "sampling_temperature": 1.5, "seed": 5},
+            {"beam_size": 1, "sampling_topk": 3, "sampling_topp": 0.7, "seed": 11, "target_prefix": "ein"},
+            {"num_results": 3, "min_length": 4}]
+    texts = ["the man sees the dog", "a red house today", "and the cat and the cat",
+             "the big cat buys a small book", "today the woman sees a small red cat", "book"]
+    strings, scores, errors = advanced(loaded, texts, rows)
+    assert errors == [""] * len(texts)
+    for text, row, got, got_scores in zip(texts, rows, strings, scores):
+        options = {**ADVANCED_DEFAULTS, **row}
+        prefix = options.pop("target_prefix")
+        options["extra_length"] = exported["config"].decode_extra_length
+        if options["sampling_topk"] == 1:
+            options.update(num_results=options["beam_size"], exact_results=options.pop("num_results"))
+        search = SearchOptions(**{name: value for name, value in options.items() if name != "patience"})
+        want, want_scores = tf.function(lambda t, p: translator.translate_graph(t, search, target_prefix=p))(
+            tf.constant([text]), tf.constant([prefix]))
+        count = row.get("num_results", 1)
+        assert got[:count] == [t.decode() for t in want.numpy()[0, :count]], (text, row)
+        np.testing.assert_allclose(got_scores[:count], want_scores.numpy()[0, :count], rtol=1e-6)
+        assert got[count:] == [""] * (len(got) - count)
+    assert strings[0][0].startswith("der Hund") and strings[4][0].startswith("ein")
+    assert len(strings[1][0].split()) >= 4 and len(set(strings[1][0].split())) == len(strings[1][0].split())
+
+
+def test_the_advanced_signature_answers_bad_options_with_an_error_row(loaded):
+    """Issue #86: a sentence whose option is out of range is not searched: its translation is
+    "" with score 0 and `errors` names the option and its range; the request's other
+    sentences translate as they would without it."""
+    texts = ["the man sees the dog", "a red house today", "book", "the dog", "a woman buys the house",
+             "the cat sees the man", "the house"]
+    bad = [{}, {"min_length": -1}, {"no_repeat_ngram_size": 9}, {"sampling_topk": 0},
+           {"beam_size": 1, "sampling_topk": 0, "sampling_topp": 0.0},
+           {"beam_size": 1, "sampling_topk": 2, "sampling_temperature": float("nan")}, {"seed": -1, "sampling_topk": 0}]
+    strings, scores, errors = advanced(loaded, texts, bad)
+    assert errors[0] == ""
+    for error, words in zip(errors[1:], ["min_length must be >= 0", "no_repeat_ngram_size must be in [0, 8]",
+                                         "it needs beam_size 1", "sampling_topp must be in (0, 1]",
+                                         "sampling_temperature must be a finite number > 0", "seed must be >= 0"]):
+        assert error.startswith("translate_advanced: ") and words in error and "\n" not in error
+    assert [row[0] for row in strings[1:]] == [""] * 6 and (scores[1:, 0] == 0).all()
+    alone, alone_scores, _ = advanced(loaded, texts[:1])
+    assert strings[0] == alone[0] and scores[0, 0] == pytest.approx(alone_scores[0, 0], abs=1e-5)  # (batch 7 vs 1)
+
+
 def test_bad_inputs_give_one_string_each(exported, loaded):
     serve = loaded.signatures["serving_default"]
     config = exported["config"]
@@ -976,8 +1107,9 @@ def test_warmup_requests_run_through_the_signature(exported, loaded):
     refuses scalar inputs and would fail the load: `test_tf_serving_batching_...`):
     both translate their sentences alike, as the in-process search does."""
     requests = warmup_requests(exported["path"])
-    assert [name for name, _ in requests] == ["serving_default", "translate_options"]
-    (_, served), (_, options) = requests
+    # (issue #86 added the `translate_advanced` request: test_the_advanced_signatures_warmup_...)
+    assert [name for name, _ in requests] == ["serving_default", "translate_options", "translate_advanced"]
+    (_, served), (_, options), _ = requests
     config = exported["config"]
     assert {name: value.numpy().tolist() for name, value in options.items() if name != "text"} == {
         "beam_size": [config.beam_size] * 3, "alpha": [pytest.approx(config.length_penalty_alpha)] * 3,
@@ -1399,6 +1531,19 @@ def test_export_commands_refuse_bad_paths_and_values_in_one_line(tmp_path, capsy
          "--alpha must be a finite number, got nan"),
         (translate.main, ["--saved-model", str(tmp_path), "--patience", "inf"],
          "--patience must be a finite number, got inf"),
+        # translate_advanced's options, refused before TensorFlow loads (the signature would answer an error row)
+        (translate.main, ["--saved-model", str(tmp_path), "--no-repeat-ngram-size", "9"],
+         "--no-repeat-ngram-size must be 0..8 (the export's largest), got 9"),
+        (translate.main, ["--saved-model", str(tmp_path), "--min-length", "-2"], "--min-length must be >= 0, got -2"),
+        (translate.main, ["--saved-model", str(tmp_path), "--sampling-topp", "1.5", "--sampling-topk", "0"],
+         "--sampling-topp must be in (0, 1], got 1.5"),
+        (translate.main, ["--saved-model", str(tmp_path), "--sampling-temperature", "0", "--sampling-topk", "0"],
+         "--sampling-temperature must be > 0, got 0.0"),
+        (translate.main, ["--saved-model", str(tmp_path), "--sampling-topk", "2", "--n-best", "2"],
+         "--sampling-topk 2 samples one translation with one beam; it takes no --beam-size above 1 or --n-best "
+         "above 1"),
+        (translate.main, ["--saved-model", str(tmp_path), "--seed", "3"],
+         "--seed is a sampling option; give --sampling-topk too (0: every piece)"),
         (saved_model.main, ["--model-dir", str(tmp_path), "--output", str(tmp_path), "--patience", "nan"],
          "--patience must be a finite number, got nan"),
         # an output that cannot be written, refused before the conversion (it failed after it, "[Errno 17] File exists")
