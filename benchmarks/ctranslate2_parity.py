@@ -32,6 +32,8 @@ attention weights) over those sentences.
 * `Translator.align` on CTranslate2's greedy translations against its `return_attention`
   (the last decoder layer, heads averaged): the target pieces, and each row's weights over
   the source pieces (CTranslate2 leaves out the source's EOS column, which ours keeps).
+  `align` takes text: a translation whose pieces SentencePiece would segment otherwise is
+  aligned as SentencePiece segments it, and counts as not identical (the note says how many).
 * beam search with the config's beam against `translation_options` (patience 2); the note
   gives the agreement with CTranslate2's default patience 1.
 * int8: the int8 conversion against the float32 one: greedy ids, and the `score_batch`
@@ -442,8 +444,14 @@ def alignment_figure(case: Case) -> Figure:
             same += 1
             ours = np.array(mine.attention)[:len(their_tokens), :-1]  # [T, S]: without the source's EOS
             difference = max(difference, float(np.abs(ours - theirs).max()))
-    return Figure("`Translator.align`", "`return_attention`", same, len(case.texts), difference,
-                  "each attention weight; last layer, heads averaged")
+    # `align` reads text and encodes it: pieces the model chose that SentencePiece would segment
+    # otherwise ("S t t" for "Stt") are aligned as SentencePiece's, so those rows compare nothing.
+    resegmented = sum(pieces.encode(text, out_type=str) != [p for p in tokens if p != "</s>"]
+                      for text, (tokens, _) in zip(hypotheses, attentions))
+    note = "each attention weight; last layer, heads averaged"
+    if resegmented:
+        note += f"; {resegmented} translations' text encodes to other pieces than CTranslate2 returned"
+    return Figure("`Translator.align`", "`return_attention`", same, len(case.texts), difference, note)
 
 
 def int8_figure(case: Case, directory: pathlib.Path) -> Figure:
