@@ -170,8 +170,9 @@ def machine_description(lscpu: str, cpus: int) -> str:
 
 
 def _git(*args) -> str:
+    """Git's output in the repository (not stripped: `status --porcelain` starts with a space)."""
     return subprocess.run(["git", *args], cwd=harness.REPO_ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
+                          check=True).stdout
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -493,7 +494,7 @@ def load_case(args, directory: pathlib.Path) -> Case:
 
 def write_rows(path: pathlib.Path, label: str, figures: list, command: str, machine: str) -> None:
     """Replaces the result file's rows of `label` with `figures` (the file is made if absent)."""
-    commit = _git("rev-parse", "--short", "HEAD")
+    commit = _git("rev-parse", "--short", "HEAD").strip()
     rows = [{"values": row_values(label, figure), "command": command, "commit": commit,
              "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(), "machine": machine}
             for figure in figures]
