@@ -17,8 +17,11 @@ The schema of a file (`load_result` checks it and names the file and row of what
                "commit_note": "recorded in",         # (optional) the commit that recorded it
                "date": "2026-12-02",                 # YYYY-MM-DD
                "machine": "2-vCPU AMD EPYC Zen 4 (AVX-512)",
-               "notebook": "the exact heading of the lab notebook's section",
+               "notebook": "the exact heading of the lab notebook's section",  # (optional) see below
                "readme": {"what": "...", "figure": "test BLEU {test}"}}]}  # (optional) see below
+
+`notebook` is left out (or null) in a row measured after the notebook was archived
+(2026-12-04): such a row's history is its command, commit and date.
 
 A row with `readme` is also a row of the README's "Current results" table (between its
 `<!-- results:begin -->` and `<!-- results:end -->` lines): `what`, then `figure` with each
@@ -54,6 +57,7 @@ ORDER = (
     "train_py_default",
     "multi30k_quality",
     "serving_speed",
+    "ctranslate2_parity",
     "litert_size_quality",
     "export_load",
     "suite_time",
@@ -64,8 +68,8 @@ README_ORDER = ("What `python train.py` takes and scores", "Multi30k quality", "
 OTHER_FILES = ("syntax_multi30k.json",)
 
 TOP_KEYS = ("title", "question", "how", "columns", "rows")
-ROW_KEYS = ("values", "command", "commit", "date", "machine", "notebook")
-OPTIONAL_ROW_KEYS = ("commit_note", "readme")
+ROW_KEYS = ("values", "command", "commit", "date", "machine")
+OPTIONAL_ROW_KEYS = ("commit_note", "readme", "notebook")
 COMMIT_NOTES = ("recorded in",)
 ROW_FIELDS = ("command", "commit", "date", "machine")  # the columns every table ends with
 COMMIT_RE = re.compile(r"[0-9a-f]{7,40}")
@@ -148,9 +152,11 @@ def validate(data, name: str) -> dict:
         for key, value in values.items():
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 fail(f"value of column {key!r} must be a string or a number, got {value!r}", number)
-        for key in ("command", "machine", "notebook"):
+        for key in ("command", "machine"):
             if not _nonempty_string(row[key]):
                 fail(f"{key!r} must be a non-empty string", number)
+        if row.get("notebook") is not None and not _nonempty_string(row["notebook"]):
+            fail("'notebook' must be a non-empty string, or null (measured after the notebook's archive)", number)
         commit = row["commit"]
         if not isinstance(commit, str) or not COMMIT_RE.fullmatch(commit):
             fail(f"'commit' must be 7-40 lowercase hex digits, got {commit!r}", number)
@@ -234,17 +240,15 @@ def render_table(result: dict) -> str:
 def render_section(result: dict) -> str:
     sections = []
     for row in result["rows"]:
-        if row["notebook"] not in sections:
+        if row.get("notebook") is not None and row["notebook"] not in sections:
             sections.append(row["notebook"])
-    named = "; ".join(f"\"{_one_line(section)}\"" for section in sections)
-    noun = "section" if len(sections) == 1 else "sections"
-    return "\n\n".join([
-        f"## {_one_line(result['title'])}",
-        _one_line(result["question"]),
-        _one_line(result["how"]),
-        render_table(result),
-        f"Source: [the lab notebook]({NOTEBOOK_LINK}), {noun} {named}.",
-    ])
+    parts = [f"## {_one_line(result['title'])}", _one_line(result["question"]), _one_line(result["how"]),
+             render_table(result)]
+    if sections:  # (rows measured after the notebook's archive name none)
+        named = "; ".join(f"\"{_one_line(section)}\"" for section in sections)
+        noun = "section" if len(sections) == 1 else "sections"
+        parts.append(f"Source: [the lab notebook]({NOTEBOOK_LINK}), {noun} {named}.")
+    return "\n\n".join(parts)
 
 
 INTRO = f"""# Benchmarks
@@ -262,8 +266,8 @@ holds no superseded figure.
   speed varies from VM to VM, so compare figures of one machine.
 - **History:** every measurement, with its full output, the runs before it and the levers
   that did not pay, is in the [lab notebook]({NOTEBOOK_LINK}) (a dated archive; each
-  table names its sections), and the README of that day is archived beside it
-  ([2026-12-04 README]({README_ARCHIVE_LINK})).
+  table measured before it names its sections), and the README of that day is archived
+  beside it ([2026-12-04 README]({README_ARCHIVE_LINK})).
 
 Do not edit this page: edit `benchmarks/results/*.json` and run `python -m benchmarks.report`
 (`python -m benchmarks.report --check` tells whether the page is up to date; the tests run it).

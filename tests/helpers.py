@@ -6,6 +6,36 @@ import os
 WORDS_EN = "the a man woman dog cat sees buys red big small house book today".split()
 WORDS_DE = "der die Mann Frau Hund Katze sieht kauft rot groß klein Haus Buch heute".split()
 
+# Test sentences of the toy language (test_ctranslate2, benchmarks.ctranslate2_parity),
+# whose sentences have 3-7 words; a few here are shorter or longer (the toy model then
+# repeats words up to the length limit), and two have a word ("and") that is not in the
+# toy vocabulary.
+GOLDEN = [
+    "the man sees the dog", "a red house today", "the big cat buys a small book",
+    "today the woman sees a small red cat", "book", "the dog", "a woman buys the house",
+    "the small man sees a big dog today", "red cat", "the woman buys a book today",
+    "a big red house", "the cat sees the man", "today a dog buys a small red book",
+    "the house", "a small woman sees the big cat", "the man buys a red book today",
+    "big dog sees small cat", "the woman sees the man and the dog",
+    "today the big red cat sees a small woman buys the book",
+    "the red dog buys the house today and the small cat sees a man",
+]
+
+
+def reference(text):
+    """The toy corpus's word-for-word translation (unknown words kept)."""
+    return " ".join(WORDS_DE[WORDS_EN.index(w)] if w in WORDS_EN else w for w in text.split())
+
+
+def target_prefixes(references):
+    """One target prefix per sentence, in turn: its reference's first word, a word the
+    reference lacks ("heute": a start the model would not choose), none ("")."""
+    return [text.split()[0] if i % 3 == 0 else ("heute" if i % 3 == 1 else "") for i, text in enumerate(references)]
+
+
+# Each GOLDEN sentence's prefix.
+PREFIXES = target_prefixes([reference(text) for text in GOLDEN])
+
 
 # What TensorFlow 2.21 logs on each hit of its persistent XLA cache (export.translate, README).
 CACHE_HIT = ("E0000 00:00:1795929083.036984    9037 text_format.cc:378] Error parsing text-format "

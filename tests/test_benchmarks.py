@@ -449,3 +449,56 @@ def test_optimizer_build_benchmark_reports_the_ratio_of_its_own_medians(capsys):
     assert ratio == pytest.approx(trace / eager, rel=0.02)  # seconds to 3 decimals, the ratio to 2
     name, value = out.strip().splitlines()[-1].split(": ")
     assert name == "trace_over_eager" and value == row[4].strip()
+
+
+LSCPU_ZEN4 = """Architecture:                            x86_64
+Vendor ID:                               AuthenticAMD
+Model name:                              AMD EPYC
+CPU family:                              25
+Model:                                   17
+Flags:                                   fpu sse avx2 avx512f avx512_vnni
+Hypervisor vendor:                       KVM
+"""
+
+
+def test_ctranslate2_parity_rows_replace_their_models_rows_in_a_file_the_report_reads(tmp_path):
+    """benchmarks/ctranslate2_parity.py's bookkeeping, without a model: its rows replace the
+    rows of the same model where they were and keep the others; the file it writes is one
+    `benchmarks.report` reads (rows without a lab notebook section); the command it records
+    leaves out where it wrote; the machine is named as the other result files name theirs."""
+    from benchmarks import ctranslate2_parity as parity
+    from benchmarks import report
+
+    figure = parity.Figure("greedy search", "`translate_batch`, beam 1", 19, 20, 1.5e-05, "")
+    assert parity.row_values("toy", figure) == {
+        "model": "toy", "ours": "greedy search", "theirs": "`translate_batch`, beam 1", "identical": "19/20",
+        "difference": "1.5e-05", "note": "-"}
+    assert [parity.format_difference(v) for v in (None, 0.0, 0.46)] == ["-", "0", "4.6e-01"]
+
+    def rows(*names):
+        return [{"values": {"model": name.rstrip("0123456789")}, "name": name} for name in names]
+
+    merged = parity.merge_rows(rows("b1", "a1", "c1", "a2"), rows("a3", "a4"), "a")
+    assert [row["name"] for row in merged] == ["b1", "a3", "a4", "c1"]
+    assert [row["name"] for row in parity.merge_rows(rows("b1"), rows("a1"), "a")] == ["b1", "a1"]
+
+    assert parity.recorded_command(["--run-dir", "/tmp/r", "--results", "x.json", "--label", "a b",
+                                    "--results=y.json"]) == \
+        "python -m benchmarks.ctranslate2_parity --run-dir /tmp/r --label 'a b'"
+    machine = parity.machine_description(LSCPU_ZEN4, 2)
+    assert machine == "2-vCPU AMD EPYC Zen 4 (AVX-512)"
+    zen3 = LSCPU_ZEN4.replace("Model:                                   17", "Model:  1").replace(" avx512f", "")
+    assert parity.machine_description(zen3, 2) == "2-vCPU AMD EPYC Zen 3 (AVX2)"
+    named = {row["machine"] for result in report.load_results() for row in result["rows"]}
+    assert {machine, parity.machine_description(zen3, 2)} <= named
+
+    path = tmp_path / "parity.json"
+    parity.write_rows(path, "toy", [figure], "python -m benchmarks.ctranslate2_parity", machine)
+    parity.write_rows(path, "run", [figure, figure], "python -m benchmarks.ctranslate2_parity --run-dir r", machine)
+    parity.write_rows(path, "toy", [figure], "python -m benchmarks.ctranslate2_parity", machine)
+    result = report.load_result(path)
+    assert [row["values"]["model"] for row in result["rows"]] == ["toy", "run", "run"]
+    assert "notebook" not in result["rows"][0]
+    page = report.render_section(result)
+    assert "| model | ours | CTranslate2 | identical | max \\|difference\\| | note | command |" in page
+    assert "| toy | greedy search | `translate_batch`, beam 1 | 19/20 | 1.5e-05 | - |" in page

@@ -67,6 +67,12 @@ COMMANDS = {
         ["train", "--treebank", "t", "--output", "o", "--seed", "x"],
         "keras_transformer.parsing train: error: argument --seed: invalid int value: 'x'",
         ["corpus", "--parser", "p", "--data", "d", "--output", "o", "--target-lang", "fr"]),
+    "benchmarks.ctranslate2_parity": Command(
+        ["-m", "benchmarks.ctranslate2_parity"], "benchmarks.ctranslate2_parity",
+        ("--run-dir", "--sentences", "--references", "--count", "--label", "--min-length", "--results", "--no-write"),
+        ["--run-dir", "r", "--count", "0"],
+        "benchmarks.ctranslate2_parity: error: --count must be a positive integer, got 0",
+        ["--run-dir", "r", "--count", "50", "--label", "a run", "--no-write"]),
 }
 # `python -m keras_transformer.parsing SUBCOMMAND --help`: the flags each names.
 PARSING_SUBCOMMANDS = {

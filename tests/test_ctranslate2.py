@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import sentencepiece
 import tensorflow as tf
-from helpers import WORDS_DE, WORDS_EN, full_disk_writes, sigterm_self
+from helpers import GOLDEN, PREFIXES, full_disk_writes, reference, sigterm_self
 
 from export.ctranslate2 import (MODEL_FILE, TOKENIZER_FILE, ConversionError, convert, main,
                                 translation_options)
@@ -23,19 +23,6 @@ from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
 from keras_transformer.translator import Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The toy language's sentences have 3-7 words; a few here are shorter or
-# longer (the toy model then repeats words up to the length limit), and two
-# have a word ("and") that is not in the toy vocabulary.
-GOLDEN = [
-    "the man sees the dog", "a red house today", "the big cat buys a small book",
-    "today the woman sees a small red cat", "book", "the dog", "a woman buys the house",
-    "the small man sees a big dog today", "red cat", "the woman buys a book today",
-    "a big red house", "the cat sees the man", "today a dog buys a small red book",
-    "the house", "a small woman sees the big cat", "the man buys a red book today",
-    "big dog sees small cat", "the woman sees the man and the dog",
-    "today the big red cat sees a small woman buys the book",
-    "the red dog buys the house today and the small cat sees a man",
-]
 # Beam-search translations that must agree with `translation_options`
 # (patience 2; the module docstring of export.ctranslate2 says why a few may
 # not). Measured with toy models of five seeds: 19-20 of 20.
@@ -45,11 +32,6 @@ MIN_BEAM_AGREEMENT = 0.85
 # (median) and 0.014-0.03 (mean).
 MIN_INT8_AGREEMENT = 0.75
 SCORE_ATOL = 1e-4
-
-
-def reference(text):
-    """The toy corpus's word-for-word translation (unknown words kept)."""
-    return " ".join(WORDS_DE[WORDS_EN.index(w)] if w in WORDS_EN else w for w in text.split())
 
 
 @pytest.fixture(scope="module")
@@ -206,12 +188,6 @@ def _prefixed(toy, beam_size, prefixes):
                                             return_end_token=True)[0]
         theirs_ids.append([pieces.piece_to_id(p) for p in result.hypotheses[0]])
     return mine, theirs_ids
-
-
-# Each GOLDEN sentence's prefix: its reference's first word, or a word the reference lacks
-# (a start the model would not choose), or none.
-PREFIXES = [reference(text).split()[0] if i % 3 == 0 else ("heute" if i % 3 == 1 else "")
-            for i, text in enumerate(GOLDEN)]
 
 
 def test_target_prefix_gives_ctranslate2s_ids(toy):

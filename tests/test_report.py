@@ -145,6 +145,27 @@ def test_a_malformed_result_file_is_a_one_line_error_naming_the_file(tmp_path, b
         assert word in message
 
 
+def test_a_row_measured_after_the_notebooks_archive_names_no_section(tmp_path):
+    """A row without `notebook` (or with null) is a row of the table like the others; the
+    Source line names the sections of the rows that have one, and a table whose rows have
+    none has no Source line. An empty `notebook` is still an error."""
+    without = tiny_result()
+    del without["rows"][0]["notebook"]
+    write(tmp_path, "mixed", without)
+    null = tiny_result(notebook=None)
+    null["rows"][1]["notebook"] = None
+    write(tmp_path, "later", null)
+    mixed, later = (report.generate(tmp_path, names=(name,)).split(report.INTRO, 1)[1]
+                    for name in ("mixed", "later"))
+    assert ("| a\\|b | 0.57-0.60 | `python -m benchmarks.x --flag a\\|b` | `54d9a7e` | 2026-12-02 "
+            "| 2-vCPU AMD EPYC Zen 4 (AVX-512) |") in mixed.splitlines()
+    assert f"Source: [the lab notebook]({report.NOTEBOOK_LINK}), section \"Serving speed, part 39\"." in mixed
+    assert "Source:" not in later and "| base | 1.28 |" in later
+    path = write(tmp_path, "empty", tiny_result(notebook=" "))
+    with pytest.raises(report.ResultError, match="row 1: 'notebook' must be a non-empty string, or null"):
+        report.load_result(path)
+
+
 def test_invalid_json_and_a_missing_file_are_one_line_errors_and_exit_1(tmp_path, capsys):
     path = tmp_path / "training_speed.json"
     path.write_text('{"title": "x",\n', encoding="utf-8")
@@ -160,7 +181,8 @@ def test_every_notebook_section_named_by_a_result_is_a_heading_of_the_lab_notebo
     headings = notebook_headings(report.NOTEBOOK)
     assert "Serving speed, part 41: LiteRT on `base` and on a trained model on an AVX-512 EPYC (issue #16, " \
            "2026-12-02 19:06-19:42)" in headings
-    named = {(result["title"], row["notebook"]) for result in report.load_results() for row in result["rows"]}
+    named = {(result["title"], row["notebook"]) for result in report.load_results() for row in result["rows"]
+             if row.get("notebook") is not None}
     assert named and {pair for pair in named if pair[1] not in headings} == set()
 
 
