@@ -57,6 +57,7 @@ ORDER = (
     "train_py_default",
     "multi30k_quality",
     "serving_speed",
+    "search_restructure",
     "ctranslate2_parity",
     "litert_size_quality",
     "export_load",
