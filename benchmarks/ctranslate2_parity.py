@@ -304,23 +304,6 @@ def compare_searches(ours, theirs) -> tuple[int, int, float | None]:
     return len(same), len(our_rows), difference
 
 
-def teacher_forced_log_probs(model, source_ids, targets):
-    """log p(target piece) of our model under teacher forcing, EOS included: `[batch, T + 1]`."""
-    import keras
-    import numpy as np
-
-    from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
-
-    width = max(len(t) for t in targets) + 1
-    target_in = np.full((len(targets), width), PAD_ID, np.int32)
-    target_out = np.full((len(targets), width), PAD_ID, np.int32)
-    for i, target in enumerate(targets):
-        target_in[i, :len(target) + 1] = [BOS_ID] + target
-        target_out[i, :len(target) + 1] = target + [EOS_ID]
-    log_probs = keras.ops.convert_to_numpy(keras.ops.log_softmax(model([source_ids, target_in]), axis=-1))
-    return np.take_along_axis(log_probs, target_out[..., None], axis=-1)[..., 0]  # [batch, width]
-
-
 def scoring_figures(case: Case) -> list:
     """Teacher forcing and `Translator.score` against `score_batch` on the references."""
     from keras_transformer.constants import EOS_ID
@@ -328,7 +311,7 @@ def scoring_figures(case: Case) -> list:
     pieces = case.pieces
     targets = [pieces.encode(text) for text in case.references]
     theirs = case.ct2.score_batch(case.sources, [[pieces.id_to_piece(i) for i in t] for t in targets])
-    forced = teacher_forced_log_probs(case.model, case.source_ids, targets)
+    forced = toy_helpers().teacher_forced_log_probs(case.model, case.source_ids, targets)
     same, difference = 0, 0.0
     for result, target, row in zip(theirs, targets, forced):
         if result.tokens == [pieces.id_to_piece(i) for i in target + [EOS_ID]]:

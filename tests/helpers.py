@@ -223,3 +223,20 @@ def sigterm_self():
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(10)
     raise AssertionError("SIGTERM did not raise Terminated")
+
+
+def teacher_forced_log_probs(model, source_ids, targets):
+    """log p(target piece) of our model under teacher forcing, EOS included: `[batch, T + 1]`."""
+    import keras
+    import numpy as np
+
+    from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
+
+    width = max(len(t) for t in targets) + 1
+    target_in = np.full((len(targets), width), PAD_ID, np.int32)
+    target_out = np.full((len(targets), width), PAD_ID, np.int32)
+    for i, target in enumerate(targets):
+        target_in[i, :len(target) + 1] = [BOS_ID] + target
+        target_out[i, :len(target) + 1] = target + [EOS_ID]
+    log_probs = keras.ops.convert_to_numpy(keras.ops.log_softmax(model([source_ids, target_in]), axis=-1))
+    return np.take_along_axis(log_probs, target_out[..., None], axis=-1)[..., 0]  # [batch, width]

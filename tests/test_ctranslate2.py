@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import sentencepiece
 import tensorflow as tf
-from helpers import GOLDEN, PREFIXES, full_disk_writes, reference, sigterm_self
+from helpers import GOLDEN, PREFIXES, full_disk_writes, reference, sigterm_self, teacher_forced_log_probs
 
 from export.ctranslate2 import (MODEL_FILE, TOKENIZER_FILE, ConversionError, convert, main,
                                 translation_options)
 from keras_transformer import TransformerConfig, build_transformer
-from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from keras_transformer.constants import EOS_ID, PAD_ID, UNK_ID
 from keras_transformer.decoding import SearchOptions, length_penalty
 from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
 from keras_transformer.translator import Translator
@@ -82,23 +82,11 @@ def theirs(toy, beam_size, ct2=None, **overrides):
     return ids, np.array(scores), np.array(exponents)
 
 
-def our_log_probs(model, source_ids, targets):
-    """log p(target token) of our model under teacher forcing, EOS included: `[batch, T + 1]`."""
-    width = max(len(t) for t in targets) + 1
-    target_in = np.full((len(targets), width), PAD_ID, np.int32)
-    target_out = np.full((len(targets), width), PAD_ID, np.int32)
-    for i, target in enumerate(targets):
-        target_in[i, :len(target) + 1] = [BOS_ID] + target
-        target_out[i, :len(target) + 1] = target + [EOS_ID]
-    log_probs = keras.ops.convert_to_numpy(keras.ops.log_softmax(model([source_ids, target_in]), axis=-1))
-    return np.take_along_axis(log_probs, target_out[..., None], axis=-1)[..., 0]  # [batch, width]
-
-
 def test_token_log_probs_match_ours(toy):
     pieces = toy["pieces"]
     targets = [pieces.encode(reference(text)) for text in GOLDEN]
     results = toy["ct2"].score_batch(toy["sources"], [[pieces.id_to_piece(i) for i in t] for t in targets])
-    want = our_log_probs(toy["model"], toy["source_ids"], targets)
+    want = teacher_forced_log_probs(toy["model"], toy["source_ids"], targets)
     for result, target, row in zip(results, targets, want):
         assert result.tokens == [pieces.id_to_piece(i) for i in target + [EOS_ID]]
         np.testing.assert_allclose(result.log_probs, row[:len(target) + 1], atol=SCORE_ATOL)
@@ -287,7 +275,7 @@ def test_two_layer_random_model_log_probs_match(toy, tmp_path, norm_first, decod
     piece = toy["pieces"].id_to_piece
     results = ct2.score_batch([[piece(i) for i in s] for s in sources], [[piece(i) for i in t] for t in targets])
     source_ids = np.array([s + [EOS_ID] for s in sources], np.int32)
-    want = our_log_probs(model, source_ids, targets)
+    want = teacher_forced_log_probs(model, source_ids, targets)
     np.testing.assert_allclose([r.log_probs for r in results], want, atol=SCORE_ATOL)
 
 
