@@ -22,13 +22,11 @@ asset file to lose), the averaged weights and the beam search:
 * `score`: `text` string `[None]` and `target` string `[None]` -> `score` float32
   `[None]` (the target's log-probability under forced decoding), `tokens` string
   `[None, None]` (its pieces, then the EOS piece; "" after) and `token_scores` float32
-  `[None, None]` (the log-probability of each; 0 after): `Translator.score_graph`,
-  plain-text models only;
+  `[None, None]` (the log-probability of each; 0 after): `Translator.score_graph`;
 * `align`: `text` string `[None]` and `target` string `[None]` -> `source_tokens` string
   `[None, None]`, `target_tokens` string `[None, None]` (each with its EOS piece; "" after)
   and `attention` float32 `[None, None, None]` (what each target piece attends to in the
-  source: the last decoder layer's heads averaged): `Translator.align_graph`, plain-text
-  models only;
+  source: the last decoder layer's heads averaged): `Translator.align_graph`;
 * `translate_options`: `text` string `[None]`, `beam_size` int32 (1..8),
   `alpha` float32, `extra_length` int32 (0..50), `num_results` int32
   (1..beam_size), `patience` float32, each option a scalar or one value per
@@ -61,7 +59,7 @@ without early stop finds); `--patience P` makes CTranslate2's patience stop
 the default of `serving_default`, `translate_xla` and `translate_litert`.
 
 A syntax-aware model (`TransformerConfig.syntax_aware`) is exported with
-`serving_default` and `translate_options` only, and their input is
+`serving_default`, `translate_options`, `score` and `align` only, and their input is
 `conllu` string `[None]`: one CoNLL-U sentence per string (what a parser of
 the user's choice writes), parsed, tokenized per word and turned into tags
 and tree distances inside the graph (`keras_transformer.data.annotated`, the
@@ -72,7 +70,8 @@ well-formed sentence, else what is wrong with it (`annotated.sentence_errors`:
 a word line without 10 tab-separated columns, a HEAD that is not a number,
 names no word or does not lead to the root); such a sentence gets the
 translation "" and score 0, and the other sentences of the request translate
-as they would alone.
+as they would alone. (`score` and `align` have no such output: a malformed
+sentence fails their request, naming its problem.)
 
 The version directory is written under a hidden temporary name in `OUTPUT`
 and renamed into place only when complete (TF Serving ignores non-numeric

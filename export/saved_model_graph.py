@@ -70,16 +70,17 @@ class TranslationModule(tf.Module):
             tf.TensorSpec(None, tf.int32, name="num_results"),
             tf.TensorSpec(None, tf.float32, name="patience"),
         ])
-        if config.syntax_aware:  # CoNLL-U in: no LiteRT / XLA variants (saving traces every tf.function)
+        # forced decoding: a syntax-aware model's sources are CoNLL-U (a malformed one fails the request)
+        self.serve_score = tf.function(self._serve_score, autograph=False, input_signature=[
+            tf.TensorSpec([None], tf.string, name=source), tf.TensorSpec([None], tf.string, name="target")])
+        self.serve_align = tf.function(self._serve_align, autograph=False, input_signature=[
+            tf.TensorSpec([None], tf.string, name=source), tf.TensorSpec([None], tf.string, name="target")])
+        if config.syntax_aware:  # CoNLL-U in: no LiteRT / XLA / advanced variants (saving traces every tf.function)
             return
         self.serve_litert = tf.function(self._serve_litert, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
         self.serve_xla = tf.function(self._serve_xla, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="text")])
-        self.serve_score = tf.function(self._serve_score, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec([None], tf.string, name="target")])
-        self.serve_align = tf.function(self._serve_align, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec([None], tf.string, name="target")])
         self.serve_advanced = tf.function(self._serve_advanced, autograph=False, input_signature=[
             tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec(None, tf.string, name="target_prefix"),
             *(tf.TensorSpec(None, dtype, name=name) for name, dtype, _ in ADVANCED_OPTIONS)])
@@ -233,8 +234,9 @@ class TranslationModule(tf.Module):
         tf.function's cache key): every search graph twice in `saved_model.pb`, twice
         the tracing, and twice the functions to restore at every load (docs/lab-notebook,
         "Export and load time")."""
-        if self._config.syntax_aware:  # CoNLL-U in; no LiteRT / XLA variants
-            return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options}
+        if self._config.syntax_aware:  # CoNLL-U in; no LiteRT / XLA / advanced variants
+            return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options,
+                    SCORE_SIGNATURE: self.serve_score, ALIGN_SIGNATURE: self.serve_align}
         return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options,
                 LITERT_SIGNATURE: self.serve_litert, XLA_SIGNATURE: self.serve_xla, SCORE_SIGNATURE: self.serve_score,
                 ALIGN_SIGNATURE: self.serve_align, ADVANCED_SIGNATURE: self.serve_advanced}

@@ -545,7 +545,8 @@ def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run, 
     from keras_transformer.run_dir import hypothesis_path
 
     assert hypothesis_path(trained.model_dir, "valid").read_text(encoding="utf-8").splitlines() == expected
-    assert set(loaded.signatures) == {"serving_default", "translate_options"}
+    # (issue #86 added `score` and `align`: test_the_syntax_exports_score_and_align_...)
+    assert set(loaded.signatures) == {"serving_default", "translate_options", "score", "align"}
     served = loaded.signatures["serving_default"](conllu=tf.constant(blocks))
     assert [t.decode() for t in served["translation"].numpy()] == expected
     assert len(set(expected)) > 1  # not a degenerate model
@@ -560,6 +561,39 @@ def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run, 
                      for line in blocks[0].split("\n"))
     scores = loaded.signatures["serving_default"](conllu=tf.constant([blocks[0], flat]))["score"].numpy()
     assert abs(scores[0] - scores[1]) > 1e-4
+
+
+def test_the_syntax_exports_score_and_align_signatures_read_conllu_as_the_translator_does(syntax_run,
+                                                                                        syntax_served):
+    """Issue #86: a syntax-aware export's `score` and `align` take the CoNLL-U sources
+    (`conllu`) and the targets, and give `Translator.score`'s and `Translator.align`'s
+    figures on them; the tree matters to the score; a malformed sentence fails the request,
+    naming its problem."""
+    _, _, data = syntax_run
+    loaded, translator = syntax_served
+    blocks = (data / "valid.en.conllu").read_text().strip().split("\n\n")[:4]
+    targets = translator.translate(blocks)
+    served = loaded.signatures["score"](conllu=tf.constant(blocks), target=tf.constant(targets))
+    want = translator.score(blocks, targets)
+    np.testing.assert_allclose(served["score"].numpy(), [w.score for w in want], atol=1e-5)
+    for row, expected in enumerate(want):
+        count = len(expected.tokens)
+        assert [t.decode() for t in served["tokens"].numpy()[row, :count]] == expected.tokens
+        np.testing.assert_allclose(served["token_scores"].numpy()[row, :count], expected.token_scores, atol=1e-5)
+    flat = "\n".join(line.rsplit("\t", 4)[0] + "\t0\troot\t_\t_" if line[:1].isdigit() else line
+                     for line in blocks[0].split("\n"))
+    other = loaded.signatures["score"](conllu=tf.constant([flat]), target=tf.constant(targets[:1]))["score"].numpy()
+    assert abs(other[0] - want[0].score) > 1e-4
+    aligned = loaded.signatures["align"](conllu=tf.constant(blocks), target=tf.constant(targets))
+    for row, expected in enumerate(translator.align(blocks, targets)):
+        source = [t.decode() for t in aligned["source_tokens"].numpy()[row] if t]
+        target = [t.decode() for t in aligned["target_tokens"].numpy()[row] if t]
+        assert (source, target) == (expected.source_tokens, expected.target_tokens)
+        np.testing.assert_allclose(aligned["attention"].numpy()[row, :len(target), :len(source)],
+                                   expected.attention, atol=1e-5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="HEAD"):
+        loaded.signatures["score"](conllu=tf.constant([blocks[0].replace("\t0\troot", "\tx\troot")]),
+                                   target=tf.constant(targets[:1]))
 
 
 def test_the_syntax_exports_warmup_requests_run_through_its_signatures(syntax_run, syntax_served):
