@@ -189,11 +189,9 @@ class TranslationModule(tf.Module):
         """`translate_advanced`'s beam search on one group: `translate_options`' search with
         the constraints and the prefix, its results in `MAX_BEAM_SIZE` slots."""
         beam, results = options["beam_size"], options["num_results"]
-        search = SearchOptions(beam_size=beam, alpha=options["alpha"], num_results=beam,
-                               extra_length=options["extra_length"], exact_results=tf.minimum(results, beam),
-                               patience=options["patience"], max_beam_size=MAX_BEAM_SIZE,
-                               **_constraints(options))
-        found, found_scores = self._translator.translate_graph(text, search, target_prefix=prefix)
+        found, found_scores, _ = self._search_options(text, beam, options["alpha"], options["extra_length"], results,
+                                                      options["patience"], target_prefix=prefix,
+                                                      **_constraints(options))
         return _result_slots(found, found_scores, beam, results)
 
     def _sample_advanced(self, text, prefix, options):
@@ -205,14 +203,17 @@ class TranslationModule(tf.Module):
         found, found_scores = self._translator.translate_graph(text, search, target_prefix=prefix)
         return _result_slots(found, found_scores, 1, 1)
 
-    def _search_options(self, text, beam, alpha, extra_length, num_results, patience):
+    def _search_options(self, text, beam, alpha, extra_length, num_results, patience, *, target_prefix=None,
+                        **constraints):
         """`translate_options`' search for the beam size `beam` (an int32 scalar in
         `[1, MAX_BEAM_SIZE]`, given at run time: one graph for every beam size, with the
         translations of the search built for each): `beam` result slots (the signature
         cuts them to `num_results`), from a search that stops as soon as the
         `num_results` best are known. One requested result stops by the best finished
         hypothesis, as `serving_default` does, not by the worst of `beam` (the n-best's
-        bound: 12 instead of 9 loop steps on the test's batch).
+        bound: 12 instead of 9 loop steps on the test's batch). `translate_advanced`'s
+        beam search adds a `target_prefix` and the disallowed-token `constraints`
+        (`SearchOptions` fields; plain-text models).
 
         Returns:
             translations string `[batch, beam]`, scores float32 `[batch, beam]`,
@@ -220,10 +221,10 @@ class TranslationModule(tf.Module):
         """
         options = SearchOptions(beam_size=beam, alpha=alpha, num_results=beam, extra_length=extra_length,
                                 exact_results=tf.minimum(num_results, beam), patience=patience,
-                                max_beam_size=MAX_BEAM_SIZE)
+                                max_beam_size=MAX_BEAM_SIZE, **constraints)
         if self._config.syntax_aware:
             return self._translator.translate_conllu_graph(text, options)
-        strings, scores = self._translator.translate_graph(text, options)
+        strings, scores = self._translator.translate_graph(text, options, target_prefix=target_prefix)
         return strings, scores, tf.zeros([0], tf.string)  # errors: not an output of a plain-text model
 
     def signatures(self):
@@ -390,11 +391,8 @@ def options_warmup_inputs(config: TransformerConfig, patience: float = 0.0) -> d
     """The options of the `translate_options` warm-up request: the export's own defaults
     (so it translates as `serving_default` does), one result; scalars, which
     `write_warmup_requests` gives each sentence of the request."""
-    return {"beam_size": tf.constant(config.beam_size, tf.int32),
-            "alpha": tf.constant(config.length_penalty_alpha, tf.float32),
-            "extra_length": tf.constant(config.decode_extra_length, tf.int32),
-            "num_results": tf.constant(1, tf.int32),
-            "patience": tf.constant(patience, tf.float32)}
+    advanced = advanced_warmup_inputs(config, patience)  # (the same values, with more options)
+    return {name: advanced[name] for name in ("beam_size", "alpha", "extra_length", "num_results", "patience")}
 
 
 def advanced_warmup_inputs(config: TransformerConfig, patience: float = 0.0) -> dict:
