@@ -240,3 +240,28 @@ def teacher_forced_log_probs(model, source_ids, targets):
         target_out[i, :len(target) + 1] = target + [EOS_ID]
     log_probs = keras.ops.convert_to_numpy(keras.ops.log_softmax(model([source_ids, target_in]), axis=-1))
     return np.take_along_axis(log_probs, target_out[..., None], axis=-1)[..., 0]  # [batch, width]
+
+
+def assert_served_scores(served, expected):
+    """A `score` signature's outputs give `Translator.score`'s `expected` (a list of
+    `ScoredTranslation`): each pair's score, pieces and per-piece log-probabilities."""
+    import numpy as np
+
+    np.testing.assert_allclose(served["score"].numpy(), [w.score for w in expected], atol=1e-5)
+    for row, want in enumerate(expected):
+        count = len(want.tokens)
+        assert [t.decode() for t in served["tokens"].numpy()[row, :count]] == want.tokens
+        np.testing.assert_allclose(served["token_scores"].numpy()[row, :count], want.token_scores, atol=1e-5)
+
+
+def assert_served_alignments(served, expected):
+    """An `align` signature's outputs give `Translator.align`'s `expected` (a list of
+    `AlignedTranslation`): each pair's source and target pieces and their attention."""
+    import numpy as np
+
+    for row, want in enumerate(expected):
+        source = [t.decode() for t in served["source_tokens"].numpy()[row] if t]
+        target = [t.decode() for t in served["target_tokens"].numpy()[row] if t]
+        assert (source, target) == (want.source_tokens, want.target_tokens)
+        np.testing.assert_allclose(served["attention"].numpy()[row, :len(target), :len(source)],
+                                   want.attention, atol=1e-5)

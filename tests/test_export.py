@@ -17,8 +17,8 @@ import hypothesis.strategies
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import (CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, closed_pipe, in_background, tf_serving_batching,
-                     warmup_requests)
+from helpers import (CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, assert_served_alignments, assert_served_scores,
+                     closed_pipe, in_background, tf_serving_batching, warmup_requests)
 
 from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
 from keras_transformer.decoding import SearchOptions
@@ -783,12 +783,9 @@ def test_the_score_signature_scores_as_the_in_process_translator(exported, loade
     targets = ["der Mann sieht den Hund", "ein rot Haus heute", "der Hund", ""]
     served = score(text=tf.constant(texts), target=tf.constant(targets))
     want = exported["translator"].score([t if isinstance(t, bytes) else t.encode() for t in texts], targets)
-    np.testing.assert_allclose(served["score"].numpy(), [w.score for w in want], atol=1e-5)
+    assert_served_scores(served, want)
     for row, expected in enumerate(want):
-        count = len(expected.tokens)
-        assert [t.decode() for t in served["tokens"].numpy()[row, :count]] == expected.tokens
-        assert not served["tokens"].numpy()[row, count:].any()
-        np.testing.assert_allclose(served["token_scores"].numpy()[row, :count], expected.token_scores, atol=1e-5)
+        assert not served["tokens"].numpy()[row, len(expected.tokens):].any()
         assert served["score"].numpy()[row] == pytest.approx(sum(expected.token_scores), abs=1e-4)
     assert want[-1].tokens == ["</s>"] and want[0].score < 0
     with pytest.raises(tf.errors.InvalidArgumentError, match="one target per source"):
@@ -801,12 +798,7 @@ def test_the_align_signature_aligns_as_the_in_process_translator(exported, loade
     align = loaded.signatures["align"]
     texts, targets = ["the man sees the dog", "a red house today"], ["der Mann sieht den Hund", "ein Haus"]
     served = align(text=tf.constant(texts), target=tf.constant(targets))
-    for row, expected in enumerate(exported["translator"].align(texts, targets)):
-        source = [t.decode() for t in served["source_tokens"].numpy()[row] if t]
-        target = [t.decode() for t in served["target_tokens"].numpy()[row] if t]
-        assert (source, target) == (expected.source_tokens, expected.target_tokens)
-        np.testing.assert_allclose(served["attention"].numpy()[row, :len(target), :len(source)],
-                                   expected.attention, atol=1e-5)
+    assert_served_alignments(served, exported["translator"].align(texts, targets))
     with pytest.raises(tf.errors.InvalidArgumentError, match="one target per source"):
         align(text=tf.constant(["a", "b"]), target=tf.constant(["a"]))
 

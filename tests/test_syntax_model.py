@@ -18,7 +18,7 @@ from keras_transformer.data import syntax
 from keras_transformer.data.annotated import annotated_features, parse_conllu, tree_distances
 from keras_transformer.layers import MultiHeadAttention, SyntaxAttentionMatrix, TagFactorEmbedding
 from keras_transformer.layers.embedding import sinusoidal_encoding
-from helpers import tf_serving_batching, warmup_requests
+from helpers import assert_served_alignments, assert_served_scores, tf_serving_batching, warmup_requests
 from test_model import assert_cached_decoding_matches
 
 PUD = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "pud"
@@ -575,22 +575,13 @@ def test_the_syntax_exports_score_and_align_signatures_read_conllu_as_the_transl
     targets = translator.translate(blocks)
     served = loaded.signatures["score"](conllu=tf.constant(blocks), target=tf.constant(targets))
     want = translator.score(blocks, targets)
-    np.testing.assert_allclose(served["score"].numpy(), [w.score for w in want], atol=1e-5)
-    for row, expected in enumerate(want):
-        count = len(expected.tokens)
-        assert [t.decode() for t in served["tokens"].numpy()[row, :count]] == expected.tokens
-        np.testing.assert_allclose(served["token_scores"].numpy()[row, :count], expected.token_scores, atol=1e-5)
+    assert_served_scores(served, want)
     flat = "\n".join(line.rsplit("\t", 4)[0] + "\t0\troot\t_\t_" if line[:1].isdigit() else line
                      for line in blocks[0].split("\n"))
     other = loaded.signatures["score"](conllu=tf.constant([flat]), target=tf.constant(targets[:1]))["score"].numpy()
     assert abs(other[0] - want[0].score) > 1e-4
     aligned = loaded.signatures["align"](conllu=tf.constant(blocks), target=tf.constant(targets))
-    for row, expected in enumerate(translator.align(blocks, targets)):
-        source = [t.decode() for t in aligned["source_tokens"].numpy()[row] if t]
-        target = [t.decode() for t in aligned["target_tokens"].numpy()[row] if t]
-        assert (source, target) == (expected.source_tokens, expected.target_tokens)
-        np.testing.assert_allclose(aligned["attention"].numpy()[row, :len(target), :len(source)],
-                                   expected.attention, atol=1e-5)
+    assert_served_alignments(aligned, translator.align(blocks, targets))
     with pytest.raises(tf.errors.InvalidArgumentError, match="HEAD"):
         loaded.signatures["score"](conllu=tf.constant([blocks[0].replace("\t0\troot", "\tx\troot")]),
                                    target=tf.constant(targets[:1]))
