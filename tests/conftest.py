@@ -23,8 +23,8 @@ def _seed():
 
 @pytest.fixture(scope="session")
 def toy_translator(tmp_path_factory):
-    """One `helpers.train_toy_translator` run (seed 0, 250 steps) for the whole session:
-    test_ctranslate2 converts it, test_export exports it (each module trained this same
+    """One `helpers.train_toy_translator` run (250 steps, seed 0 plus
+    `$KERAS_TRANSFORMER_TEST_SEED`) for the whole session: test_ctranslate2 converts it, test_export exports it (each module trained this same
     recipe for itself before). Tests only read the model; none trains or changes it.
 
     `{"model", "config", "tokenizer", "corpus", "data"}`; `data` is its toy corpus directory.

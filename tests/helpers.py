@@ -64,6 +64,26 @@ def import_log(stderr: str) -> tuple[set[str], list[str]]:
     return imported, lines
 
 
+# The environment variable that moves the seed of every trained (or randomly initialised) test
+# fixture: `KERAS_TRANSFORMER_TEST_SEED=1 python -m pytest -q` trains the toy models, draws
+# their corpora and initialises the fixtures' models from other seeds, as an unseen CPU's
+# floats would give other weights (docs/development.md, "Tests on any CPU").
+SEED_VARIABLE = "KERAS_TRANSFORMER_TEST_SEED"
+
+
+def fixture_seed(seed: int = 0) -> int:
+    """The seed a test fixture trains or initialises with: `seed` plus `$KERAS_TRANSFORMER_TEST_SEED`
+    (0 when unset, so that a plain run keeps every fixture's own seed)."""
+    value = os.environ.get(SEED_VARIABLE, "0")
+    try:
+        offset = int(value)
+    except ValueError:
+        raise ValueError(f"{SEED_VARIABLE} must be an integer, got {value!r}") from None
+    if offset < 0:
+        raise ValueError(f"{SEED_VARIABLE} must be >= 0, got {offset}")
+    return seed + offset
+
+
 def write_corpus(directory, pairs=240, valid=12, seed=0):
     """A toy word-for-word corpus in the text-directory layout."""
     import random
@@ -86,8 +106,9 @@ def write_corpus(directory, pairs=240, valid=12, seed=0):
     return directory
 
 
-def train_toy_translator(directory, steps=250, seed=0):
-    """Trains a one-layer model on `write_corpus` data for a few seconds.
+def train_toy_translator(directory, steps=250, seed=None):
+    """Trains a one-layer model on `write_corpus` data for a few seconds, from `seed`
+    (default `fixture_seed()`: 0 unless `$KERAS_TRANSFORMER_TEST_SEED` says otherwise).
 
     Returns `(model, config, tokenizer, corpus)`; the model translates the toy
     language well enough that its outputs end with EOS.
@@ -98,6 +119,7 @@ def train_toy_translator(directory, steps=250, seed=0):
                                    make_optimizer)
     from keras_transformer.data import Tokenizer, load_corpus, make_batches, train_tokenizer
 
+    seed = fixture_seed() if seed is None else seed
     keras.utils.set_random_seed(seed)
     data = write_corpus(directory / "data", pairs=600, valid=20, seed=seed)
     corpus = load_corpus(str(data), "en", "de")

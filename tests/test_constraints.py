@@ -6,6 +6,7 @@ CTranslate2 parity is in test_ctranslate2.py."""
 import keras
 import numpy as np
 import pytest
+from helpers import fixture_seed
 import tensorflow as tf
 
 from keras_transformer import TransformerConfig, build_transformer
@@ -22,7 +23,7 @@ LENGTHS = np.array([3, 1, 4, 2], np.int32)
 
 @pytest.fixture(scope="module")
 def searcher():
-    keras.utils.set_random_seed(11)
+    keras.utils.set_random_seed(fixture_seed(11))
     return Searcher(build_transformer(CONFIG), CONFIG)
 
 

@@ -5,6 +5,7 @@ beam search's own score of its best hypothesis, and row by row against the batch
 import keras
 import numpy as np
 import pytest
+from helpers import fixture_seed
 import tensorflow as tf
 
 from keras_transformer import TransformerConfig, build_transformer
@@ -19,7 +20,7 @@ CONFIG = TransformerConfig(vocab_size=40, num_layers=2, d_model=32, d_ff=64, num
 
 @pytest.fixture(scope="module")
 def model():
-    keras.utils.set_random_seed(3)
+    keras.utils.set_random_seed(fixture_seed(3))
     return build_transformer(CONFIG)
 
 

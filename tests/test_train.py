@@ -12,14 +12,14 @@ import textwrap
 import time
 
 import pytest
-from helpers import import_log, in_background, write_corpus
+from helpers import fixture_seed, import_log, in_background, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def train_command(data, model_dir, *extra):
     return [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--model-dir", str(model_dir),
             "--vocab-size", "60", "--batch-tokens", "256", "--bleu-every-sentences", "0",
-            "--no-export", *extra]
+            "--no-export", "--seed", str(fixture_seed()), *extra]
 
 
 def run_train(*args, timeout=600, env=None):
