@@ -23,17 +23,27 @@ def translate_speed_run(tmp_path_factory, request):
                for item in request.session.items if getattr(item, "module", None) is request.module):
         yield None
         return
-    data = write_corpus(tmp_path_factory.mktemp("translate_speed") / "data", pairs=120, valid=4)
+    folder = tmp_path_factory.mktemp("translate_speed")
+    data = write_corpus(folder / "data", pairs=120, valid=4)
+    # --work-dir holding what an earlier run left (a SavedModel version, a CTranslate2
+    # model, a LiteRT file): the run replaces them (it once ended in convert's FileExistsError)
+    work = folder / "work"
+    (work / "export" / "1").mkdir(parents=True)
+    (work / "export" / "1" / "saved_model.pb").write_bytes(b"earlier")
+    (work / "ctranslate2-float32").mkdir()
+    (work / "ctranslate2-float32" / "model.bin").write_bytes(b"earlier")
+    (work / "model.tflite").write_bytes(b"earlier")
     run = in_background(
         subprocess.run,
         [sys.executable, "-m", "benchmarks.translate_speed", "--shape", "tiny", "--vocab-size", "60",
          "--tokenizer-text", f"{data}/train.en,{data}/train.de", "--sentences", str(data / "train.en"),
          "--count", "4", "--batch-sizes", "4", "--rounds", "1", "--quantizations", "float32", "--no-xla",
-         "--threads", "1", "--beam-size", "3", "--export-patience", "2", "--patience", "2", "--onednn"],
+         "--threads", "1,2", "--beam-size", "3", "--export-patience", "2", "--patience", "2", "--onednn",
+         "--work-dir", str(work)],
         # A guard against a hang, not a speed check: on a 2-core CI machine, beside both
         # xdist workers, the run took 287 s (210 s alone) and was killed at 300.
         cwd=ROOT, capture_output=True, text=True, timeout=900)
-    yield run
+    yield run, work
     concurrent.futures.wait([run])
 
 
@@ -119,11 +129,46 @@ def test_input_pipeline_benchmark_reports_its_ratio_from_its_own_figures(capsys)
 
 
 @pytest.mark.slow
+def _tables(out):
+    """Markdown tables of a benchmark's output: first header cell -> rows of stripped cells."""
+    tables = {}
+    for block in out.split("\n\n"):
+        lines = [line for line in block.splitlines() if line.startswith("| ")]
+        if lines:
+            cells = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines]
+            tables[cells[0][0]] = cells[1:]
+    return tables
+
+
+def _median_and_range(text):
+    """`1.23 (1.00-1.50)` -> (1.23, 1.00, 1.50)."""
+    median, low, high = re.fullmatch(r"([\d.]+) \(([\d.]+)-([\d.]+)\)", text).groups()
+    return float(median), float(low), float(high)
+
+
+def _ratio_of_printed(rate, baseline):
+    """The ratio of two rates printed rounded to integers, as a 2-decimal ratio of the
+    unrounded rates may print it."""
+    ratio = rate / baseline
+    return pytest.approx(ratio, abs=0.0051 + ratio * (0.5 / rate + 0.5 / baseline))
+
+
+def test_translate_speed_parses_its_thread_counts():
+    from benchmarks.translate_speed import parse_args
+
+    assert parse_args(["--shape", "tiny"]).threads == [1, 2]
+    assert parse_args(["--shape", "tiny", "--threads", "2,1"]).threads == [2, 1]
+    for wrong in ("0", "1,1", "two", ","):
+        with pytest.raises(SystemExit):
+            parse_args(["--shape", "tiny", "--threads", wrong])
+
+
 def test_translate_speed_runs_both_sides_on_the_same_weights(translate_speed_run):
     # benchmarks/translate_speed.py --shape tiny --vocab-size 60 --tokenizer-text DATA/train.en,DATA/train.de
     #     --sentences DATA/train.en --count 4 --batch-sizes 4 --rounds 1 --quantizations float32 --no-xla
-    #     --threads 1 --beam-size 3 --export-patience 2 --patience 2 --onednn
-    result = translate_speed_run.result()
+    #     --threads 1,2 --beam-size 3 --export-patience 2 --patience 2 --onednn --work-dir WORK
+    run, work = translate_speed_run
+    result = run.result()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = result.stdout
     # Same weights, same search: CTranslate2 returns the same translations as the SavedModel.
@@ -131,28 +176,60 @@ def test_translate_speed_runs_both_sides_on_the_same_weights(translate_speed_run
     # the config's beam gave 2 of 4 here).
     assert re.search(r"serving_default vs ctranslate2 float32: 4 of 4 translations identical; "
                      r"target tokens (\d+) vs \1\n", out), out
-    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert {"serving_default", "ctranslate2 float32"} <= set(rows)  # (--no-xla: test_export checks translate_xla)
-    assert "| 1.00 (1.00-1.00) |" in rows["ctranslate2 float32"]  # the baseline of every ratio
-    assert "litert float32" in rows  # the LiteRT model, in its own worker
-    assert "serving_default vs litert float32: 4 of 4 translations identical" in out
+    names = {"serving_default", "serving_default onednn", "litert float32", "ctranslate2 float32"}
+    # (--no-xla: test_export checks translate_xla)
+    assert "serving_default vs litert float32: 4 of 4 translations identical" in out  # LiteRT, in its own worker
     # --onednn: the same signature in a worker with TensorFlow's oneDNN kernels on, the
     # plain one with them off; --export-patience: our side searches with CTranslate2's rule.
     assert "serving_default vs serving_default onednn: 4 of 4 translations identical" in out
-    assert "serving_default onednn" in rows
     assert "stopping: ours patience 2, CTranslate2 patience 2" in out
+    # every engine at each thread count, in a worker of its own, translating alike
+    assert ("# translations identical at 1, 2 threads, of 4: serving_default 4, serving_default onednn 4, "
+            "litert float32 4, ctranslate2 float32 4") in out
+    tables = _tables(out)
+    per_thread = {(row[0], int(row[1])): (_median_and_range(row[2]), _median_and_range(row[3]))
+                  for row in tables["batch 4"]}
+    assert set(per_thread) == {(name, threads) for name in names for threads in (1, 2)}, out
+    for (name, threads), ((rate, _, _), (ratio, low, high)) in per_thread.items():
+        # --rounds 1: the ratio of the round is the ratio of the printed rates (to their rounding)
+        baseline = per_thread["ctranslate2 float32", threads][0][0]
+        assert low == ratio == high and ratio == _ratio_of_printed(rate, baseline)
+        assert rate > 0
+    for threads in (1, 2):
+        assert per_thread["ctranslate2 float32", threads][1] == (1.0, 1.0, 1.0)
+    # each engine's best: the thread count of its highest rate, that rate, and the ratio of
+    # its best to CTranslate2 float32's best (not to CTranslate2 at the same thread count)
+    best = {row[0]: (int(row[1]), _median_and_range(row[2]), _median_and_range(row[3]))
+            for row in tables["batch 4: best"]}
+    assert set(best) == names, out
+    baseline_best = max(per_thread["ctranslate2 float32", t][0][0] for t in (1, 2))
+    for name, (threads, (rate, _, _), (ratio, low, high)) in best.items():
+        rates = {t: per_thread[name, t][0][0] for t in (1, 2)}
+        assert rate == max(rates.values()) and rates[threads] == rate, (name, out)
+        assert low == ratio == high
+        assert ratio == _ratio_of_printed(rate, baseline_best), (name, out)
+    assert best["ctranslate2 float32"][2] == (1.0, 1.0, 1.0)
     # The random shaped model never ends a hypothesis (its EOS embedding is zero), so
     # every sentence runs to its limit, source pieces + 50: that many loop steps, and
-    # every sentence's beams in every step (4 sentences x beam 3).
+    # every sentence's beams in every step (4 sentences x beam 3); the time per step is
+    # each variant's at its best thread count.
     pieces = int(re.search(r"sources of exactly (\d+) pieces", out).group(1))
-    search = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:5]]
-              for line in out.splitlines() if line.startswith("| ") and "(search)" in line}
+    search = {row[0]: ([float(x) for x in row[1:4]], int(row[4])) for row in tables["batch 4: search"]}
     assert set(search) == {"serving_default (search)", "serving_default onednn (search)",
                            "litert float32 (search)"}, out
-    for steps, rows, milliseconds in search.values():
+    for name, ((steps, rows, milliseconds), threads) in search.items():
         assert steps == pieces + 50 and rows == 12.0 and milliseconds > 0
+        assert threads == best[name.removesuffix(" (search)")][0]
+    # the last line: serving_default's best over CTranslate2 float32's best
     name, value = out.strip().splitlines()[-1].split(": ")
-    assert name == "serving_default_vs_ctranslate2_float32_batch4" and float(value) > 0
+    assert name == "serving_default_best_vs_ctranslate2_float32_best_batch4"
+    assert float(value) == best["serving_default"][2][0]
+    # the earlier run's files in --work-dir were replaced, with a line that says so
+    assert f"# --work-dir {work}: replacing an earlier run's export/1, model.tflite, ctranslate2-float32\n" in out
+    assert [path.name for path in (work / "export").iterdir()] == ["1"]
+    assert (work / "export" / "1" / "saved_model.pb").stat().st_size > len(b"earlier")
+    assert (work / "ctranslate2-float32" / "model.bin").stat().st_size > len(b"earlier")
+    assert (work / "model.tflite").stat().st_size > len(b"earlier")
     assert not result.stderr.strip(), result.stderr[-2000:]  # quiet: no TensorFlow start-up lines
 
 
