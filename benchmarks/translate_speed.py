@@ -169,7 +169,7 @@ def parse_args(argv=None):
                              "turns them on by itself only on CPUs with AVX-512 VNNI/BF16 or AMX")
     parser.add_argument("--no-litert", action="store_true",
                         help="skip the LiteRT variant (the export's translate_litert signature converted by "
-                             "export.tflite, float32, run by ai_edge_litert with --threads threads)")
+                             "export.tflite, float32, run by ai_edge_litert at each of --threads)")
     parser.add_argument("--pause", type=float, default=1.0,
                         help="seconds of idle time before each variant's timed pass (default 1)")
     parser.add_argument("--vocab-size", type=int, default=32000,
