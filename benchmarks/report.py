@@ -260,7 +260,8 @@ and the machine. When a figure is measured again, its row is replaced in place, 
 holds no superseded figure.
 
 - **Re-measure** a row by running its command (from the repository root; a command's
-  `DIR`, `EXPORT` or `/tmp/...` path is the run or export it measured).
+  `RUN`, `DIR`, `EXPORT` or `/tmp/...` path is the run or export it measured, `WORK` a
+  scratch folder).
 - **commit** is the code that was measured; "(recorded in)" marks the commit that recorded
   the figure, where the notebook does not name the code.
 - **Machines** are 2-vCPU cloud VMs shared with other work unless a row says otherwise; their
