@@ -602,8 +602,8 @@ def test_translate_command_turns_grappler_off_before_its_first_xla_request(expor
     del signatures["translate_xla"]
     assert translate.main(["--saved-model", str(exported["path"]), "--xla"]) == 2
     assert capsys.readouterr().err == (f"export.translate: error: --xla: {exported['path']} has no translate_xla "
-                                       f"signature (a syntax-aware export, or one older than that signature); "
-                                       f"translate without --xla\n")
+                                       f"signature (a syntax-aware export, one older than that signature, or one "
+                                       f"exported without it by --signatures); translate without --xla\n")
 
 
 def test_translate_command_keeps_tensorflows_harmless_lines_off_the_terminal(exported, loaded, monkeypatch,
