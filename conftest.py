@@ -7,7 +7,8 @@ its printed values.
   `<!-- skip: next -->`.
 * The examples of docs/export.md run in a directory holding `runs/default`: a trained run
   directory of the tests' toy model (tokenizer, run.json, final.weights.h5) and its export,
-  made once per worker (`docs_run`), so `runs/default/export/1` is a real SavedModel.
+  made once per worker (`docs_run`, from the suite's `toy_translator`), so
+  `runs/default/export/1` is a real SavedModel.
 * A block preceded by `<!-- slow -->` is marked `slow`, as the suite's other long checks.
 """
 
@@ -23,22 +24,42 @@ NEED_A_RUN = ["docs/export.md"]
 
 
 @pytest.fixture(scope="session")
-def docs_run(tmp_path_factory):
-    """A directory holding `runs/default`: the toy model of `tests/helpers.py` (trained for a
-    few seconds) as a `train.py` run directory, exported to `runs/default/export/1`."""
+def toy_translator(tmp_path_factory):
+    """One `tests/helpers.train_toy_translator` run (250 steps, seed 0 plus
+    `$KERAS_TRANSFORMER_TEST_SEED`) for the whole session (of each worker): test_ctranslate2
+    converts it, test_export exports it, the docs' examples read it (`docs_run`). Tests only
+    read the model; none trains or changes it.
+
+    `{"model", "config", "tokenizer", "corpus", "data"}`; `data` is its toy corpus directory.
+    """
     from tests.helpers import train_toy_translator
 
+    directory = tmp_path_factory.mktemp("toy_translator")
+    model, config, tokenizer, corpus = train_toy_translator(directory)
+    return {"model": model, "config": config, "tokenizer": tokenizer, "corpus": corpus,
+            "data": directory / "data"}
+
+
+# The signatures the examples of the `NEED_A_RUN` pages call (each one more traced is seconds).
+DOCS_SIGNATURES = ("translate_options", "translate_advanced")
+
+
+@pytest.fixture(scope="session")
+def docs_run(toy_translator, tmp_path_factory):
+    """A directory holding `runs/default`: the session's toy model (`toy_translator`) as a
+    `train.py` run directory, exported to `runs/default/export/1` with the signatures the
+    examples call (`DOCS_SIGNATURES`)."""
     from export.saved_model import export_model
     from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
 
     directory = tmp_path_factory.mktemp("docs")
-    model, config, tokenizer, _ = train_toy_translator(directory / "toy")
+    model, config, tokenizer = (toy_translator[k] for k in ("model", "config", "tokenizer"))
     run = directory / "runs" / "default"
     run.mkdir(parents=True)
     (run / "tokenizer.model").write_bytes(tokenizer.model_bytes)
     check_run_file(run, config, tokenizer, {"data": "toy", "source_lang": "en", "target_lang": "de"})
     model.save_weights(run / FINAL_WEIGHTS)
-    export_model(model, config, tokenizer, run / "export")
+    export_model(model, config, tokenizer, run / "export", signatures=DOCS_SIGNATURES)
     return directory
 
 

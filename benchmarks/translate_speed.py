@@ -358,7 +358,7 @@ class Variants:
         from export.tflite import convert as convert_litert
 
         signatures = (() if args.no_xla else (XLA,)) + (() if args.no_litert else (LITERT_SIGNATURE,))
-        export = str(export_model(model, config, tokenizer, work / "export", only_signatures=signatures,
+        export = str(export_model(model, config, tokenizer, work / "export", signatures=signatures,
                                   patience=args.export_patience))
         paths = {OURS: (f"saved_model:{OURS}", export)}
         if not args.no_xla:

@@ -54,6 +54,11 @@ asset file to lose), the averaged weights and the beam search:
   which option of that sentence is out of range (the sentence then gets "" with score 0).
   Plain-text models only.
 
+`--signatures NAME,...` exports `serving_default` and the named signatures only (each left
+out is neither traced nor saved: less export time, fewer megabytes, a faster load; a request
+to it gets TF Serving's "no signature" error); the names are recorded in
+`assets.extra/keras_transformer.json` beside the model config.
+
 The search is exact by default (the best translation is the one a search
 without early stop finds); `--patience P` makes CTranslate2's patience stop
 the default of `serving_default`, `translate_xla` and `translate_litert`.
@@ -126,6 +131,28 @@ XLA_SIGNATURE = "translate_xla"
 SCORE_SIGNATURE = "score"
 ALIGN_SIGNATURE = "align"
 ADVANCED_SIGNATURE = "translate_advanced"
+# Every signature of a plain-text model's export, in the order the module builds them, and
+# those of a syntax-aware model (CoNLL-U in: no LiteRT, XLA or advanced variant).
+# `serving_default` is always exported: TF Serving's default and the first warm-up request.
+ALL_SIGNATURES = (SERVING_DEFAULT, OPTIONS_SIGNATURE, SCORE_SIGNATURE, ALIGN_SIGNATURE, LITERT_SIGNATURE,
+                  XLA_SIGNATURE, ADVANCED_SIGNATURE)
+SYNTAX_SIGNATURES = (SERVING_DEFAULT, OPTIONS_SIGNATURE, SCORE_SIGNATURE, ALIGN_SIGNATURE)
+
+
+def chosen_signatures(config: TransformerConfig, names=None) -> tuple[str, ...]:
+    """The signatures an export of `config`'s model holds: all of its kind when `names` is None,
+    else `serving_default` and `names`, in `ALL_SIGNATURES`' order. A name that is no
+    signature, or none a syntax-aware model has, is a ValueError naming it and the choices."""
+    available = SYNTAX_SIGNATURES if config.syntax_aware else ALL_SIGNATURES
+    if names is None:
+        return available
+    names = {names} if isinstance(names, str) else set(names)
+    unknown = sorted(names - set(available))
+    if unknown:
+        kind = "a syntax-aware model's export" if config.syntax_aware else "an export"
+        raise ValueError(f"{', '.join(unknown)}: not a signature of {kind}; choose among {', '.join(available)}")
+    return tuple(name for name in available if name == SERVING_DEFAULT or name in names)
+
 
 # The TensorFlow side of the export (`export.saved_model_graph`), imported on first use: the
 # command's `--help` and flag errors answer without TensorFlow.
@@ -168,10 +195,12 @@ def bucket_warmup_texts(tokenizer_model: bytes, config: TransformerConfig) -> li
 EXPORT_CONFIG_FILE = "keras_transformer.json"
 
 
-def write_export_config(directory, config: TransformerConfig, patience: float) -> pathlib.Path:
+def write_export_config(directory, config: TransformerConfig, patience: float,
+                        signatures: typing.Sequence[str] = ()) -> pathlib.Path:
     path = pathlib.Path(directory) / "assets.extra" / EXPORT_CONFIG_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"config": config.to_dict(), "patience": patience}, indent=1))
+    path.write_text(json.dumps({"config": config.to_dict(), "patience": patience, "signatures": list(signatures)},
+                               indent=1))
     return path
 
 
@@ -184,8 +213,18 @@ def read_export_config(directory) -> tuple[TransformerConfig, float] | None:
     return TransformerConfig.from_dict(record["config"]), float(record.get("patience", 0.0))
 
 
+def read_export_signatures(directory) -> tuple[str, ...] | None:
+    """The signature names an export recorded (`--signatures`); None for exports older than
+    that record (they hold all of their kind's signatures of the day)."""
+    path = pathlib.Path(directory) / "assets.extra" / EXPORT_CONFIG_FILE
+    if not path.is_file():
+        return None
+    signatures = json.loads(path.read_text()).get("signatures")
+    return None if signatures is None else tuple(signatures)
+
+
 def export_model(model, config: TransformerConfig, tokenizer, output, version: int | None = None,
-                 xla_warmup: bool = False, only_signatures=None, patience: float = 0.0) -> pathlib.Path:
+                 xla_warmup: bool = False, signatures=None, patience: float = 0.0) -> pathlib.Path:
     """Exports `model` to `output/<version>` atomically; returns that path.
 
     Args:
@@ -197,9 +236,11 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
         xla_warmup: also write warm-up requests for `translate_xla`, one per
             (length bucket, batch bucket); only for a TF Serving started with
             `--xla_cpu_compilation_enabled` (a default one fails the load).
-        only_signatures: if given, export only these signature names
-            (`serving_default` always): for benchmarks that time one
-            signature and need not trace the others. Not a serving export.
+        signatures: if given, export only these signature names (`serving_default`
+            always; `chosen_signatures`). Each signature left out saves its
+            tracing, megabytes and load time (docs/benchmarks.md, "Export and load
+            time"); a client of a left-out signature gets TF Serving's "no signature"
+            error. Default: all of the model's kind.
         patience: the default signatures' patience stop (0: the exact search;
             see the module docstring).
     """
@@ -220,24 +261,23 @@ def export_model(model, config: TransformerConfig, tokenizer, output, version: i
     tokenizer_model = tokenizer if isinstance(tokenizer, bytes) else tokenizer.model_bytes
     if patience < 0:
         raise ValueError(f"patience must be >= 0 (0: the exact search), got {patience}")
-    module = TranslationModule(model, config, tokenizer_model, patience=patience)
+    names = chosen_signatures(config, signatures)  # (a bad name: before anything is traced or written)
+    if xla_warmup and XLA_SIGNATURE not in names:
+        raise ValueError("--xla-warmup: " + ("a syntax-aware model has no translate_xla signature"
+                                             if config.syntax_aware else "the export leaves out translate_xla"))
+    module = TranslationModule(model, config, tokenizer_model, patience=patience, signatures=names)
     staging = output / f".tmp-{version}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     with sigterm_raises():  # a SIGTERM while writing removes the staging directory, as Ctrl-C does
         try:
-            signatures = module.signatures()
-            if only_signatures is not None:
-                signatures = {name: function for name, function in signatures.items()
-                              if name in {SERVING_DEFAULT, *only_signatures}}
-            tf.saved_model.save(module, str(staging), signatures=signatures)
-            if xla_warmup and config.syntax_aware:
-                raise ValueError("--xla-warmup: a syntax-aware model has no translate_xla signature")
+            functions = module.signatures()
+            tf.saved_model.save(module, str(staging), signatures=functions)
             xla_texts = [text for _, text in bucket_warmup_texts(tokenizer_model, config)] if xla_warmup else None
-            options = options_warmup_inputs(config, patience) if OPTIONS_SIGNATURE in signatures else None
-            advanced = advanced_warmup_inputs(config, patience) if ADVANCED_SIGNATURE in signatures else None
+            options = options_warmup_inputs(config, patience) if OPTIONS_SIGNATURE in names else None
+            advanced = advanced_warmup_inputs(config, patience) if ADVANCED_SIGNATURE in names else None
             write_warmup_requests(staging, xla_texts=xla_texts, conllu=config.syntax_aware, options=options,
                                   advanced=advanced)
-            write_export_config(staging, config, patience)
+            write_export_config(staging, config, patience, names)
             os.rename(staging, final)  # atomic on one file system
         except (OSError, tf.errors.OpError) as error:  # a full disk, no permission: one line, not TF's traceback
             shutil.rmtree(staging, ignore_errors=True)
@@ -264,10 +304,25 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
                              "does, in serving_default, translate_xla and translate_litert (default 0: the exact "
                              "search; translate_options takes it per request)")
+    parser.add_argument("--signatures", type=signature_list, default=None, metavar="NAME,...",
+                        help="export only serving_default and these signatures (comma-separated; default: all "
+                             f"of the model's: {', '.join(ALL_SIGNATURES[1:])}); each left out saves export "
+                             "time, megabytes and load time")
     parser.add_argument("--average", type=int, action=PositiveInt, default=None, metavar="K", help=AVERAGE_HELP)
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     return parser
+
+
+def signature_list(value: str) -> tuple[str, ...]:
+    """`--signatures`: comma-separated names of `ALL_SIGNATURES` (a syntax-aware model's are
+    checked against its own once it is loaded)."""
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    unknown = [name for name in names if name not in ALL_SIGNATURES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not a signature; choose among "
+                                         f"{', '.join(ALL_SIGNATURES)}")
+    return names
 
 
 def main(argv=None) -> int:
@@ -275,6 +330,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.patience < 0:
         parser.error(f"--patience must be >= 0 (0: the exact search), got {args.patience}")
+    if args.xla_warmup and args.signatures is not None and XLA_SIGNATURE not in args.signatures:
+        parser.error("--xla-warmup warms up translate_xla, which --signatures leaves out")
     if args.version is not None and args.version < 0:  # before loading and tracing
         parser.error(f"--version must be >= 0 (TF Serving loads only non-negative integer versions), "
                      f"got {args.version}")
@@ -290,7 +347,7 @@ def main(argv=None) -> int:
                                                 log=lambda line: print(f"export.saved_model: {line}",
                                                                        file=sys.stderr))
         path = export_model(model, config, tokenizer, args.output, args.version, xla_warmup=args.xla_warmup,
-                            patience=args.patience)
+                            signatures=args.signatures, patience=args.patience)
     except (RunError, TokenizerError, OSError, ValueError) as error:  # OSError: FileExistsError, permissions
         print(f"export.saved_model: error: {error}", file=sys.stderr)
         return 2

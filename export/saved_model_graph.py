@@ -14,7 +14,13 @@ import pathlib
 
 from export.saved_model import (ADVANCED_SIGNATURE, ALIGN_SIGNATURE, LITERT_MAX_BATCH, LITERT_SIGNATURE,
                                 MAX_PATIENCE, OPTIONS_SIGNATURE, SCORE_SIGNATURE, SERVING_DEFAULT,
-                                WARMUP_CONLLU, WARMUP_SENTENCES, XLA_SIGNATURE)
+                                WARMUP_CONLLU, WARMUP_SENTENCES, XLA_SIGNATURE, chosen_signatures)
+
+# The module attribute that holds each signature's `tf.function` (the names the exports have
+# always had: a SavedModel's object graph names them).
+FUNCTION_ATTRIBUTES = {SERVING_DEFAULT: "serve", OPTIONS_SIGNATURE: "serve_with_options", SCORE_SIGNATURE: "serve_score",
+                       ALIGN_SIGNATURE: "serve_align", LITERT_SIGNATURE: "serve_litert", XLA_SIGNATURE: "serve_xla",
+                       ADVANCED_SIGNATURE: "serve_advanced"}
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE, MAX_NO_REPEAT_NGRAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
@@ -33,8 +39,12 @@ class TranslationModule(tf.Module):
         tokenizer_model: SentencePiece model bytes (`Tokenizer.model_bytes`).
     """
 
-    def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes, patience: float = 0.0):
+    def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes, patience: float = 0.0,
+                 signatures=None):
         super().__init__(name="translation_module")
+        # The signatures to build (`export.saved_model.chosen_signatures`: all of the model's kind
+        # when None). Only these become `tf.function` attributes: saving traces every one.
+        self._names = chosen_signatures(config, signatures)
         # Track the tf.Variables behind the Keras variables, not the Keras
         # model: a Keras 3 model held by a tf.Module saves its wrapper
         # variables, which the TF1 session loader (TF Serving,
@@ -57,33 +67,30 @@ class TranslationModule(tf.Module):
         # The default signatures' patience stop (None: the exact search).
         self._patience = float(patience) if patience and patience > 0 else None
         source = "conllu" if config.syntax_aware else "text"
+        text, target = tf.TensorSpec([None], tf.string, name=source), tf.TensorSpec([None], tf.string, name="target")
+        # Each signature: its function and input specs. An option is a scalar for the whole
+        # request, or one value per sentence (`[batch]`, what TF Serving's server-side batching
+        # needs: `_per_sentence`). A syntax-aware model's sources are CoNLL-U (`score` and
+        # `align`: a malformed one fails the request); it has no LiteRT / XLA / advanced variants.
+        specs = {
+            SERVING_DEFAULT: (self._serve, [text]),
+            OPTIONS_SIGNATURE: (self._serve_with_options, [
+                text, tf.TensorSpec(None, tf.int32, name="beam_size"), tf.TensorSpec(None, tf.float32, name="alpha"),
+                tf.TensorSpec(None, tf.int32, name="extra_length"), tf.TensorSpec(None, tf.int32, name="num_results"),
+                tf.TensorSpec(None, tf.float32, name="patience")]),
+            SCORE_SIGNATURE: (self._serve_score, [text, target]),  # forced decoding
+            ALIGN_SIGNATURE: (self._serve_align, [text, target]),
+            LITERT_SIGNATURE: (self._serve_litert, [text]),
+            XLA_SIGNATURE: (self._serve_xla, [text]),
+            ADVANCED_SIGNATURE: (self._serve_advanced, [
+                text, tf.TensorSpec(None, tf.string, name="target_prefix"),
+                *(tf.TensorSpec(None, dtype, name=name) for name, dtype, _ in ADVANCED_OPTIONS)]),
+        }
         # autograph=False: the search graph needs no autograph (`searcher.not_converted`).
-        self.serve = tf.function(self._serve, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name=source)])
-        self.serve_with_options = tf.function(self._serve_with_options, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name=source),
-            # Each option: a scalar for the whole request, or one value per sentence (`[batch]`,
-            # what TF Serving's server-side batching needs: `_per_sentence`).
-            tf.TensorSpec(None, tf.int32, name="beam_size"),
-            tf.TensorSpec(None, tf.float32, name="alpha"),
-            tf.TensorSpec(None, tf.int32, name="extra_length"),
-            tf.TensorSpec(None, tf.int32, name="num_results"),
-            tf.TensorSpec(None, tf.float32, name="patience"),
-        ])
-        # forced decoding: a syntax-aware model's sources are CoNLL-U (a malformed one fails the request)
-        self.serve_score = tf.function(self._serve_score, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name=source), tf.TensorSpec([None], tf.string, name="target")])
-        self.serve_align = tf.function(self._serve_align, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name=source), tf.TensorSpec([None], tf.string, name="target")])
-        if config.syntax_aware:  # CoNLL-U in: no LiteRT / XLA / advanced variants (saving traces every tf.function)
-            return
-        self.serve_litert = tf.function(self._serve_litert, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name="text")])
-        self.serve_xla = tf.function(self._serve_xla, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name="text")])
-        self.serve_advanced = tf.function(self._serve_advanced, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.string, name="text"), tf.TensorSpec(None, tf.string, name="target_prefix"),
-            *(tf.TensorSpec(None, dtype, name=name) for name, dtype, _ in ADVANCED_OPTIONS)])
+        self._functions = {name: tf.function(specs[name][0], autograph=False, input_signature=specs[name][1])
+                           for name in self._names}
+        for name, function in self._functions.items():  # tracked attributes: the save traces each
+            setattr(self, FUNCTION_ATTRIBUTES[name], function)
 
     def _default_options(self):
         """The `SearchOptions` of the signatures without options: the config's beam size,
@@ -235,12 +242,7 @@ class TranslationModule(tf.Module):
         tf.function's cache key): every search graph twice in `saved_model.pb`, twice
         the tracing, and twice the functions to restore at every load (docs/lab-notebook,
         "Export and load time")."""
-        if self._config.syntax_aware:  # CoNLL-U in; no LiteRT / XLA / advanced variants
-            return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options,
-                    SCORE_SIGNATURE: self.serve_score, ALIGN_SIGNATURE: self.serve_align}
-        return {SERVING_DEFAULT: self.serve, OPTIONS_SIGNATURE: self.serve_with_options,
-                LITERT_SIGNATURE: self.serve_litert, XLA_SIGNATURE: self.serve_xla, SCORE_SIGNATURE: self.serve_score,
-                ALIGN_SIGNATURE: self.serve_align, ADVANCED_SIGNATURE: self.serve_advanced}
+        return dict(self._functions)
 
 
 def _one_target_per_source(signature, text, target):

@@ -131,16 +131,21 @@ def main(argv=None) -> int:
     if missing:
         print(f"export.translate: error: {missing}", file=sys.stderr)
         return 2
+    from export.saved_model import read_export_signatures
+
     loaded = tf.saved_model.load(args.saved_model)
-    if not {"serving_default", "translate_options"} <= set(loaded.signatures):
+    # An export that records its signatures (`export.saved_model --signatures`) is ours with any
+    # of them; an older one, or a foreign SavedModel, must have both that every export had.
+    chosen = read_export_signatures(args.saved_model)
+    if not ({"serving_default"} if chosen else {"serving_default", "translate_options"}) <= set(loaded.signatures):
         print(f"export.translate: error: {args.saved_model} is not an export of this project (its signatures "
               f"are {sorted(loaded.signatures)}; export.saved_model writes serving_default and "
               f"translate_options)", file=sys.stderr)
         return 2
     if args.xla and "translate_xla" not in loaded.signatures:
         print(f"export.translate: error: --xla: {args.saved_model} has no translate_xla signature (a "
-              f"syntax-aware export, or one older than that signature); translate without --xla",
-              file=sys.stderr)
+              f"syntax-aware export, one older than that signature, or one exported without it by "
+              f"--signatures); translate without --xla", file=sys.stderr)
         return 2
     default = loaded.signatures["translate_xla" if args.xla else "serving_default"]
     xla_flags = os.environ.get("TF_XLA_FLAGS", "")
@@ -148,10 +153,19 @@ def main(argv=None) -> int:
     if problem:  # (TensorFlow would fail the first request with a graph traceback)
         print(f"export.translate: error: {problem}", file=sys.stderr)
         return 2
-    options = loaded.signatures["translate_options"]
+    # Without options every request goes to `default`; with any, to translate_options.
+    plain_request = (args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None
+                     and not advanced)
+    if not plain_request and not advanced and "translate_options" not in loaded.signatures:
+        print(f"export.translate: error: --beam-size, --n-best, --alpha and --patience call translate_options, "
+              f"which {args.saved_model} leaves out (export.saved_model --signatures); export it with "
+              f"translate_options", file=sys.stderr)
+        return 2
+    options = loaded.signatures.get("translate_options", default)
     if advanced and "translate_advanced" not in loaded.signatures:
         print(f"export.translate: error: {', '.join(advanced)}: {args.saved_model} has no translate_advanced "
-              f"signature (a syntax-aware export, or one older than that signature)", file=sys.stderr)
+              f"signature (a syntax-aware export, one older than that signature, or one exported without it "
+              f"by --signatures)", file=sys.stderr)
         return 2
 
     # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
@@ -181,9 +195,6 @@ def main(argv=None) -> int:
     patience_value = default_patience if args.patience is None else args.patience
     patience = {"patience": tf.constant(patience_value, tf.float32)} if has_patience else {}
 
-    # Without options every request goes to `default`; with any, to translate_options.
-    plain_request = (args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None
-                     and not advanced)
     if advanced and args.sampling_topk not in (None, 1) and args.beam_size is None:
         args.beam_size = 1  # (sampling draws one piece a step: one beam)
     if args.xla and plain_request:

@@ -602,8 +602,8 @@ def test_translate_command_turns_grappler_off_before_its_first_xla_request(expor
     del signatures["translate_xla"]
     assert translate.main(["--saved-model", str(exported["path"]), "--xla"]) == 2
     assert capsys.readouterr().err == (f"export.translate: error: --xla: {exported['path']} has no translate_xla "
-                                       f"signature (a syntax-aware export, or one older than that signature); "
-                                       f"translate without --xla\n")
+                                       f"signature (a syntax-aware export, one older than that signature, or one "
+                                       f"exported without it by --signatures); translate without --xla\n")
 
 
 def test_translate_command_keeps_tensorflows_harmless_lines_off_the_terminal(exported, loaded, monkeypatch,
@@ -1393,6 +1393,59 @@ def test_export_speed_benchmark_times_exports_alike(exported, tmp_path, capsys):
     low = (seconds["after"] - half) / (seconds["before"] + half)
     high = (seconds["after"] + half) / (seconds["before"] - half)
     assert low - 0.0005 <= float(value) <= high + 0.0005, out
+
+
+def test_an_export_of_chosen_signatures_holds_them_alone_and_translates_as_the_full_one(
+        exported, loaded, tmp_path, monkeypatch, capsys):
+    """Issue #90: `export_model(signatures=...)` / `export.saved_model --signatures` exports
+    `serving_default` and the chosen signatures only (the others are not traced: no function
+    of theirs is in the SavedModel), with warm-up requests for those alone and the names
+    recorded beside them; its `serving_default` translates GOLDEN as the full export's does,
+    and export.translate serves it, naming a signature a flag needs that it left out."""
+    import dataclasses
+    import io
+
+    from export import saved_model, translate
+    from export.saved_model import read_export_signatures
+    model, config, tokenizer = exported["model"], exported["config"], exported["tokenizer"]
+    path = export_model(model, config, tokenizer, tmp_path / "few", signatures=[])
+    few = tf.saved_model.load(str(path))
+    assert set(few.signatures) == {"serving_default"} and read_export_signatures(path) == ("serving_default",)
+    assert not any(hasattr(few, name) for name in ("serve_with_options", "serve_xla", "serve_advanced"))
+    assert [name for name, _ in warmup_requests(path)] == ["serving_default"]
+    assert read_export_signatures(exported["path"]) == saved_model.ALL_SIGNATURES
+    texts = tf.constant(GOLDEN)
+    want, got = loaded.signatures["serving_default"](text=texts), few.signatures["serving_default"](text=texts)
+    assert got["translation"].numpy().tolist() == want["translation"].numpy().tolist()
+    np.testing.assert_array_equal(got["score"].numpy(), want["score"].numpy())
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(GOLDEN) + "\n").encode())))
+    assert translate.main(["--saved-model", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [t.decode() for t in want["translation"].numpy()]
+    assert translate.main(["--saved-model", str(path), "--beam-size", "2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"export.translate: error: --beam-size, --n-best, --alpha and --patience call translate_options, which "
+        f"{path} leaves out (export.saved_model --signatures); export it with translate_options")
+
+    # A name that is no signature, or none of the model's kind: before anything is traced or written.
+    with pytest.raises(ValueError, match="^translate_fast: not a signature of an export; choose among "
+                                         "serving_default, translate_options, score, align, translate_litert, "
+                                         "translate_xla, translate_advanced$"):
+        export_model(model, config, tokenizer, tmp_path / "bad", signatures=["translate_fast"])
+    syntax = dataclasses.replace(config, source_tags=("upos",))
+    with pytest.raises(ValueError, match="^translate_xla: not a signature of a syntax-aware model's export; "
+                                         "choose among serving_default, translate_options, score, align$"):
+        saved_model.chosen_signatures(syntax, ["translate_xla", "score"])
+    assert saved_model.chosen_signatures(config, ["translate_advanced", "score"]) == (
+        "serving_default", "score", "translate_advanced")
+    with pytest.raises(ValueError, match="^--xla-warmup: the export leaves out translate_xla$"):
+        export_model(model, config, tokenizer, tmp_path / "bad", signatures=["score"], xla_warmup=True)
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
+    with pytest.raises(SystemExit):
+        saved_model.main(["--model-dir", str(tmp_path), "--output", str(tmp_path / "o"), "--signatures", "xla,score"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "export.saved_model: error: argument --signatures: xla: not a signature; choose among serving_default, "
+        "translate_options, score, align, translate_litert, translate_xla, translate_advanced (see --help)")
 
 
 def test_export_is_atomic_and_versions_increase(exported, tmp_path, monkeypatch):
