@@ -36,6 +36,13 @@ def target_prefixes(references):
 # Each GOLDEN sentence's prefix.
 PREFIXES = target_prefixes([reference(text) for text in GOLDEN])
 
+# Sentences of the toy language that say a word pair again (3-7 words, as the toy corpus's): their
+# word-for-word translations repeat a bigram (and so a word), which `no_repeat_ngram_size` must
+# change whatever weights the toy learned (test_ctranslate2).
+REPEATING = [
+    "the dog the dog the dog", "a cat sees a cat", "red book red book red book", "the man buys the man today",
+    "big house big house", "the woman sees the woman", "a small dog a small dog", "today the cat today the cat",
+]
 
 # What TensorFlow 2.21 logs on each hit of its persistent XLA cache (export.translate, README).
 CACHE_HIT = ("E0000 00:00:1795929083.036984    9037 text_format.cc:378] Error parsing text-format "

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import sentencepiece
 import tensorflow as tf
-from helpers import GOLDEN, PREFIXES, full_disk_writes, reference, sigterm_self, teacher_forced_log_probs
+from helpers import (GOLDEN, PREFIXES, REPEATING, full_disk_writes, reference, sigterm_self,
+                     teacher_forced_log_probs)
 
 from export.ctranslate2 import (MODEL_FILE, TOKENIZER_FILE, ConversionError, convert, main,
                                 translation_options)
@@ -32,6 +33,10 @@ MIN_BEAM_AGREEMENT = 0.85
 # (median) and 0.014-0.03 (mean).
 MIN_INT8_AGREEMENT = 0.75
 SCORE_ATOL = 1e-4
+# A constraint's parity test compares searches it changes: at least this many unconstrained
+# greedy translations of GOLDEN + REPEATING break it (REPEATING's repeat a bigram by
+# construction), and a target prefix the model would not choose starts at least this many.
+MIN_CHANGED = 4
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +47,20 @@ def toy(toy_translator, tmp_path_factory):
     output = convert(model, config, tokenizer, directory / "ct2")
     pieces = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
     translator = Translator(model, config, tokenizer.model_bytes)
-    # Source ids exactly as our Translator makes them (EOS appended, PAD after).
-    source_ids, lengths = (t.numpy() for t in translator.encode_text(tf.constant(GOLDEN)))
-    return {"model": model, "config": config, "tokenizer": tokenizer,
-            "output": output, "pieces": pieces, "translator": translator,
-            # One thread: CTranslate2's OpenMP threads spin, which crawls on a busy 2-core machine.
-            "ct2": ctranslate2.Translator(str(output), device="cpu", inter_threads=1, intra_threads=1),
-            "source_ids": source_ids, "lengths": lengths,
-            # What CTranslate2 gets: the pieces without EOS (it appends EOS itself).
+    return on({"model": model, "config": config, "tokenizer": tokenizer,
+               "output": output, "pieces": pieces, "translator": translator,
+               # One thread: CTranslate2's OpenMP threads spin, which crawls on a busy 2-core machine.
+               "ct2": ctranslate2.Translator(str(output), device="cpu", inter_threads=1, intra_threads=1)}, GOLDEN)
+
+
+def on(toy, texts):
+    """`toy` (a dict as the fixture's) with `texts` as the sentences that `ours`, `theirs` and
+    the helpers below translate (the fixture's are GOLDEN): their source ids exactly as our
+    Translator makes them (EOS appended, PAD after) and what CTranslate2 gets, the pieces
+    without EOS (it appends EOS itself)."""
+    pieces = toy["pieces"]
+    source_ids, lengths = (t.numpy() for t in toy["translator"].encode_text(tf.constant(texts)))
+    return {**toy, "source_ids": source_ids, "lengths": lengths,
             "sources": [[pieces.id_to_piece(int(i)) for i in row[:n]] for row, n in zip(source_ids, lengths)]}
 
 
@@ -95,13 +106,17 @@ def test_token_log_probs_match_ours(toy):
 @pytest.fixture(scope="module")
 def unk_lover(toy, tmp_path_factory):
     """The toy model with the unknown token's embedding row set to 1.5x that of the token it
-    most often outputs first, so that its greedy translations hold UNK: `(toy-like dict)`,
-    with its own Translator and CTranslate2 conversion."""
+    most often outputs first (found at run time: the tokenizer's ids follow its corpus), so
+    that its greedy translations hold UNK: `(toy-like dict)`, with its own Translator and
+    CTranslate2 conversion. (The embeddings are the output projection: where that token's
+    logit led, UNK's is 1.5x as large.)"""
+    firsts = [row[0] for row in ours(toy, 1)[0]]
+    first = max(set(firsts), key=firsts.count)
     model = build_transformer(toy["config"])
     model.set_weights(toy["model"].get_weights())
     embeddings = model.embedding.embeddings
     table = keras.ops.convert_to_numpy(embeddings).copy()
-    table[UNK_ID] = 1.5 * table[7]
+    table[UNK_ID] = 1.5 * table[first]
     embeddings.assign(table)
     output = convert(model, toy["config"], toy["tokenizer"], tmp_path_factory.mktemp("unk") / "ct2")
     return {**toy, "model": model, "translator": Translator(model, toy["config"], toy["tokenizer"].model_bytes),
@@ -109,9 +124,9 @@ def unk_lover(toy, tmp_path_factory):
 
 
 def _greedy_pair(toy, constraints):
-    """Our greedy search with `constraints` and CTranslate2's with the same options on
-    GOLDEN: `(our ids, CTranslate2's ids)`, EOS included, after checking the log-probabilities
-    of the two agree (each engine's score times its own length penalty)."""
+    """Our greedy search with `constraints` and CTranslate2's with the same options on the
+    toy's sentences: `(our ids, CTranslate2's ids)`, EOS included, after checking the
+    log-probabilities of the two agree (each engine's score times its own length penalty)."""
     translator, config, pieces = toy["translator"], toy["config"], toy["pieces"]
     options = SearchOptions(beam_size=1, alpha=config.length_penalty_alpha, num_results=1,
                             extra_length=config.decode_extra_length, **constraints)
@@ -132,20 +147,35 @@ def _greedy_pair(toy, constraints):
     return mine, theirs_ids
 
 
+def breaks(row, constraints):
+    """Whether greedy ids `row` (EOS included) break `constraints`: EOS after fewer than
+    `min_length` tokens, an n-gram of `no_repeat_ngram_size` twice, or UNK under `disallow_unk`."""
+    n = constraints.get("no_repeat_ngram_size", 0)
+    grams = [tuple(row[i:i + n]) for i in range(len(row) - n + 1)] if n else []
+    return ((row[-1:] == [EOS_ID] and len(row) - 1 < constraints.get("min_length", 0))
+            or len(set(grams)) < len(grams) or (constraints.get("disallow_unk", False) and UNK_ID in row))
+
+
 @pytest.mark.parametrize("constraints", [
     {"min_length": 9}, {"no_repeat_ngram_size": 1}, {"no_repeat_ngram_size": 2},
     {"min_length": 4, "no_repeat_ngram_size": 2, "disallow_unk": True}])
 def test_disallowed_tokens_give_ctranslate2s_greedy_ids(toy, constraints):
     """Issue #86: `min_length`, `no_repeat_ngram_size` and `disallow_unk` disallow the tokens
     CTranslate2's `min_decoding_length`, `no_repeat_ngram_size` and `disable_unk` do, before
-    the same log-softmax: greedy ids identical on every GOLDEN sentence (the unconstrained
-    greedy search already is), log-probabilities within 1e-3; and each option changes some
-    translations, so the comparison is not of unconstrained searches."""
-    mine, theirs_ids = _greedy_pair(toy, constraints)
+    the same log-softmax: greedy ids identical on every sentence of GOLDEN and REPEATING (the
+    unconstrained greedy search already is), log-probabilities within 1e-3; no translation
+    breaks the constraints; and the comparison is not of unconstrained searches: at least
+    MIN_CHANGED unconstrained translations break them (REPEATING's repeat a bigram by
+    construction), and so differ from the constrained ones."""
+    sentences = on(toy, GOLDEN + REPEATING)
+    mine, theirs_ids = _greedy_pair(sentences, constraints)
     assert mine == theirs_ids
-    assert mine != ours(toy, 1)[0]
-    if "min_length" in constraints:
-        assert all(len(row) - 1 >= constraints["min_length"] for row in mine if row[-1] == EOS_ID)
+    plain = ours(sentences, 1)[0]
+    changed = [i for i, row in enumerate(plain) if breaks(row, constraints)]
+    print(f"\n{constraints}: {len(changed)} of {len(plain)} unconstrained greedy translations break it")
+    assert len(changed) >= MIN_CHANGED, changed
+    assert not [row for row in mine if breaks(row, constraints)]
+    assert mine != plain
 
 
 def test_disallow_unk_gives_ctranslate2s_disable_unk_ids(unk_lover):
@@ -158,7 +188,7 @@ def test_disallow_unk_gives_ctranslate2s_disable_unk_ids(unk_lover):
 
 
 def _prefixed(toy, beam_size, prefixes):
-    """Our search and CTranslate2's with `target_prefix` on GOLDEN (one sentence a call, each
+    """Our search and CTranslate2's with `target_prefix` on the toy's sentences (one a call, each
     with its prefix's pieces): `(our ids, their ids)`, EOS included, prefix included."""
     translator, config, pieces = toy["translator"], toy["config"], toy["pieces"]
     prefix_ids, prefix_lengths = translator.encode_text(tf.constant(prefixes))
@@ -182,13 +212,20 @@ def test_target_prefix_gives_ctranslate2s_ids(toy):
     """Issue #86: a target prefix forces each translation's start as CTranslate2's
     `target_prefix` does: greedy ids identical on every GOLDEN sentence, the prefix included
     and counted in the length limit; beam 4 agrees as the unprefixed beam search does
-    (`MIN_BEAM_AGREEMENT`); and every translation starts with its prefix's pieces."""
+    (`MIN_BEAM_AGREEMENT`); and every translation starts with its prefix's pieces, which at
+    least MIN_CHANGED unprefixed translations do not ("heute", a word of no GOLDEN sentence's
+    start, is a third of the prefixes), so that the comparison is not of unprefixed searches."""
     pieces = toy["pieces"]
     mine, theirs_ids = _prefixed(toy, 1, PREFIXES)
     assert mine == theirs_ids
     for ids, prefix in zip(mine, PREFIXES):
         assert ids[:len(pieces.encode(prefix))] == pieces.encode(prefix)
-    assert mine != ours(toy, 1)[0]
+    plain = ours(toy, 1)[0]
+    changed = [i for i, (ids, prefix) in enumerate(zip(plain, PREFIXES))
+               if ids[:len(pieces.encode(prefix))] != pieces.encode(prefix)]
+    print(f"\n{len(changed)} of {len(plain)} unprefixed greedy translations do not start with their prefix")
+    assert len(changed) >= MIN_CHANGED, changed
+    assert mine != plain
     beam, theirs_beam = _prefixed(toy, 4, PREFIXES)
     assert np.mean([a == b for a, b in zip(beam, theirs_beam)]) >= MIN_BEAM_AGREEMENT
 
