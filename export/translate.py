@@ -298,27 +298,28 @@ def _print_info(path) -> int:
     line each, read from its JSON record alone (the SavedModel is not loaded); a last line
     `not recorded: ...` names the fields an older export lacks. 2 when `path` holds no export."""
     from export.saved_model import EXPORT_CONFIG_FILE, EXPORT_RECORD_FIELDS, read_export_record
+
     path = newest_version(path) or path
     missing = missing_saved_model(path)
     if missing:
         print(f"export.translate: error: {missing}", file=sys.stderr)
         return 2
     record = read_export_record(path)
+    fields = record or {}
     lines = [f"export: {path}"]
     for name in ("keras_transformer_version", "tensorflow_version"):
-        if name in (record or {}):
-            lines.append(f"{name}: {record[name]}")
-    if "signatures" in (record or {}):
-        lines.append(f"signatures: {', '.join(record['signatures'])}")
-    if "config" in (record or {}):
-        config = TransformerConfig.from_dict(record["config"])
+        if name in fields:
+            lines.append(f"{name}: {fields[name]}")
+    if "signatures" in fields:
+        lines.append(f"signatures: {', '.join(fields['signatures'])}")
+    if "config" in fields:
+        config = TransformerConfig.from_dict(fields["config"])
         groups = [("model", INFO_MODEL_FIELDS), ("decoding", INFO_DECODING_FIELDS)]
-        for group, fields in groups + ([("syntax", INFO_SYNTAX_FIELDS)] if config.syntax_aware else []):
-            lines.append(f"{group}: " + ", ".join(f"{field}={_info_value(getattr(config, field))}"
-                                                  for field in fields))
-    if "patience" in (record or {}):
-        lines.append(f"patience: {record['patience']}" + (" (the exact search)" if not record["patience"] else ""))
-    absent = [name for name in EXPORT_RECORD_FIELDS if name not in (record or {})]
+        for group, names in groups + ([("syntax", INFO_SYNTAX_FIELDS)] if config.syntax_aware else []):
+            lines.append(f"{group}: " + ", ".join(f"{name}={_info_value(getattr(config, name))}" for name in names))
+    if "patience" in fields:
+        lines.append(f"patience: {fields['patience']}" + (" (the exact search)" if not fields["patience"] else ""))
+    absent = [name for name in EXPORT_RECORD_FIELDS if name not in fields]
     if absent:
         why = (f"no assets.extra/{EXPORT_CONFIG_FILE}: an export older than that record, or not one of this project"
                if record is None else "an export older than these fields of its record")

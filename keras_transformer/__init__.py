@@ -41,7 +41,6 @@ else:
                                                          for name, module in _MODULES.items()})
 
 
-
 def _version() -> str:
     """The installed distribution's version (pyproject.toml's when it was installed); a source
     tree on `sys.path` that was never installed reads its pyproject.toml."""
