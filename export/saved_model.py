@@ -57,7 +57,9 @@ asset file to lose), the averaged weights and the beam search:
 `--signatures NAME,...` exports `serving_default` and the named signatures only (each left
 out is neither traced nor saved: less export time, fewer megabytes, a faster load; a request
 to it gets TF Serving's "no signature" error); the names are recorded in
-`assets.extra/keras_transformer.json` beside the model config.
+`assets.extra/keras_transformer.json` beside the model config, the default patience and the
+keras-transformer and TensorFlow versions that wrote the export (`export.translate --info`
+prints them).
 
 The search is exact by default (the best translation is the one a search
 without early stop finds); `--patience P` makes CTranslate2's patience stop
@@ -189,37 +191,49 @@ def bucket_warmup_texts(tokenizer_model: bytes, config: TransformerConfig) -> li
     return texts
 
 
-# The model config and serving defaults an export was built with, beside the warm-up
-# requests (TF Serving ignores the rest of `assets.extra`): `export.translate` reads its
-# defaults from it.
+# What an export was built with, beside the warm-up requests (TF Serving ignores the rest of
+# `assets.extra`): the package and TensorFlow versions that wrote it, its signature names, the
+# model config and the serving defaults. `export.translate` reads its defaults from it, and
+# `export.translate --info` prints it.
 EXPORT_CONFIG_FILE = "keras_transformer.json"
+# The record's fields, in the order written; an older export lacks the later additions
+# (`config` and `patience` since issue #19, `signatures` since `--signatures`, the versions since 0.2.0).
+EXPORT_RECORD_FIELDS = ("keras_transformer_version", "tensorflow_version", "signatures", "config", "patience")
 
 
 def write_export_config(directory, config: TransformerConfig, patience: float,
                         signatures: typing.Sequence[str] = ()) -> pathlib.Path:
+    import tensorflow as tf
+
+    from keras_transformer import __version__
+
     path = pathlib.Path(directory) / "assets.extra" / EXPORT_CONFIG_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"config": config.to_dict(), "patience": patience, "signatures": list(signatures)},
-                               indent=1))
+    record = {"keras_transformer_version": __version__, "tensorflow_version": tf.__version__,
+              "signatures": list(signatures), "config": config.to_dict(), "patience": patience}
+    path.write_text(json.dumps(record, indent=1))
     return path
+
+
+def read_export_record(directory) -> dict | None:
+    """The JSON record an export was written with (`write_export_config`), as written; None for
+    exports older than the file. Reads no TensorFlow."""
+    path = pathlib.Path(directory) / "assets.extra" / EXPORT_CONFIG_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def read_export_config(directory) -> tuple[TransformerConfig, float] | None:
     """`(config, patience)` an export was built with; None for exports older than the file."""
-    path = pathlib.Path(directory) / "assets.extra" / EXPORT_CONFIG_FILE
-    if not path.is_file():
+    record = read_export_record(directory)
+    if record is None:
         return None
-    record = json.loads(path.read_text())
     return TransformerConfig.from_dict(record["config"]), float(record.get("patience", 0.0))
 
 
 def read_export_signatures(directory) -> tuple[str, ...] | None:
     """The signature names an export recorded (`--signatures`); None for exports older than
     that record (they hold all of their kind's signatures of the day)."""
-    path = pathlib.Path(directory) / "assets.extra" / EXPORT_CONFIG_FILE
-    if not path.is_file():
-        return None
-    signatures = json.loads(path.read_text()).get("signatures")
+    signatures = (read_export_record(directory) or {}).get("signatures")
     return None if signatures is None else tuple(signatures)
 
 

@@ -19,6 +19,11 @@ prints one translation per sentence; a malformed sentence gets an empty
 line, one line on stderr naming it and its problem, and exit status 1,
 while the sentences around it are translated.
 
+`--info` prints what the export records instead of translating (the keras-transformer and
+TensorFlow versions that wrote it, its signatures, the model config's main fields, its
+default patience), read from its `assets.extra/keras_transformer.json` without TensorFlow;
+for an export older than a field of that record, one line names what is not recorded.
+
 With `--xla`, `TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR` in the environment
 keeps `translate_xla`'s compiled programs in DIR, so that a later run skips compiling
 each (length, batch) bucket an earlier one compiled (TensorFlow reads the
@@ -46,6 +51,13 @@ BATCH_SIZE = 64
 # Exports made before `assets.extra/keras_transformer.json` recorded their config were all
 # built with the paper's decoding options (beam 4, alpha 0.6, +50).
 PAPER = TransformerConfig()
+
+# `--info`: the recorded config's fields on its `model` and `decoding` lines (syntax-aware
+# exports add a `syntax` line).
+INFO_MODEL_FIELDS = ("vocab_size", "num_layers", "num_decoder_layers", "d_model", "d_ff", "num_heads",
+                     "max_length", "norm_first")
+INFO_DECODING_FIELDS = ("beam_size", "length_penalty_alpha", "decode_extra_length")
+INFO_SYNTAX_FIELDS = ("source_tags", "syntax_attention")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--no-xla", action="store_true",
                         help="call serving_default, plain TensorFlow as TF Serving runs it (the default since "
                              "2026-12-02; kept for the scripts that give it)")
+    parser.add_argument("--info", action="store_true",
+                        help="print what the export records and exit without translating: the keras-transformer "
+                             "and TensorFlow versions that wrote it, its signatures, the model config's main "
+                             "fields and its default patience (from its assets.extra/keras_transformer.json, "
+                             "without TensorFlow; the other flags are ignored)")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's own start-up lines and warnings")
     return parser
@@ -109,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.info:
+        return _print_info(args.saved_model)
     # translate_options clips what it cannot run (a server must answer): here the user hears it.
     # (--beam-size 0 had translated with beam 1, --beam-size 20 with 8, --n-best 9 printed 4.)
     if args.beam_size is not None and not 1 <= args.beam_size <= MAX_BEAM_SIZE:
@@ -272,6 +291,48 @@ def main(argv=None) -> int:
               f"(named above); the others were translated", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_info(path) -> int:
+    """`--info`: what the export at `path` (or its newest version) records, one `name: value`
+    line each, read from its JSON record alone (the SavedModel is not loaded); a last line
+    `not recorded: ...` names the fields an older export lacks. 2 when `path` holds no export."""
+    from export.saved_model import EXPORT_CONFIG_FILE, EXPORT_RECORD_FIELDS, read_export_record
+
+    path = newest_version(path) or path
+    missing = missing_saved_model(path)
+    if missing:
+        print(f"export.translate: error: {missing}", file=sys.stderr)
+        return 2
+    record = read_export_record(path)
+    fields = record or {}
+    lines = [f"export: {path}"]
+    for name in ("keras_transformer_version", "tensorflow_version"):
+        if name in fields:
+            lines.append(f"{name}: {fields[name]}")
+    if "signatures" in fields:
+        lines.append(f"signatures: {', '.join(fields['signatures'])}")
+    if "config" in fields:
+        config = TransformerConfig.from_dict(fields["config"])
+        groups = [("model", INFO_MODEL_FIELDS), ("decoding", INFO_DECODING_FIELDS)]
+        for group, names in groups + ([("syntax", INFO_SYNTAX_FIELDS)] if config.syntax_aware else []):
+            lines.append(f"{group}: " + ", ".join(f"{name}={_info_value(getattr(config, name))}" for name in names))
+    if "patience" in fields:
+        lines.append(f"patience: {fields['patience']}" + (" (the exact search)" if not fields["patience"] else ""))
+    absent = [name for name in EXPORT_RECORD_FIELDS if name not in fields]
+    if absent:
+        why = (f"no assets.extra/{EXPORT_CONFIG_FILE}: an export older than that record, or not one of this project"
+               if record is None else "an export older than these fields of its record")
+        lines.append(f"not recorded: {', '.join(absent)} ({why}; export the model again to record them)")
+    print("\n".join(lines))
+    return 0
+
+
+def _info_value(value) -> str:
+    """A config value on an `--info` line: a tuple comma-separated ("none" when empty), else as Python prints it."""
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value) or "none"
+    return str(value)
 
 
 def _advanced_problem(parser, args):

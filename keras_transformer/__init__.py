@@ -1,5 +1,6 @@
 """keras-transformer: the Transformer of "Attention Is All You Need" in Keras 3."""
 
+import importlib.metadata as _metadata
 import typing as _typing
 
 from keras_transformer import console as _console
@@ -39,7 +40,22 @@ else:
     __getattr__ = _console.names_on_first_use(__name__, {name: f"{__name__}.{module}"
                                                          for name, module in _MODULES.items()})
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's when it was installed); a source
+    tree on `sys.path` that was never installed reads its pyproject.toml."""
+    try:
+        return _metadata.version("keras-transformer")
+    except _metadata.PackageNotFoundError:
+        import pathlib
+        import tomllib
+
+        pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
+# The exports record it (assets.extra/keras_transformer.json); docs/versions.md says what it promises.
+__version__ = _version()
 
 __all__ = [
     "TransformerConfig", "PRESETS", "Transformer", "build_transformer", "IncrementalDecoder",

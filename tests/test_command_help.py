@@ -141,6 +141,31 @@ def test_every_build_parser_is_made_without_tensorflow():
     assert result.stdout == "[]\n"
 
 
+def test_translate_info_reads_the_export_record_without_tensorflow(tmp_path):
+    """`export.translate --info` prints an export's record from its JSON alone: no TensorFlow
+    is imported and the SavedModel is not read (an empty `saved_model.pb` stands for it)."""
+    import json
+
+    from keras_transformer.config import TransformerConfig
+
+    version = tmp_path / "export" / "3"
+    (version / "assets.extra").mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"")
+    record = {"keras_transformer_version": "9.8.7", "tensorflow_version": "2.21.0",
+              "signatures": ["serving_default", "score"], "config": TransformerConfig().to_dict(), "patience": 2.0}
+    (version / "assets.extra" / "keras_transformer.json").write_text(json.dumps(record))
+    code, stdout, imported, errors = run_logging_imports("-m", "export.translate", "--saved-model",
+                                                         str(tmp_path / "export"), "--info")
+    assert code == 0 and errors == [], errors
+    assert stdout.splitlines() == [
+        f"export: {version}", "keras_transformer_version: 9.8.7", "tensorflow_version: 2.21.0",
+        "signatures: serving_default, score",
+        "model: vocab_size=37000, num_layers=6, num_decoder_layers=None, d_model=512, d_ff=2048, num_heads=8, "
+        "max_length=256, norm_first=False",
+        "decoding: beam_size=4, length_penalty_alpha=0.6, decode_extra_length=50", "patience: 2.0"]
+    assert not HEAVY & imported, sorted(HEAVY & imported)
+
+
 class _Parsed(Exception):
     """Ends a command's `main` right after it parsed its command line."""
 

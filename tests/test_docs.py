@@ -115,3 +115,39 @@ def test_the_readmes_links_into_the_docs_exist(link):
     """The README links to the docs' Markdown files (GitHub shows them; the site is built
     from them): each exists. MkDocs checks the links inside docs/ (`mkdocs build --strict`)."""
     assert (ROOT / link).is_file(), link
+
+
+# SHA-256 of the Apache License 2.0 as apache.org publishes it (https://www.apache.org/licenses/LICENSE-2.0.txt:
+# 202 lines, the first blank), the file of that name in the many packages that ship it verbatim.
+APACHE_2_0_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
+
+
+def test_the_license_is_the_apache_2_0_text_that_pyproject_names_and_ships():
+    """Issue #92: LICENSE is the Apache License 2.0, byte for byte, its nine sections and the
+    appendix; pyproject.toml names it by its SPDX expression and ships the file."""
+    import hashlib
+    import tomllib
+
+    text = (ROOT / "LICENSE").read_bytes()
+    assert hashlib.sha256(text).hexdigest() == APACHE_2_0_SHA256
+    lines = text.decode("ascii").splitlines()
+    assert [line.strip() for line in lines[1:4]] == ["Apache License", "Version 2.0, January 2004",
+                                                    "http://www.apache.org/licenses/"]
+    assert re.findall(r"^   (\d+)\. ", text.decode("ascii"), re.MULTILINE) == [str(n) for n in range(1, 10)]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert (project["license"], project["license-files"]) == ("Apache-2.0", ["LICENSE"])
+
+
+def test_the_changelogs_newest_release_is_pyprojects_version():
+    """Issue #92: CHANGELOG.md (Keep a Changelog) starts with an Unreleased section, then its
+    releases newest first, `## [VERSION] - YYYY-MM-DD`; the newest is pyproject.toml's version."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    headings = re.findall(r"^## (.*)$", (ROOT / "CHANGELOG.md").read_text(encoding="utf-8"), re.MULTILINE)
+    assert headings[0] == "[Unreleased]", headings
+    releases = [re.fullmatch(r"\[(\d+\.\d+\.\d+)\] - (\d{4}-\d\d-\d\d)", heading) for heading in headings[1:]]
+    assert releases and all(releases), headings
+    assert releases[0].group(1) == version
+    numbers = [tuple(int(part) for part in release.group(1).split(".")) for release in releases]
+    assert numbers == sorted(numbers, reverse=True) and len(set(numbers)) == len(numbers)

@@ -426,6 +426,90 @@ def test_translate_command_takes_its_defaults_from_the_export(exported, loaded, 
     assert calls[1] == calls[0] and capsys.readouterr().out.splitlines() == lines
 
 
+def test_the_export_records_its_versions_and_signatures_and_translate_info_prints_them(
+        exported, loaded, monkeypatch, capsys):
+    """Issue #92: `assets.extra/keras_transformer.json` records the installed keras-transformer's
+    version, the TensorFlow that wrote the export and the names of the signatures the SavedModel
+    has; `export.translate --info` prints them with the config's main fields and the patience,
+    read from that record alone (the SavedModel is not loaded)."""
+    import importlib.metadata
+
+    from export import translate
+    from export.saved_model import ALL_SIGNATURES, EXPORT_RECORD_FIELDS, read_export_record
+
+    record = read_export_record(exported["path"])
+    assert tuple(record) == EXPORT_RECORD_FIELDS
+    version = importlib.metadata.version("keras-transformer")
+    assert record["keras_transformer_version"] == version
+    assert record["tensorflow_version"] == tf.__version__
+    assert tuple(record["signatures"]) == ALL_SIGNATURES and set(record["signatures"]) == set(loaded.signatures)
+
+    def no_load(path):
+        raise AssertionError(f"--info loaded the SavedModel {path}")
+
+    monkeypatch.setattr(tf.saved_model, "load", no_load)
+    # the export directory: its newest version, as for translating
+    assert translate.main(["--saved-model", str(exported["path"].parent), "--info", "--beam-size", "99"]) == 0
+    config = exported["config"]
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert captured.out.splitlines() == [
+        f"export: {exported['path']}",
+        f"keras_transformer_version: {version}",
+        f"tensorflow_version: {tf.__version__}",
+        "signatures: serving_default, translate_options, score, align, translate_litert, translate_xla, "
+        "translate_advanced",
+        f"model: vocab_size={config.vocab_size}, num_layers={config.num_layers}, num_decoder_layers=None, "
+        f"d_model={config.d_model}, d_ff={config.d_ff}, num_heads={config.num_heads}, "
+        f"max_length={config.max_length}, norm_first={config.norm_first}",
+        f"decoding: beam_size={config.beam_size}, length_penalty_alpha={config.length_penalty_alpha}, "
+        f"decode_extra_length={config.decode_extra_length}",
+        "patience: 0.0 (the exact search)"]
+    assert config.num_decoder_layers is None and not config.syntax_aware  # (the lines above: the toy's)
+
+
+def test_translate_info_on_an_older_export_names_what_it_does_not_record(exported, tmp_path, capsys):
+    """An export written before the versions and signature names were recorded (its JSON has
+    `config` and `patience` only), and one older than the JSON: `--info` prints what there is
+    and one line naming what is missing; a path without an export is a one-line error."""
+    import dataclasses
+
+    from export import translate
+    from export.saved_model import EXPORT_CONFIG_FILE
+
+    older, oldest = tmp_path / "older" / "1", tmp_path / "oldest" / "1"
+    for version in (older, oldest):
+        version.mkdir(parents=True)
+        shutil.copy(exported["path"] / "saved_model.pb", version)
+    recorded = dataclasses.replace(exported["config"], source_tags=("upos",), beam_size=5)
+    (older / "assets.extra").mkdir()
+    (older / "assets.extra" / EXPORT_CONFIG_FILE).write_text(json.dumps({"config": recorded.to_dict(),
+                                                                        "patience": 1.5}))
+    assert translate.main(["--saved-model", str(older), "--info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"export: {older}" and lines[-3:] == [
+        "syntax: source_tags=upos, syntax_attention=none",
+        "patience: 1.5",
+        "not recorded: keras_transformer_version, tensorflow_version, signatures (an export older than these "
+        "fields of its record; export the model again to record them)"]
+    assert [line.split(":")[0] for line in lines] == ["export", "model", "decoding", "syntax", "patience",
+                                                       "not recorded"]
+    assert "beam_size=5," in lines[2]
+
+    assert translate.main(["--saved-model", str(oldest.parent), "--info"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"export: {oldest}",
+        "not recorded: keras_transformer_version, tensorflow_version, signatures, config, patience (no "
+        "assets.extra/keras_transformer.json: an export older than that record, or not one of this project; "
+        "export the model again to record them)"]
+
+    assert translate.main(["--saved-model", str(tmp_path / "none"), "--info"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"export.translate: error: {tmp_path / 'none'}: no saved_model.pb there; give an export version "
+        f"directory such as MODEL_DIR/export/1\n")
+
+
 @pytest.mark.parametrize("flags, options", [
     (["--target-prefix", "der Hund", "--min-length", "6"], {"target_prefix": "der Hund", "min_length": 6}),
     (["--no-repeat-ngram-size", "1", "--disallow-unk", "--n-best", "2"],
