@@ -1268,7 +1268,11 @@ def test_xla_signature_translates_like_serving_default(loaded):
         want, got = serve(text=tf.constant(batch)), xla(text=tf.constant(batch))
         assert got["translation"].shape == (len(batch),)
         assert got["translation"].numpy().tolist() == want["translation"].numpy().tolist()
-        np.testing.assert_allclose(got["score"].numpy(), want["score"].numpy(), rtol=0, atol=1e-5)
+        # A score sums float32 log-probabilities over up to source + extra_length tokens, which
+        # XLA's fused program and the plain graph add in other orders: their difference grows
+        # with the score (1.1e-5 at -2.05 on a 30-word sentence, toy seed 1; issue #90), so the
+        # tolerance is relative to it as well as absolute.
+        np.testing.assert_allclose(got["score"].numpy(), want["score"].numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_export_stores_the_output_projection_and_every_search_reads_it(exported, loaded):
