@@ -35,7 +35,8 @@ A row's `machine` is a label defined in `benchmarks/results/machines.json`, whos
 
 A row with `readme` is also a row of the README's "Current results" table (between its
 `<!-- results:begin -->` and `<!-- results:end -->` lines): `what`, then `figure` with each
-`{column key}` replaced by the row's value, so the README's figures are the page's.
+`{column key}` replaced by the row's value, so the README's figures are the page's, then the
+row's machine, date and commit.
 
 Pure Python: it imports nothing of TensorFlow (or of the project), so it runs anywhere.
 `benchmarks/results/syntax_multi30k.json` is another kind of file (the syntax benchmark's run
