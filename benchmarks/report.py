@@ -339,6 +339,9 @@ def render_section(result: dict) -> str:
     return "\n\n".join(parts)
 
 
+# The intro's list of the placeholders, one item each.
+_PLACEHOLDER_ITEMS = ";\n".join(f"    - `{word}`: {text}" for word, text in PLACEHOLDERS.items()) + "."
+
 INTRO = f"""# Benchmarks
 
 The project's current measured figures: one table per question, each row the latest
@@ -348,7 +351,7 @@ holds no superseded figure.
 
 - **Re-measure** a row by running its command from the repository root, with these
   placeholders replaced by paths of yours:
-{{placeholders}}
+{_PLACEHOLDER_ITEMS}
 - **commit** is the code that was measured; "(recorded in)" marks the commit that recorded
   the figure, where the notebook does not name the code.
 - **machine** names one of the [Machines](#machines) defined at the end of the page: 2-vCPU
@@ -361,9 +364,7 @@ holds no superseded figure.
 
 Do not edit this page: edit `benchmarks/results/*.json` and run `python -m benchmarks.report`
 (`python -m benchmarks.report --check` tells whether the page is up to date; the tests run it).
-""".replace("{placeholders}", "\n".join(f"    - `{word}`: {text};" if n < len(PLACEHOLDERS) else
-                                         f"    - `{word}`: {text}."
-                                         for n, (word, text) in enumerate(PLACEHOLDERS.items(), 1)))
+"""
 
 
 def render_machines(results, machines) -> str:
