@@ -78,7 +78,7 @@ def parse_args(argv=None):
     add_step_arguments(parser, batches=2)
     parser.add_argument("--passes", type=int, default=3, help="timed passes without the profiler (default 3)")
     parser.add_argument("--variant", default="ours", help="a train_speed.py variant of ours (default: ours)")
-    parser.add_argument("--logdir", default="/tmp/profile_train_step/logdir", help="profiler trace directory")
+    parser.add_argument("--logdir", default="runs/profile_train_step", help="profiler trace directory (replaced)")
     parser.add_argument("--top", type=int, default=15, help="rows of the op-type table (default: 15)")
     args = parser.parse_args(argv)
     if min(args.batches, args.passes, args.threads) < 1:

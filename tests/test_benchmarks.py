@@ -239,7 +239,7 @@ def test_profile_train_step_splits_the_step_by_part_of_the_model(tmp_path):
     whole; the projections, attention and feed-forward each have self time, forward
     and backward (their name scopes are recognised, not lumped into `other`); the
     printed step figures agree with each other. Its trace goes to the test's own
-    directory (the default, /tmp/profile_train_step, kept one from every suite run)."""
+    directory (not the default, runs/profile_train_step, which would keep one from every suite run)."""
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.profile_train_step", "--preset", "tiny", "--data", "embedded",
          "--vocab-size", "200", "--batch-tokens", "256", "--batches", "1", "--passes", "2", "--peak-size", "256",

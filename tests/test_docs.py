@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from benchmarks.report import MACHINE_PATH, README_BEGIN, README_END
 from tools import reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -100,13 +101,46 @@ def test_the_reference_renders_a_parser_as_its_flags_defaults_and_help():
 
 def test_the_readme_is_a_short_entry_point():
     """Issue #85: at most 250 lines; install, training on your own data, and translating and
-    serving start within the first 150; no dates (they belong with the figures, in docs/)."""
+    serving start within the first 150; no dates but the figures' own in the generated results
+    table (the rest belong with the figures, in docs/)."""
     lines = (ROOT / "README.md").read_text(encoding="utf-8").split("\n")
     assert len(lines) <= 250, len(lines)
     headings = {line: number for number, line in enumerate(lines, 1) if line.startswith("## ")}
     for heading in ("## Install", "## Quick start", "## Train on your own data", "## Translate and serve"):
         assert headings[heading] <= 150, (heading, headings[heading])
-    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", "\n".join(lines))
+    text = "\n".join(lines)
+    results = text[text.index(README_BEGIN):text.index(README_END)]  # its figures' dates and commits
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text.replace(results, ""))
+
+
+@pytest.mark.parametrize("text, found", [
+    ("python train.py --data /work/shared/data/multi30k", "/work/"),
+    ("--model-dir /tmp/s79/runs/multi30k", "/tmp/"),
+    ("python train.py --data ../shared/data/multi30k", "../shared"),
+    ("cat ../../shared/docs/STYLE.md", "../../shared"),
+    ("--output=/home/me/export", "/home/"),
+    ("a cache in /root/.cache/pip", "/root/"),
+    ("python train.py --data DATA/multi30k --model-dir runs/tmp/x", None),
+    ("/usr/bin/time -v python -m pytest -q", None),
+    ("none of its files left in `/tmp`", None),
+])
+def test_a_machine_path_is_a_path_of_one_machine(text, found):
+    """`benchmarks.report.MACHINE_PATH`, which the next test and the results' schema check use:
+    one machine's work, temporary, home and data folders, not a relative path nor a system tool."""
+    match = MACHINE_PATH.search(text)
+    assert (match.group(0) if match else None) == found
+
+
+def test_the_docs_name_no_path_of_one_machine():
+    """Issue #92: README.md and docs/ (the dated archive docs/lab-notebook/ aside) name no path
+    that only one machine has (its data folder, `/tmp` run folders, home): a command says
+    `DATA/multi30k`, `RUN`, `EXPORT` or a relative `runs/...` instead, as the page using it
+    says."""
+    hits = [f"{path.relative_to(ROOT)}:{number}: {match.group(0)}"
+            for path in reference.documents()
+            for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1)
+            for match in MACHINE_PATH.finditer(line)]
+    assert hits == []
 
 
 @pytest.mark.parametrize("link", sorted(set(re.findall(

@@ -37,6 +37,12 @@ def tiny_result(**row_changes):
 
 
 def write(directory, name, data):
+    """`data` as `directory`/NAME.json, beside a copy of the real machines.json (unless the
+    directory has one), which defines the machines tiny_result's rows name."""
+    machines = Path(directory) / report.MACHINES_FILE
+    if not machines.exists():
+        machines.write_text((report.RESULTS_DIR / report.MACHINES_FILE).read_text(encoding="utf-8"),
+                            encoding="utf-8")
     path = Path(directory) / f"{name}.json"
     path.write_text(json.dumps(data, indent=2), encoding="utf-8")
     return path
@@ -133,6 +139,11 @@ def _row(key, value):
     (_row("date", "2026-13-02"), ["row 1", "'date'"]),
     (_row("commit", "main"), ["row 1", "'commit'"]),
     (_row("commit_note", "measured"), ["row 1", "'commit_note'"]),
+    (_row("command", "python train.py --data /work/shared/data/multi30k"), ["row 1", "'command'", "'/work/'"]),
+    (_row("command", "python -m benchmarks.x --model-dir /tmp/s79/runs/m"), ["row 1", "'command'", "'/tmp/'"]),
+    (_row("command", "python train.py --data ../shared/data/multi30k"), ["row 1", "'command'", "'../shared'"]),
+    (_row("command", "python -m export.saved_model --model-dir RUN --output DIR"), ["row 1", "'DIR'", "RUN"]),
+    (lambda data: {**data, "how": "Read from /home/me/data."}, ["'how'", "'/home/'"]),
 ])
 def test_a_malformed_result_file_is_a_one_line_error_naming_the_file(tmp_path, break_it, words):
     path = write(tmp_path, "broken", break_it(tiny_result()))
@@ -167,7 +178,7 @@ def test_a_row_measured_after_the_notebooks_archive_names_no_section(tmp_path):
 
 
 def test_invalid_json_and_a_missing_file_are_one_line_errors_and_exit_1(tmp_path, capsys):
-    path = tmp_path / "training_speed.json"
+    path = write(tmp_path, "training_speed", {})  # (beside machines.json), then broken
     path.write_text('{"title": "x",\n', encoding="utf-8")
     with pytest.raises(report.ResultError, match="training_speed.json: not valid JSON"):
         report.load_result(path)
@@ -189,7 +200,8 @@ def test_every_notebook_section_named_by_a_result_is_a_heading_of_the_lab_notebo
 def test_the_page_links_only_files_that_exist_beside_it():
     page = report.PAGE.read_text(encoding="utf-8")
     links = re.findall(r"\]\(([^)]+)\)", page)
-    assert links and all((report.PAGE.parent / link.split("#")[0]).is_file() for link in links)  # anchors: mkdocs
+    files = [link.split("#")[0] for link in links if not link.startswith("#")]  # anchors: mkdocs
+    assert files and all((report.PAGE.parent / file).is_file() for file in files)
 
 
 def test_the_report_imports_no_tensorflow():
@@ -208,8 +220,8 @@ def test_the_readmes_results_are_the_rows_marked_for_it_with_their_figures_fille
     write(tmp_path, "tiny", data)
     results = report.load_results(tmp_path, names=("tiny",))
     assert report.render_readme_table(results).splitlines() == [
-        "| what | figure | machine |", "|---|---|---|",
-        "| speed of a\\|b | 0.57-0.60x CTranslate2 | 2-vCPU AMD EPYC Zen 4 (AVX-512) |"]
+        "| what | figure | machine | date | commit |", "|---|---|---|---|---|",
+        "| speed of a\\|b | 0.57-0.60x CTranslate2 | 2-vCPU AMD EPYC Zen 4 (AVX-512) | 2026-12-02 | `54d9a7e` |"]
     readme = "# Title\n\n<!-- results:begin -->\nold\n<!-- results:end -->\n\nAfter.\n"
     updated = report.readme_with_results(readme, results)
     assert updated.startswith("# Title\n\n<!-- results:begin -->\n| what |") and updated.endswith(
@@ -229,3 +241,39 @@ def test_a_readme_entry_naming_no_column_is_a_one_line_error(tmp_path, readme, w
     with pytest.raises(report.ResultError) as raised:
         report.load_result(path)
     assert "\n" not in str(raised.value) and all(word in str(raised.value) for word in words)
+
+
+def test_a_command_says_placeholders_each_defined_once_in_the_intro_and_used_by_some_row():
+    """Issue #92: the commands are ones anyone can copy. The intro defines each placeholder
+    once, the rows' commands use no other upper-case word as a path (load_result checks), and
+    each defined placeholder is used, so the list holds no stale word."""
+    definitions = [line for line in report.INTRO.splitlines() if re.match(r"\s+- `[A-Z]+`: ", line)]
+    assert [re.match(r"\s+- `([A-Z]+)`", line).group(1) for line in definitions] == list(report.PLACEHOLDERS)
+    commands = " ".join(row["command"] for result in report.load_results() for row in result["rows"])
+    assert {word for word in report.PLACEHOLDERS if word not in report._placeholder_words(commands)} == set()
+    assert report.MACHINE_PATH.search(report.PAGE.read_text(encoding="utf-8")) is None
+
+
+def test_a_row_naming_an_undefined_machine_is_a_one_line_error_naming_file_row_and_label(tmp_path, capsys):
+    path = write(tmp_path, "tiny", tiny_result(machine="a laptop"))
+    with pytest.raises(report.ResultError) as raised:
+        report.load_results(tmp_path, names=("tiny",))
+    message = str(raised.value)
+    assert "\n" not in message and str(path) in message and "row 1" in message and "'a laptop'" in message
+    assert "machines.json" in message
+    (tmp_path / report.MACHINES_FILE).write_text('{"machines": [{"label": "x"}]}', encoding="utf-8")
+    with pytest.raises(report.ResultError, match="machine 1 must have exactly the keys"):
+        report.load_results(tmp_path, names=("tiny",))
+
+
+def test_the_machines_section_defines_each_machine_the_tables_name_and_no_other(tmp_path):
+    write(tmp_path, "tiny", tiny_result())
+    page = report.generate(tmp_path, names=("tiny",))
+    machines = page.split("\n## Machines\n", 1)[1]
+    rows = [line for line in machines.splitlines() if line.startswith("| 2-vCPU") or line.startswith("| NVIDIA")]
+    assert [line.split(" | ")[0][2:] for line in rows] == ["2-vCPU AMD EPYC Zen 4 (AVX-512)",
+                                                           "2-vCPU AMD EPYC Zen 3 (AVX2)"]
+    assert "family 25 model 17" in rows[0] and "family 25 model 1 " in rows[1]
+    real = report.PAGE.read_text(encoding="utf-8").split("\n## Machines\n", 1)[1]
+    named = {row["machine"] for result in report.load_results() for row in result["rows"]}
+    assert {label for label in named if f"| {label} |" not in real} == set()

@@ -227,14 +227,17 @@ def commands_page() -> str:
         lines += command_section(module)
     lines += ["## Benchmarks", "",
               "Each benchmark is a module of `benchmarks/`, sharing `benchmarks/harness.py`; its results "
-              "are in [Benchmarks](../benchmarks.md).", ""]
+              "are in [Benchmarks](../benchmarks.md). A default written `DATA/...` is read from the folder "
+              "`shared/data` beside the checkout (`benchmarks.harness.SHARED_DATA`), a directory of the text "
+              "files described in [Data](../data.md); name your own with the flag.", ""]
     for module in benchmarks:
         lines += [line.replace("## ", "### ", 1) if line.startswith("## ") else line
                   for line in command_section(module)]
     page = "\n".join(lines).rstrip("\n") + "\n"
-    # Defaults computed from the checkout's place (`benchmarks.harness.SHARED_DATA`) as the
-    # docs say them, the same in every clone.
-    return page.replace(str(ROOT.parent / "shared"), "../shared").replace(str(ROOT) + "/", "")
+    # Defaults computed from the checkout's place (`benchmarks.harness.SHARED_DATA`), and the
+    # help texts that name that folder, as the docs say them: `DATA`, the same in every clone.
+    return (page.replace(str(ROOT.parent / "shared" / "data"), "DATA").replace("../shared/data", "DATA")
+            .replace(str(ROOT) + "/", ""))
 
 
 def options_page() -> str:
