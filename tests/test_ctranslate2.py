@@ -268,16 +268,40 @@ def test_alignments_equal_ctranslate2s_return_attention(toy):
         np.testing.assert_allclose(np.array(mine.attention).sum(1), 1.0, atol=1e-5)
 
 
-def test_word_alignments_of_the_word_for_word_toy_language_are_the_diagonal(toy):
-    """The toy language translates word for word in the same order: where the model's
-    translation is the reference, every target word is aligned to the source word at its
-    own position (the `i-i` pairs), so the word alignments mean what they say."""
-    translations = toy["translator"].translate(GOLDEN, beam_size=1)
-    exact = [(text, translation) for text, translation in zip(GOLDEN, translations)
+def _peaks_in_place(aligned):
+    """Whether each target piece of `aligned` attends most, among the source's pieces (its EOS
+    aside), to a piece of the source word at its own word's position: the words of either side
+    counted by SentencePiece's word-start mark, as a reader of the pieces counts them."""
+    def word_of(pieces):
+        words, index = [], -1
+        for piece in pieces:
+            index += piece.startswith("\u2581") or index < 0
+            words.append(index)
+        return words
+
+    source, target = word_of(aligned.source_tokens[:-1]), word_of(aligned.target_tokens[:-1])
+    attention = np.array(aligned.attention)[:len(target), :len(source)]  # [target pieces, source pieces]
+    return all(source[int(np.argmax(row))] == word for row, word in zip(attention, target))
+
+
+def test_word_alignments_of_the_word_for_word_toy_language_are_the_diagonal(toy, toy_translator):
+    """The toy language translates word for word in the same order. Among exact translations
+    (the model's translation is the reference) of GOLDEN and the toy's validation sentences,
+    those whose every target piece attends most to a piece of the source word at its own
+    position (chosen at run time: where the attention peaks is the weights', which differ by
+    CPU; issue #90) get exactly the `i-i` word pairs from `Translator.align`: the pieces'
+    attention summed per word, on real SentencePiece pieces, says what the attention says."""
+    candidates = GOLDEN + (toy_translator["data"] / "valid.en").read_text(encoding="utf-8").splitlines()
+    translations = toy["translator"].translate(candidates, beam_size=1)
+    exact = [(text, translation) for text, translation in zip(candidates, translations)
              if translation == reference(text) and "and" not in text]
     assert len(exact) >= 8
-    for (text, translation), aligned in zip(exact, toy["translator"].align(*zip(*exact))):
-        assert aligned.words == [(i, i) for i in range(len(text.split()))], (text, translation)
+    aligned = list(zip(exact, toy["translator"].align(*zip(*exact))))
+    in_place = [(pair, alignment) for pair, alignment in aligned if _peaks_in_place(alignment)]
+    print(f"\n{len(exact)} of {len(candidates)} translations exact, {len(in_place)} of them peak in place")
+    assert len(in_place) >= 8
+    for (text, translation), alignment in in_place:
+        assert alignment.words == [(i, i) for i in range(len(text.split()))], (text, translation)
 
 
 def test_translator_score_matches_ctranslate2_score_batch(toy):
