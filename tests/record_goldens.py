@@ -11,10 +11,11 @@ compares them with the file. What is recorded, on one small random model (fixed 
   graph loop and `STATIC_BUFFER`, `Searcher.search_litert` at a batch and at one sentence,
   `Searcher.search_xla`) with no constraint, each constraint (`min_length`,
   `no_repeat_ngram_size`, `disallow_unk`), a target prefix, sampling (top-k, top-p,
-  temperature, fixed seeds), beam 1 and 4, one result and several. The options are given
-  as python values (the graphs of `serving_default`, `translate_litert`, `translate_xla` and
-  in-process searches) and as run-time tensors (`translate_options`' and
-  `translate_advanced`'s graphs: one trace runs every case).
+  temperature, fixed seeds), beam 1 and 4, one result and several. Each loop runs every
+  case through two graphs whose options are run-time tensors (`translate_options`' and
+  `translate_advanced`'s form: one trace runs every case), a beam search and a sampling
+  search; the plain loop also runs python-valued options (`serving_default`'s form: no
+  constraint, the three constraints, sampling), and `search_xla` takes python values.
 * `xla_programs`: the programs `search_xla` traced (`Searcher._compiled`'s keys, as
   tests/test_searcher.py counts them) and each one's op multiset.
 * `signature_ops`: each exported signature's op multiset (its function and every function
@@ -90,7 +91,8 @@ SAMPLE_CASES = {
 DIFFERS_FROM = {"beam4_n4_min_length": "beam4_n4", "beam4_n4_no_repeat": "beam4_n4",
                 "beam4_n4_disallow_unk": "beam4_n4", "beam4_n4_prefix": "beam4_n4", "beam1_prefix": "beam1",
                 "beam1_constraints": "beam1", "sample_prefix": "sample_temperature"}
-# The python-valued searches: name -> SearchOptions arguments.
+# The python-valued searches of the plain graph's loop: name -> SearchOptions arguments (the
+# other loops run the run-time options' graphs alone: each trace costs the test ~2 s).
 PYTHON_CASES = {
     "beam4_n2": dict(beam_size=4, num_results=2),
     "beam4_n4_constraints": dict(beam_size=4, num_results=4, min_length=6, no_repeat_ngram_size=2,
@@ -219,7 +221,8 @@ def search_runner(searcher):
             return tf.function(lambda i, n: run(loop, options, i, n, None, None), autograph=False,
                                input_signature=[ids_spec, lengths_spec])
 
-        return beam, sample, {case: python(arguments) for case, arguments in PYTHON_CASES.items()}
+        cases = PYTHON_CASES.items() if loop == "plain" else ()
+        return beam, sample, {case: python(arguments) for case, arguments in cases}
 
     traced = {loop: graphs(loop) for loop in LOOPS}
 
