@@ -4,6 +4,7 @@ computed again and compared with `tests/data/decoding_goldens.json`, recorded at
 commit before the decoding code was restructured (`python -m tests.record_goldens`; what
 each golden is: that module's docstring)."""
 
+import contextlib
 import json
 import tempfile
 
@@ -22,9 +23,25 @@ RECORDED = json.loads(goldens_module.GOLDENS.read_text())
 SCORE_TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 
+@contextlib.contextmanager
+def grappler_on():
+    """Grappler's meta optimizer on, as in a fresh process (where the goldens were recorded),
+    put back as it was after: `export.translate --xla` turns it off process-wide, and a test
+    that runs it in-process before this module, in the same worker, left it off (the step
+    nodes then counted 299 AddV2 and no AddN: the arithmetic optimizer had not merged them)."""
+    import tensorflow as tf
+
+    was = tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False)
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": was})
+
+
 @pytest.fixture(scope="module")
 def computed():
-    with tempfile.TemporaryDirectory() as directory:
+    with tempfile.TemporaryDirectory() as directory, grappler_on():
         goldens, model = goldens_module.compute(directory)
         goldens["step_nodes"] = {goldens_module.onednn_key(): goldens_module.step_nodes_goldens(model, directory)}
     return goldens
