@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine = parser.add_mutually_exclusive_group()
     engine.add_argument("--xla", action="store_true",
                         help="call translate_xla, the search XLA-compiled (same translations; each (length, "
-                             "batch) bucket of the requests compiles first, 9-18 s each on a 2-core CPU), instead of "
+                             "batch) bucket of the requests compiles first: seconds each, docs/performance.md), instead of "
                              "serving_default")
     engine.add_argument("--no-xla", action="store_true",
                         help="call serving_default, plain TensorFlow as TF Serving runs it (the default since "
