@@ -1,7 +1,7 @@
 """Train a Transformer, average its last checkpoints, report BLEU, export it.
 
     python train.py                                   # tiny model, embedded corpus, ~3 min on 2 cores (docs/quickstart.md)
-    python train.py --data ../shared/data/multi30k --config small --steps 20000 --model-dir runs/m30k
+    python train.py --data multi30k --config multi30k --model-dir runs/multi30k  # docs/training.md
 
 Flow: flags -> corpus -> shared SentencePiece tokenizer (trained once, kept in
 the model directory) -> token-budget batches -> `model.fit` under
