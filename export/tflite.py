@@ -31,7 +31,7 @@ import sys
 
 from export.errors import ConversionError, ExportWriteError, missing_saved_model, newest_version, output_problem
 from export.op_audit import audit_tflite
-from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
+from export.signatures import LITERT_MAX_BATCH, LITERT_SIGNATURE
 from keras_transformer.console import (OneLineArgumentParser, harmless_lines_dropped, input_lines, interrupted,
                                        sigterm_raises, stdout_failed)
 from keras_transformer.run_dir import write_bytes_atomically
