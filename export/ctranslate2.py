@@ -106,9 +106,6 @@ from keras_transformer.run_dir import AVERAGE_HELP, write_failure
 if typing.TYPE_CHECKING:
     from export.ctranslate2_spec import KerasTransformerConverter, build_spec, position_table
 
-# Position-table rows at least: CTranslate2's default `max_input_length`, so
-# that requests with its default options never run past the table.
-MIN_POSITIONS = 1024
 # Written beside the model: CTranslate2 takes pieces, so users need it.
 TOKENIZER_FILE = "tokenizer.model"
 # A directory holding this file is a CTranslate2 model `--force` may replace.
