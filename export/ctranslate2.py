@@ -98,10 +98,11 @@ import sys
 import typing
 
 from export.errors import ConversionError, ExportWriteError
+from keras_transformer.atomic_writes import write_failure
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import (OneLineArgumentParser, PositiveInt, interrupted, names_on_first_use,
                                     sigterm_raises)
-from keras_transformer.run_dir import AVERAGE_HELP, write_failure
+from keras_transformer.run_dir import AVERAGE_HELP
 
 if typing.TYPE_CHECKING:
     from export.ctranslate2_spec import KerasTransformerConverter, build_spec, position_table

@@ -105,10 +105,11 @@ import typing
 from export.errors import ExportWriteError, output_problem
 from export.signatures import (ADVANCED_SIGNATURE, ALL_SIGNATURES, OPTIONS_SIGNATURE, XLA_SIGNATURE,
                                chosen_signatures, signature_list)
+from keras_transformer.atomic_writes import write_failure
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import (FiniteFloat, OneLineArgumentParser, PositiveInt, interrupted,
                                     names_on_first_use, sigterm_raises)
-from keras_transformer.run_dir import AVERAGE_HELP, write_failure
+from keras_transformer.run_dir import AVERAGE_HELP
 
 if typing.TYPE_CHECKING:
     from export.saved_model_graph import (TranslationModule, advanced_warmup_inputs, options_warmup_inputs,
