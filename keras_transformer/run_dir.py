@@ -250,8 +250,8 @@ def checkpoint_model(model_dir, config, tokenizer, count):
     `RunError` in one line when there is none, or one was trained with another tokenizer."""
     import tensorflow as tf
 
-    from keras_transformer.checkpoints import CheckpointError, average_checkpoints, check_checkpoint_tokenizer
     from keras_transformer.model import build_transformer
+    from keras_transformer.training.checkpoints import CheckpointError, average_checkpoints, check_checkpoint_tokenizer
 
     if count < 1:
         raise RunError(f"the number of checkpoints to average must be positive, got {count}")

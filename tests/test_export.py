@@ -168,7 +168,7 @@ def test_translate_and_trainings_bleu_run_the_plain_graph_unless_asked_for_xla(e
     (serving_default's) by default: it had compiled an XLA program for every bucket a run met,
     which took train.py's final BLEU 1.8-4.1x the time (docs/lab-notebook, "Training's BLEU in the
     plain graph"). `xla=True` still runs the compiled search, with the same translations."""
-    from keras_transformer.evaluation import compute_bleu
+    from keras_transformer.training.evaluation import compute_bleu
 
     model, config = exported["model"], exported["config"]
     translator = Translator(model, config, exported["translator"].sentencepiece_model)  # nothing traced yet

@@ -94,7 +94,7 @@ def test_exports_can_average_the_newest_checkpoints_instead_of_the_final_weights
 
     from export import ctranslate2, saved_model
     from keras_transformer import TransformerConfig, build_transformer, make_optimizer, run_dir
-    from keras_transformer.checkpoints import CheckpointStore
+    from keras_transformer.training.checkpoints import CheckpointStore
     from keras_transformer.data import Tokenizer, tokenizer_path, train_tokenizer
 
     model_dir = tmp_path / "run"
