@@ -121,10 +121,12 @@ def _syntax_options(args, options) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     console.setup_logging(verbose=args.verbose)
-    from keras_transformer.checkpoints import CheckpointError
+    from keras_transformer.atomic_writes import write_failure
     from keras_transformer.data import CorpusError, TokenizerError
-    from keras_transformer.run_dir import RunError, write_failure, write_results
-    from keras_transformer.training import NonFiniteLossError, train_and_evaluate
+    from keras_transformer.run_dir import RunError, write_results
+    from keras_transformer.training.callbacks import NonFiniteLossError
+    from keras_transformer.training.checkpoints import CheckpointError
+    from keras_transformer.training.run import train_and_evaluate
 
     try:
         trained = train_and_evaluate(args.run)
