@@ -26,18 +26,50 @@ NEED_A_RUN = ["docs/export.md"]
 @pytest.fixture(scope="session")
 def toy_translator(tmp_path_factory):
     """One `tests/helpers.train_toy_translator` run (250 steps, seed 0 plus
-    `$KERAS_TRANSFORMER_TEST_SEED`) for the whole session (of each worker): test_ctranslate2
-    converts it, test_export exports it, the docs' examples read it (`docs_run`). Tests only
-    read the model; none trains or changes it.
+    `$KERAS_TRANSFORMER_TEST_SEED`) for the whole session: test_ctranslate2 converts it,
+    test_export exports it, the docs' examples read it (`docs_run`). Tests only read the
+    model; none trains or changes it.
+
+    Under pytest-xdist the first worker that needs it trains it and leaves it as a run
+    directory (tokenizer, run.json, final weights) beside the workers' temporary
+    directories; the others wait for that (a lock file) and load it (`load_trained`), the
+    same weights, instead of training the same model again (each worker trained its own).
 
     `{"model", "config", "tokenizer", "corpus", "data"}`; `data` is its toy corpus directory.
     """
+    import os
+    import shutil
+
     from tests.helpers import train_toy_translator
 
-    directory = tmp_path_factory.mktemp("toy_translator")
-    model, config, tokenizer, corpus = train_toy_translator(directory)
-    return {"model": model, "config": config, "tokenizer": tokenizer, "corpus": corpus,
-            "data": directory / "data"}
+    try:
+        import fcntl
+    except ImportError:  # (no fcntl, as on Windows: each worker trains its own)
+        fcntl = None
+    if os.environ.get("PYTEST_XDIST_WORKER") is None or fcntl is None:
+        directory = tmp_path_factory.mktemp("toy_translator")
+        model, config, tokenizer, corpus = train_toy_translator(directory)
+        return {"model": model, "config": config, "tokenizer": tokenizer, "corpus": corpus,
+                "data": directory / "data"}
+    from keras_transformer.data import load_corpus
+    from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file, load_trained
+
+    directory = tmp_path_factory.getbasetemp().parent / "toy_translator"  # this session's, every worker's
+    run, done = directory / "run", directory / "complete"
+    with open(directory.with_name("toy_translator.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if done.exists():
+            model, config, tokenizer = load_trained(run)
+            corpus = load_corpus(str(directory / "data"), "en", "de")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)  # what a worker that failed here left
+            model, config, tokenizer, corpus = train_toy_translator(directory)
+            run.mkdir()
+            (run / "tokenizer.model").write_bytes(tokenizer.model_bytes)
+            check_run_file(run, config, tokenizer, {"data": "toy", "source_lang": "en", "target_lang": "de"})
+            model.save_weights(run / FINAL_WEIGHTS)
+            done.touch()  # last: a worker that failed before here leaves the next one to train
+    return {"model": model, "config": config, "tokenizer": tokenizer, "corpus": corpus, "data": directory / "data"}
 
 
 # The signatures the examples of the `NEED_A_RUN` pages call (each one more traced is seconds).

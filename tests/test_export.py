@@ -26,6 +26,9 @@ from keras_transformer.decoding import SearchOptions
 from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The tests whose checks FRESH_AND_TF1 runs (`export_processes`' key of that process)
+LOADERS = ("test_fresh_process_with_only_tensorflow_translates_as_in_process",
+           "test_tf1_session_loader_and_saved_model_cli")
 GOLDEN = ["the man sees the dog", "a red house today", "the big cat buys a small book",
           "today the woman sees a small red cat", "book"]
 
@@ -77,12 +80,11 @@ def export_processes(exported, tmp_path_factory, request):
         {"steps": 250, "train_minutes": 1.5, "averaged_checkpoints": 1, "export": path}))
     (multi30k_run / "history.csv").write_text("step,loss,bleu,minutes\n100,3.0,10.00,0.60\n250,2.0,20.00,1.50\n")
     starts = {
-        "test_fresh_process_with_only_tensorflow_translates_as_in_process":
-            lambda: run_python(FRESH, path, json.dumps(GOLDEN)),
-        "test_tf1_session_loader_and_saved_model_cli": lambda: (
-            run_python(TF1, path, json.dumps(GOLDEN)),
-            run_module("export.saved_model_cli", "run", "--dir", path, "--tag_set", "serve",
-                       "--signature_def", "serving_default", "--input_exprs", f"text={GOLDEN[:2]!r}")),
+        # one process for both loaders' checks (each paid TensorFlow's start-up of its own)
+        LOADERS: lambda: json.loads(run_python(FRESH_AND_TF1, path, json.dumps(GOLDEN))),
+        "test_tf1_session_loader_and_saved_model_cli": lambda: run_module(
+            "export.saved_model_cli", "run", "--dir", path, "--tag_set", "serve",
+            "--signature_def", "serving_default", "--input_exprs", f"text={GOLDEN[:2]!r}"),
         "test_translate_command_reads_stdin": lambda: (xla_cache, run_module(
             "export.translate", "--saved-model", path, "--xla", stdin="\n".join(GOLDEN) + "\n",
             env={"TF_XLA_FLAGS": f"--tf_xla_persistent_cache_directory={xla_cache}"})),
@@ -111,11 +113,17 @@ def export_processes(exported, tmp_path_factory, request):
         cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
-    yield {name: pool.submit(start) for name, start in starts.items() if name in selected}
+    yield {name: pool.submit(start) for name, start in starts.items()
+           if (selected.intersection(name) if isinstance(name, tuple) else name in selected)}
     pool.shutdown(wait=True, cancel_futures=True)
 
 
-FRESH = """
+# The two loaders' checks, in one process that imports TensorFlow and tf-text only: the
+# TF2 load (serving_default, and translate_options' greedy search), then the TF1 session
+# loader in a graph of its own (a batch, and one sentence a request: the small-request
+# loop, run by the single-threaded executor). Each ran in a process of its own before,
+# paying TensorFlow's start-up twice. `{"fresh": ..., "tf1": ...}` on stdout.
+FRESH_AND_TF1 = """
     import json, sys
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
@@ -124,11 +132,23 @@ FRESH = """
     options = loaded.signatures["translate_options"](
         text=tf.constant(json.loads(sys.argv[2])), beam_size=tf.constant(1), alpha=tf.constant(0.6),
         extra_length=tf.constant(50), num_results=tf.constant(1), patience=tf.constant(0.0))
+    fresh = {"translation": [t.decode() for t in out["translation"].numpy()],
+             "score": out["score"].numpy().tolist(),
+             "greedy": [t.decode() for t in options["translations"].numpy()[:, 0]]}
+    with tf.compat.v1.Session(graph=tf.Graph()) as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], sys.argv[1])
+        signature = meta.signature_def["serving_default"]
+        feed = {signature.inputs["text"].name: json.loads(sys.argv[2])}
+        fetch = {k: v.name for k, v in signature.outputs.items()}
+        out = session.run(fetch, feed)
+        # one sentence a request: the small-request loop (run by the single-threaded executor)
+        single = [session.run(fetch["translation"], {signature.inputs["text"].name: [text]})[0].decode()
+                  for text in json.loads(sys.argv[2])]
+    tf1 = {"translation": [t.decode() for t in out["translation"]], "score": out["score"].tolist(),
+           "single": single}
     project = [m for m in sys.modules if m.split(".")[0] in ("keras_transformer", "export", "train")]
     assert not project, project
-    print(json.dumps({"translation": [t.decode() for t in out["translation"].numpy()],
-                      "score": out["score"].numpy().tolist(),
-                      "greedy": [t.decode() for t in options["translations"].numpy()[:, 0]]}))
+    print(json.dumps({"fresh": fresh, "tf1": tf1}))
 """
 
 
@@ -189,35 +209,17 @@ def test_translate_and_trainings_bleu_run_the_plain_graph_unless_asked_for_xla(e
 
 def test_fresh_process_with_only_tensorflow_translates_as_in_process(exported, export_processes):
     want, want_scores = in_process(exported["translator"], GOLDEN)
-    got = json.loads(export_processes["test_fresh_process_with_only_tensorflow_translates_as_in_process"].result())
+    got = export_processes[LOADERS].result()["fresh"]  # (FRESH_AND_TF1)
     assert got["translation"] == want
     assert all(t and not t.startswith("\u2581") for t in want)  # real translations
     np.testing.assert_allclose(got["score"], want_scores, atol=1e-5)
     assert got["greedy"] == in_process(exported["translator"], GOLDEN, beam_size=1)[0]
 
 
-TF1 = """
-    import json, sys
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401
-    with tf.compat.v1.Session(graph=tf.Graph()) as session:
-        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], sys.argv[1])
-        signature = meta.signature_def["serving_default"]
-        feed = {signature.inputs["text"].name: json.loads(sys.argv[2])}
-        fetch = {k: v.name for k, v in signature.outputs.items()}
-        out = session.run(fetch, feed)
-        # one sentence a request: the small-request loop (run by the single-threaded executor)
-        single = [session.run(fetch["translation"], {signature.inputs["text"].name: [text]})[0].decode()
-                  for text in json.loads(sys.argv[2])]
-    print(json.dumps({"translation": [t.decode() for t in out["translation"]],
-                      "score": out["score"].tolist(), "single": single}))
-"""
-
-
 def test_tf1_session_loader_and_saved_model_cli(exported, export_processes):
     want, want_scores = in_process(exported["translator"], GOLDEN)
-    tf1, result = export_processes["test_tf1_session_loader_and_saved_model_cli"].result()
-    got = json.loads(tf1)
+    got = export_processes[LOADERS].result()["tf1"]  # (FRESH_AND_TF1)
+    result = export_processes["test_tf1_session_loader_and_saved_model_cli"].result()
     assert got["translation"] == want
     np.testing.assert_allclose(got["score"], want_scores, atol=1e-5)
     assert got["single"] == want
