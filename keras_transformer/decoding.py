@@ -709,26 +709,12 @@ class SearchLoop:
                              f"(got {self.stages!r}) or LoopOps.trace_once (got {self.ops.trace_once!r})")
 
 
-# `beam_search`'s keywords before `SearchOptions` and `SearchLoop` (still taken: `_settings`).
-_OPTION_KEYWORDS = frozenset(field.name for field in dataclasses.fields(SearchOptions)) - {"extra_length"}
-_LOOP_KEYWORDS = frozenset({"drop_finished", "batch_halvings", "cache_stages", "resize_cache",
-                            "min_decode_length"} | {field.name for field in dataclasses.fields(LoopOps)})
-
-
-def _settings(options, loop, keywords):
-    """`beam_search`'s `SearchOptions` and `SearchLoop`: as given, or made from the
-    keywords of its former signature (``beam_size=4, drop_finished=True, ...``);
-    a keyword and the object it belongs to are not both taken."""
-    unknown = sorted(set(keywords) - _OPTION_KEYWORDS - _LOOP_KEYWORDS)
-    if unknown:
-        raise TypeError(f"beam_search() got unexpected keyword argument(s): {', '.join(unknown)}")
-    option_keywords = {name: value for name, value in keywords.items() if name in _OPTION_KEYWORDS}
-    loop_keywords = {name: value for name, value in keywords.items() if name in _LOOP_KEYWORDS}
-    for given, keys, name in ((options, option_keywords, "options"), (loop, loop_keywords, "loop")):
-        if given is not None and keys:
-            raise TypeError(f"beam_search: {', '.join(sorted(keys))} given beside `{name}`; set them in `{name}`")
-    options = SearchOptions(**option_keywords) if options is None else options
-    loop = _loop_from_keywords(**loop_keywords) if loop is None else loop
+def _checked_settings(options, loop):
+    """`beam_search`'s `SearchOptions` and `SearchLoop` (None: the defaults), checked:
+    a `TypeError` naming what else was given, a `ValueError` for `Halvings` with a
+    run-time beam size."""
+    options = SearchOptions() if options is None else options
+    loop = SearchLoop() if loop is None else loop
     if not isinstance(options, SearchOptions):
         raise TypeError(f"beam_search: options must be a SearchOptions, got {options!r}")
     if not isinstance(loop, SearchLoop):
@@ -737,18 +723,6 @@ def _settings(options, loop, keywords):
         raise ValueError("Halvings (batch_halvings) needs a python int beam_size (static shapes), got "
                          f"{options.beam_size!r}")
     return options, loop
-
-
-def _loop_from_keywords(drop_finished=False, batch_halvings=0, cache_stages=None, resize_cache=None,
-                        min_decode_length=0, **ops_keywords):
-    """The `SearchLoop` of `beam_search`'s former keywords (None: the default)."""
-    if drop_finished and batch_halvings:
-        raise ValueError(f"drop_finished and batch_halvings={batch_halvings!r} exclude each other "
-                         "(DropFinished or Halvings)")
-    finished = DropFinished() if drop_finished else Halvings(batch_halvings) if batch_halvings else KeepAll()
-    stages = None if cache_stages is None else CacheStages(cache_stages, resize_cache, min_decode_length)
-    loop_ops = LoopOps(**{name: value for name, value in ops_keywords.items() if value is not None})
-    return SearchLoop(loop_ops, finished, stages)
 
 
 # --------------------------------------------------------------------------
@@ -1621,7 +1595,7 @@ def _shrinking_loop(run_step, state, static_cache, spec, loop_ops):
 # Beam search
 # --------------------------------------------------------------------------
 def beam_search(step_fn, initial_cache, batch_size, max_lengths, options=None, *, loop=None, static_cache=None,
-                max_decode_length=None, bos_id=BOS_ID, eos_id=EOS_ID, target_prefix=None, **keywords):
+                max_decode_length=None, bos_id=BOS_ID, eos_id=EOS_ID, target_prefix=None):
     """Batched beam search with GNMT length penalty and early termination.
 
     Args:
@@ -1666,15 +1640,6 @@ def beam_search(step_fn, initial_cache, batch_size, max_lengths, options=None, *
             ``target_prefix``; 0: none). A prefix token is forced as the only allowed
             token of its step (so it adds 0 to the log-probability, as in
             CTranslate2), counts in the hypothesis's length and is returned with it.
-        **keywords: instead of `options` and `loop`, their former keywords:
-            `SearchOptions`' fields (``beam_size``, ``alpha``, ``num_results``,
-            ``exact_results``, ``patience``, ``max_beam_size``), `LoopOps`'
-            (``while_loop``, ``gather``, ``nonzero``, ``trace_once``,
-            ``normalize_after_top_k``; None is the default), and
-            ``drop_finished=True`` (`DropFinished`), ``batch_halvings=n``
-            (`Halvings`), ``cache_stages``, ``resize_cache`` and
-            ``min_decode_length`` (`CacheStages`).
-
     Returns:
         ``(sequences, scores)``:
         sequences: int32 ``[batch, num_results, max_decode_length]``, best
@@ -1689,7 +1654,7 @@ def beam_search(step_fn, initial_cache, batch_size, max_lengths, options=None, *
     Example:
         >>> ids, scores = beam_search(step_fn, cache, 2, np.array([7, 9]), SearchOptions(beam_size=4))
     """
-    options, loop = _settings(options, loop, keywords)
+    options, loop = _checked_settings(options, loop)
     max_decode_length = _buffer_length(max_decode_length, max_lengths)
     spec = _make_spec(options, loop, batch_size, max_decode_length, eos_id, has_prefix=target_prefix is not None)
     state = _initial_state(initial_cache, max_lengths, bos_id, spec, target_prefix)

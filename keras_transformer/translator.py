@@ -41,7 +41,7 @@ from keras_transformer.decoding import SearchOptions
 from keras_transformer.model import source_feature_names
 from keras_transformer.alignment import attention_alignments, word_alignments
 from keras_transformer.scoring import score_tokens
-from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted, search_options
+from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted
 
 # `Translator.translate(xla=True)` (in our own process) runs a few batches per
 # shape, not a server's many: the branches' compile time (13.6 s instead of
@@ -193,8 +193,8 @@ class Translator:
         return self.sentencepiece.detokenize(padded)[:count]
 
     @not_converted
-    def translate_graph(self, text, options, *former, litert_batch=None, xla=False,
-                        batch_halvings=XLA_BATCH_HALVINGS, target_prefix=None, **former_keywords):
+    def translate_graph(self, text, options, *, litert_batch=None, xla=False,
+                        batch_halvings=XLA_BATCH_HALVINGS, target_prefix=None):
         """The whole translation as graph ops.
 
         Args:
@@ -223,11 +223,6 @@ class Translator:
                 targets were in training and cut to `max_length - 1` pieces. The
                 translation returned includes it. Plain graph only (not `xla`, not
                 `litert_batch`).
-            *former, **former_keywords: the former form, still taken
-                (`searcher.search_options`): `translate_graph(text, beam_size, alpha,
-                extra_length, num_results, patience=..., exact_results=...,
-                max_beam_size=...)`.
-
         Returns:
             translations string `[batch, num_results]`, scores float32
             `[batch, num_results]`. Empty or whitespace-only inputs give ""
@@ -237,7 +232,8 @@ class Translator:
         (`translate_conllu_graph`, strict: a malformed sentence fails the
         call) and searches in the plain graph.
         """
-        options = search_options(options, former, former_keywords, "translate_graph")
+        if not isinstance(options, SearchOptions):
+            raise TypeError(f"translate_graph takes a SearchOptions, got {options!r}")
         if self.config.syntax_aware:
             if litert_batch is not None or xla:
                 raise ValueError("a syntax-aware model translates CoNLL-U in the plain TensorFlow graph; "
@@ -259,10 +255,7 @@ class Translator:
             ids, scores = self.searcher.search(source_ids, lengths, options,
                                                target_prefix=(prefix_ids, prefix_lengths))  # (EOS after: never read)
         elif xla:
-            ids, scores = self.searcher.search_xla(source_ids, lengths, options.beam_size, options.alpha,
-                                                   options.extra_length, options.num_results,
-                                                   patience=options.patience, batch_halvings=batch_halvings,
-                                                   **_xla_constraints(options))
+            ids, scores = self.searcher.search_xla(source_ids, lengths, options, batch_halvings=batch_halvings)
         elif litert_batch is not None:
             ids, scores = self.searcher.search_litert(source_ids, lengths, options)
         else:
@@ -270,12 +263,12 @@ class Translator:
         return self._strings(ids, scores, lengths, options.num_results, litert_batch)
 
     @not_converted
-    def translate_conllu_graph(self, conllu, options, *former, strict=False, **former_keywords):
+    def translate_conllu_graph(self, conllu, options, *, strict=False):
         """`translate_graph` for a syntax-aware model, with each sentence's problem.
 
         Args:
             conllu: string `[batch]`, one CoNLL-U sentence each.
-            options: the `SearchOptions`, as in `translate_graph` (or its former form).
+            options: the `SearchOptions`, as in `translate_graph`.
             strict: False (the served signatures): a malformed sentence
                 (`annotated.sentence_errors`) is translated as an empty
                 input ("" with score 0) and its problem returned, while the
@@ -287,7 +280,8 @@ class Translator:
             `[batch, num_results]`, errors string `[batch]` ("" for a
             well-formed sentence).
         """
-        options = search_options(options, former, former_keywords, "translate_conllu_graph")
+        if not isinstance(options, SearchOptions):
+            raise TypeError(f"translate_conllu_graph takes a SearchOptions, got {options!r}")
         source_ids, lengths, features, errors = self.encode_conllu(conllu, strict=strict)
         ids, scores = self.searcher.search(source_ids, lengths, options, source_features=features)
         strings, scores = self._strings(ids, scores, lengths, options.num_results, None)
@@ -484,20 +478,6 @@ class Translator:
         strings, _ = self._functions[key](texts, tf.constant(alpha, tf.float32), *prefixes)
         decoded = [[s.decode("utf-8") for s in row] for row in strings.numpy()]
         return [row[0] for row in decoded] if num_results == 1 else decoded
-
-
-def _xla_constraints(options):
-    """`Searcher.search_xla`'s `constraints` of `options`: python values, part of the
-    compiled program (a run-time `min_length` is the plain graph's)."""
-    if options.samples:
-        raise ValueError("sampling runs in the plain graph (xla=False)")
-    if not all(isinstance(value, (int, bool)) for value in (options.min_length, options.no_repeat_ngram_size,
-                                                             options.disallow_unk)):
-        raise ValueError("the XLA search takes min_length, no_repeat_ngram_size and disallow_unk as python values; "
-                         "run-time ones are for the plain graph (translate_advanced)")
-    if not (options.min_length or options.no_repeat_ngram_size or options.disallow_unk):
-        return {}  # (the call as before: no constraints)
-    return {"constraints": (options.min_length, options.no_repeat_ngram_size, options.disallow_unk)}
 
 
 def _string_pairs(texts, targets, what):
