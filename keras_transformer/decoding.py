@@ -76,6 +76,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.constants import BOS_ID, EOS_ID, MAX_NO_REPEAT_NGRAM_SIZE, NEG_INF, PAD_ID, UNK_ID
+from keras_transformer.decoding_options import BY_NAME as DECODING_OPTIONS
 
 __all__ = [
     "KERAS_OPS",
@@ -333,6 +334,15 @@ def _is_python(value):
     return not ops.is_tensor(value)
 
 
+# `SearchOptions`' fields whose own values the options table checks (`decoding_options`); beam
+# size, results and their relations are checked together by `_checked_options`.
+_TABLE_CHECKED = ("alpha", "patience", "extra_length", "min_length", "no_repeat_ngram_size", "disallow_unk",
+                  "sampling_topk", "sampling_topp", "sampling_temperature", "seed")
+# (alpha, patience and extra_length are stored as given: a python float or int, or a tensor)
+_STORED_AS_GIVEN = ("alpha", "patience", "extra_length")
+_AS_KIND = {"int": int, "float": float, "bool": bool}
+
+
 # --------------------------------------------------------------------------
 # Settings: what the search finds (SearchOptions) and how its loop runs (SearchLoop)
 # --------------------------------------------------------------------------
@@ -470,44 +480,23 @@ def _checked_options(options):
         if not 1 <= exact_results <= limit:
             raise ValueError(f"exact_results must be in [1, {name}={limit}], got {exact_results!r}")
         exact_results = int(exact_results)
-    for name in ("alpha", "patience", "extra_length"):
+    checked = {}
+    for name in _TABLE_CHECKED:  # each option's own values: `decoding_options.OPTIONS`' rows
         value = getattr(options, name)
-        if isinstance(value, (bool, str)) or (isinstance(value, (int, float, np.number)) and not np.isfinite(value)):
-            raise ValueError(f"{name} must be a finite number or a scalar tensor, got {value!r}")
-    min_length = options.min_length
-    if _is_int(min_length) or isinstance(min_length, (bool, float)):
-        if isinstance(min_length, (bool, float)) or min_length < 0:
-            raise ValueError(f"min_length must be an int >= 0 (0: off) or a scalar tensor, got {min_length!r}")
-        min_length = int(min_length)
-    ngram = options.no_repeat_ngram_size
-    if _is_python(ngram) and (not _is_int(ngram) or isinstance(ngram, bool) or ngram < 0):
-        raise ValueError(f"no_repeat_ngram_size must be an int >= 0 (0: off) or an int32 scalar tensor, got {ngram!r}")
-    if _is_python(options.disallow_unk) and not isinstance(options.disallow_unk, (bool, np.bool_)):
-        raise ValueError(f"disallow_unk must be a bool or a bool scalar tensor, got {options.disallow_unk!r}")
-    topk, topp, temperature, seed = (options.sampling_topk, options.sampling_topp, options.sampling_temperature,
-                                     options.seed)
-    if _is_python(topk) and (not _is_int(topk) or isinstance(topk, bool) or topk < 0):
-        raise ValueError(f"sampling_topk must be an int >= 0 (1: no sampling, 0: the whole vocabulary) or an "
-                         f"int32 scalar tensor, got {topk!r}")
-    for name, value in (("sampling_topp", topp), ("sampling_temperature", temperature)):
-        if _is_python(value) and (isinstance(value, bool) or not isinstance(value, (int, float, np.floating))
-                                  or not np.isfinite(value) or value <= 0 or (name == "sampling_topp" and value > 1)):
-            raise ValueError(f"{name} must be a finite number in {'(0, 1]' if name == 'sampling_topp' else '> 0'} "
-                             f"or a float scalar tensor, got {value!r}")
-    if _is_python(seed) and (not _is_int(seed) or isinstance(seed, bool) or not 0 <= seed < 2 ** 31):
-        raise ValueError(f"seed must be an int in [0, 2**31) or an int scalar tensor, got {seed!r}")
+        if not _is_python(value) or (value is None and name in ("patience", "extra_length")):
+            checked[name] = value  # a run-time value: the caller's to keep in range
+            continue
+        problem = DECODING_OPTIONS[name].python_problem(value)
+        if problem:
+            raise ValueError(problem)
+        checked[name] = _AS_KIND[DECODING_OPTIONS[name].kind](value) if name not in _STORED_AS_GIVEN else value
+    topk = checked["sampling_topk"]
     samples = not (_is_int(topk) and topk == 1)
     if samples and beam_size != 1:
         raise ValueError(f"sampling (sampling_topk={topk}) draws one token a step: it needs beam_size 1 (a python "
                          f"int), got {beam_size!r}")
-    return {"beam_size": beam_size, "num_results": num_results, "max_beam_size": max_beam_size,
-            "exact_results": exact_results, "min_length": min_length,
-            "no_repeat_ngram_size": int(ngram) if _is_python(ngram) else ngram,
-            "disallow_unk": bool(options.disallow_unk) if _is_python(options.disallow_unk) else options.disallow_unk,
-            "sampling_topk": int(topk) if _is_python(topk) else topk,
-            "sampling_topp": float(topp) if _is_python(topp) else topp,
-            "sampling_temperature": float(temperature) if _is_python(temperature) else temperature,
-            "seed": int(seed) if _is_python(seed) else seed}
+    return {**checked, "beam_size": beam_size, "num_results": num_results, "max_beam_size": max_beam_size,
+            "exact_results": exact_results}
 
 
 def keras_nonzero(mask):

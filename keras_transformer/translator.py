@@ -37,6 +37,7 @@ import tensorflow_text as tf_text
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.data.annotated import annotated_features
+from keras_transformer import decoding_options
 from keras_transformer.decoding import SearchOptions
 from keras_transformer.model import source_feature_names
 from keras_transformer.alignment import attention_alignments, word_alignments
@@ -418,11 +419,26 @@ class Translator:
         return strings, scores
 
     # -- eager convenience -----------------------------------------------
-    def translate(self, texts, beam_size=None, alpha=None, num_results=1, xla=False, min_length=0,
-                  no_repeat_ngram_size=0, disallow_unk=False, target_prefix=None, sampling_topk=1,
-                  sampling_topp=1.0, sampling_temperature=1.0, seed=0):
+    def translate(self, texts, options: SearchOptions | None = None, *, xla=False, target_prefix=None,
+                  **options_by_name):
         """Translates a list (or string tensor) of sentences; returns a list of str
         (or, with `num_results > 1`, a list of lists).
+
+        Args:
+            texts: the sentences (CoNLL-U ones for a syntax-aware model).
+            options: None, or a `SearchOptions` of python values (`extra_length` None: the
+                config's); not with `options_by_name`.
+            xla: run the search XLA-compiled (see below).
+            target_prefix: None, or one string per text ("" for none): the start each
+                translation must have (CTranslate2's `target_prefix`: terminology,
+                interactive completion); the translations returned include it (plain graph
+                only).
+            **options_by_name: the decoding options by their names in the options table
+                (`keras_transformer.decoding_options.OPTIONS`: `beam_size`, `alpha`,
+                `num_results`, `patience`, `min_length`, `no_repeat_ngram_size`,
+                `disallow_unk`, `sampling_topk`, `sampling_topp`, `sampling_temperature`,
+                `seed`), each checked by its row; the table's defaults where not given, the
+                config's beam size (1 when sampling), alpha and extra length.
 
         By default the search runs as the SavedModel's `serving_default` does (the
         plain graph, which drops each sentence once it is done); `xla=True` runs
@@ -435,49 +451,63 @@ class Translator:
 
         `min_length`, `no_repeat_ngram_size` and `disallow_unk` disallow tokens as
         CTranslate2's options of those names do (`SearchOptions`): EOS before `min_length`
-        tokens, a token that repeats an n-gram, the unknown token. `target_prefix`, one
-        string per text ("" for none), is the start each translation must have
-        (CTranslate2's `target_prefix`: terminology, interactive completion); the
-        translations returned include it (plain graph only). `sampling_topk` other than 1
-        draws each token at random (CTranslate2's random sampling, e.g. for back-translation:
-        among the `sampling_topk` best, 0 for all, after `sampling_temperature`, within
-        `sampling_topp`), reproducibly for a `seed`; it searches with one beam (plain graph
-        only)."""
+        tokens, a token that repeats an n-gram, the unknown token. `sampling_topk` other
+        than 1 draws each token at random (CTranslate2's random sampling, e.g. for
+        back-translation: among the `sampling_topk` best, 0 for all, after
+        `sampling_temperature`, within `sampling_topp`), reproducibly for a `seed`; it
+        searches with one beam (plain graph only)."""
         xla = xla and not self.config.syntax_aware
-        # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
-        sampling = {"sampling_topk": sampling_topk, "sampling_topp": sampling_topp,
-                    "sampling_temperature": sampling_temperature, "seed": seed}
-        if beam_size is None:
-            beam_size = 1 if sampling_topk != 1 else self.config.beam_size
-        for name, value in (("beam_size", beam_size), ("num_results", num_results)):
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        beam_size, num_results = int(beam_size), int(num_results)
-        alpha = self.config.length_penalty_alpha if alpha is None else alpha
-        if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not math.isfinite(alpha):
-            # (NaN scored every hypothesis NaN: every translation was "")
-            raise ValueError(f"alpha must be a finite number, got {alpha!r}")
-        constraints = {"min_length": min_length, "no_repeat_ngram_size": no_repeat_ngram_size,
-                       "disallow_unk": disallow_unk, **sampling}
-        SearchOptions(beam_size=beam_size, num_results=num_results, **constraints)  # a ValueError names a bad value
+        given = self._given_options(options, options_by_name)
         texts = _string_batch(texts)
         prefixes = () if target_prefix is None else (_string_batch(target_prefix),)
         if prefixes and (xla or prefixes[0].shape[0] != texts.shape[0]):
             raise ValueError("target_prefix takes one string per text ('' for none), searched in the plain graph "
                              f"(xla=False); got {prefixes[0].shape[0]} for {texts.shape[0]} texts, xla={xla}")
-        key = (beam_size, num_results, bool(xla), *constraints.values(), bool(prefixes))
+        alpha, searched = given.pop("alpha"), given  # (alpha: an input of the traced function)
+        key = (bool(xla), bool(prefixes), *sorted(searched.items()))
         if key not in self._functions:
             self._functions[key] = tf.function(
                 lambda t, a, *prefix: self.translate_graph(
-                    t, SearchOptions(beam_size=beam_size, alpha=a, num_results=num_results,
-                                     extra_length=self.config.decode_extra_length, **constraints),
-                    xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS, target_prefix=prefix[0] if prefix else None),
+                    t, SearchOptions(alpha=a, **searched), xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS,
+                    target_prefix=prefix[0] if prefix else None),
                 input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32),
                                  *[tf.TensorSpec([None], tf.string)] * len(prefixes)],
                 autograph=False)  # see searcher.not_converted
         strings, _ = self._functions[key](texts, tf.constant(alpha, tf.float32), *prefixes)
         decoded = [[s.decode("utf-8") for s in row] for row in strings.numpy()]
-        return [row[0] for row in decoded] if num_results == 1 else decoded
+        return [row[0] for row in decoded] if searched["num_results"] == 1 else decoded
+
+    def _given_options(self, options, options_by_name) -> dict:
+        """`translate`'s options as checked python values by name (`SearchOptions`' fields,
+        `extra_length` the config's unless given in `options`): a `TypeError` for a name the
+        options table does not hold, a `ValueError` naming a bad value."""
+        if options is not None:
+            if options_by_name or not isinstance(options, SearchOptions):
+                raise TypeError(f"translate takes a SearchOptions or the options by name, not both; got {options!r} "
+                                f"and {sorted(options_by_name)}")
+            options_by_name = {option.name: getattr(options, option.name) for option in decoding_options.OPTIONS
+                               if getattr(options, option.name) is not None}
+        unknown = sorted(set(options_by_name) - set(decoding_options.BY_NAME))
+        if unknown:
+            raise TypeError(f"translate() got unexpected keyword argument(s): {', '.join(unknown)} (the decoding "
+                            f"options: {', '.join(decoding_options.BY_NAME)})")
+        given = dict(options_by_name)
+        # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
+        if given.get("beam_size") is None:
+            given["beam_size"] = 1 if given.get("sampling_topk", 1) != 1 else self.config.beam_size
+        given.setdefault("num_results", 1)
+        for name in ("beam_size", "num_results"):
+            value = given[name]
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        given["alpha"] = self.config.length_penalty_alpha if given.get("alpha") is None else given["alpha"]
+        alpha = given["alpha"]
+        if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not math.isfinite(alpha):
+            # (NaN scored every hypothesis NaN: every translation was "")
+            raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+        given.setdefault("extra_length", self.config.decode_extra_length)
+        checked = SearchOptions(**given)  # a ValueError names a bad value
+        return {name: getattr(checked, name) for name in given}
 
 
 def _string_pairs(texts, targets, what):
