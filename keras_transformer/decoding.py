@@ -52,7 +52,11 @@ checks them, then runs the fixed-shape loop (`_fixed_shape_loop`, in
 stages or not) or the shrinking one (`_shrinking_loop`).
 
 One loop step (each a small helper below): the step function scores the
-next token of every alive beam; `_grow_candidates` keeps the best
+next token of every alive beam; the logits processors of the options that
+are on (`make_logits_processors`: `MinLength`, `NoRepeatNgram`,
+`DisallowUnk`, `TargetPrefix`; none, and no op, when all are off) disallow
+tokens; the sampler (`make_sampler`: `BestSampler`, or `RandomSampler` when
+sampling) draws each beam's candidates; `_grow_candidates` keeps the best
 ``2 * beam_size`` (beam, token) extensions; `_update_alive` keeps the best
 ``beam_size`` that continue (and reorders the cache); `_update_finished`
 merges the ones that end into the finished set; `_update_done` applies the
@@ -80,13 +84,19 @@ from keras_transformer.decoding_options import BY_NAME as DECODING_OPTIONS
 
 __all__ = [
     "KERAS_OPS",
+    "BestSampler",
     "CacheStages",
+    "DisallowUnk",
     "DropFinished",
     "Halvings",
     "KeepAll",
     "LoopOps",
+    "MinLength",
+    "NoRepeatNgram",
+    "RandomSampler",
     "SearchLoop",
     "SearchOptions",
+    "TargetPrefix",
     "beam_search",
     "expand_to_beams",
     "flatten_beams",
@@ -97,6 +107,8 @@ __all__ = [
     "keras_gather",
     "keras_nonzero",
     "length_penalty",
+    "make_logits_processors",
+    "make_sampler",
     "tile_beams",
     "top_k_blockwise",
     "unflatten_beams",
@@ -745,15 +757,14 @@ class _SearchSpec(typing.NamedTuple):
     gather: object  # `keras_gather`, or a function with its meaning (tf.gather)
     normalize_after_top_k: bool  # each beam's top tokens by their logits, then only those normalized
     keeps_done: bool  # the state holds the sentences that are done (all but `DropFinished`'s loop)
-    # Disallowed tokens (`_disallowed`): EOS before this many tokens (0 or None: off), repeated
-    # n-grams of this size (0: off), the unknown token; each a python value or a scalar tensor.
-    min_length: object = 0
-    no_repeat_ngram_size: object = 0
-    disallow_unk: object = False
+    # The logits processors of the options that are on (`make_logits_processors`), applied in
+    # order before the step's log-softmax; () adds no op.
+    processors: tuple = ()
     # the state holds each sentence's target prefix (`beam_search(target_prefix=...)`)
     has_prefix: bool = False
-    # sampling (`SearchOptions.samples`): None, or (topk, topp, temperature, seed, uniform)
-    sampling: object = None
+    # how each beam's candidates are drawn from its logits (`make_sampler`): `BestSampler()`
+    # (the best tokens) or a `RandomSampler` (one token drawn, one beam)
+    sampler: object = None
 
 
 def _candidates(beam_size):
@@ -788,12 +799,9 @@ def _make_spec(options, loop, batch_size, max_decode_length, eos_id, has_prefix=
         gather=loop.ops.gather,
         normalize_after_top_k=loop.ops.normalize_after_top_k,
         keeps_done=not isinstance(loop.finished, DropFinished),
-        min_length=options.min_length,
-        no_repeat_ngram_size=options.no_repeat_ngram_size,
-        disallow_unk=options.disallow_unk,
+        processors=make_logits_processors(options, eos_id, has_prefix),
         has_prefix=has_prefix,
-        sampling=(options.sampling_topk, options.sampling_topp, options.sampling_temperature, options.seed,
-                  loop.ops.uniform) if options.samples else None,
+        sampler=make_sampler(options, loop.ops),
     )
 
 
@@ -900,89 +908,114 @@ def _beam_rows(beam_indices, beam_size, sentences=None):
     return ops.reshape(rows, (-1,))  # [b * new_beam]
 
 
-def _sampled(logits, step, spec, sentence=None):
+@dataclasses.dataclass(frozen=True)
+class BestSampler:
+    """Each alive beam's best ``P`` next tokens (``P = min(C, V)``; a beam never contributes
+    more than ``C`` candidates): the beam search's own choice (CTranslate2's BestSampler)."""
+
+    def __call__(self, logits, spec, step=None, sentence=None):
+        """
+        Args:
+            logits: float32 ``[b * k, V]``. They become log-probabilities before
+                each beam's top tokens are taken, or with
+                ``spec.normalize_after_top_k`` only those tokens' are (the same
+                order: ``log_softmax`` subtracts one value from a row).
+            spec: the `_SearchSpec`.
+
+        Returns:
+            ``(beam_logp float32 [b, k, P], beam_tok int32 [b, k * P], P)``.
+        """
+        k, num_candidates = spec.beam_size, spec.num_candidates
+        vocab = logits.shape[-1]
+        if vocab is None:
+            per_beam = num_candidates
+        elif isinstance(num_candidates, int):
+            per_beam = min(num_candidates, vocab)
+        else:  # a run-time beam size
+            per_beam = ops.minimum(num_candidates, vocab)
+        bound = spec.max_candidates if vocab is None else min(spec.max_candidates, vocab)  # the largest P
+        ranked = logits if spec.normalize_after_top_k else ops.log_softmax(logits, axis=-1)  # [b * k, V]
+        beam_logp, beam_tok = top_k_blockwise(ranked, per_beam, gather=spec.gather, max_k=bound)  # [b * k, P] x2
+        if spec.normalize_after_top_k:  # only the chosen entries become log-probabilities
+            beam_logp = beam_logp - ops.logsumexp(logits, axis=-1, keepdims=True)  # [b * k, P]
+        beam_logp = ops.reshape(beam_logp, (-1, k, per_beam))  # [b, k, P]
+        beam_tok = ops.reshape(ops.cast(beam_tok, "int32"), (-1, k * per_beam))  # [b, k * P]
+        return beam_logp, beam_tok, per_beam
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomSampler:
     """One token per row drawn from the step's distribution as CTranslate2's RandomSampler
     draws it: among the ``topk`` most likely (0: all), log-probabilities divided by the
     temperature, then the smallest set whose probabilities reach ``topp``; sampled with the
     Gumbel-max trick from `LoopOps.uniform` noise. The noise is drawn for the whole batch
     and each row takes its sentence's, so a sentence gets the same samples in every loop
-    (one that drops finished sentences, or halves the batch, or keeps it whole).
+    (one that drops finished sentences, or halves the batch, or keeps it whole). One beam.
 
     Args:
-        logits: float32 ``[rows, V]`` (one beam a sentence).
-        sentence: None (row ``i`` is sentence ``i``), or int32 ``[rows]``, each row's
-            sentence (the state's ``sentence`` entry of the loops that move rows).
-
-    Returns:
-        ``(logp float32 [rows, 1], token int32 [rows, 1])``: the token and its log-probability
-        under the model's own distribution (CTranslate2's score).
+        topk, topp, temperature, seed: `SearchOptions`' ``sampling_*`` and ``seed`` (python
+            values or scalar tensors).
+        uniform: `LoopOps.uniform`.
     """
-    topk, topp, temperature, seed, uniform = spec.sampling
-    logp = ops.log_softmax(logits, axis=-1)  # [rows, V]
-    scores = logp
-    if _is_python(topk):
-        if topk > 0:
-            kth = ops.top_k(logp, topk)[0][:, -1:]  # [rows, 1]
-            scores = ops.where(logp >= kth, scores, spec.neg_inf)
-    else:  # given at run time (>= 0): the k-th best, or with 0 every token
-        k = ops.clip(ops.cast(topk, "int32"), 1, ops.shape(logp)[-1])
-        kth = ops.top_k(logp, k)[0][:, -1:]  # [rows, 1]
-        scores = ops.where(ops.logical_or(logp >= kth, topk <= 0), scores, spec.neg_inf)
-    scores = ops.log_softmax(scores / temperature, axis=-1)  # [rows, V]
-    if not _is_python(topp) or topp < 1.0:
-        ranked = ops.sort(ops.exp(scores), axis=-1)[:, ::-1]  # [rows, V], most likely first
-        before = ops.cumsum(ranked, axis=-1) - ranked  # [rows, V]: the mass of the tokens ranked before
-        smallest = ops.min(ops.where(before < topp, ranked, 2.0), axis=-1, keepdims=True)  # [rows, 1]
-        nucleus = ops.exp(scores) >= smallest
-        # (a run-time 1.0 keeps every token, as the python 1.0 does: no float sum decides it)
-        scores = ops.where(nucleus if _is_python(topp) else ops.logical_or(nucleus, topp >= 1.0),
-                           scores, spec.neg_inf)
-    noise = uniform((spec.batch_size, ops.shape(logits)[-1]), seed, step)  # [batch, V] in (0, 1)
-    noise = noise if sentence is None else spec.gather(noise, sentence, 0)  # [rows, V]
-    token = ops.cast(ops.argmax(scores - ops.log(-ops.log(noise)), axis=-1), "int32")[:, None]  # [rows, 1]
-    return ops.take_along_axis(logp, token, axis=-1), token
+
+    topk: object
+    topp: object
+    temperature: object
+    seed: object
+    uniform: typing.Callable
+
+    def __call__(self, logits, spec, step=None, sentence=None):
+        """
+        Args:
+            logits: float32 ``[rows, V]`` (one beam a sentence).
+            sentence: None (row ``i`` is sentence ``i``), or int32 ``[rows]``, each row's
+                sentence (the state's ``sentence`` entry of the loops that move rows).
+
+        Returns:
+            ``(logp float32 [rows, 1, 1], token int32 [rows, 1], 1)``: the token and its
+            log-probability under the model's own distribution (CTranslate2's score).
+        """
+        topk, topp, temperature = self.topk, self.topp, self.temperature
+        logp = ops.log_softmax(logits, axis=-1)  # [rows, V]
+        scores = logp
+        if _is_python(topk):
+            if topk > 0:
+                kth = ops.top_k(logp, topk)[0][:, -1:]  # [rows, 1]
+                scores = ops.where(logp >= kth, scores, spec.neg_inf)
+        else:  # given at run time (>= 0): the k-th best, or with 0 every token
+            k = ops.clip(ops.cast(topk, "int32"), 1, ops.shape(logp)[-1])
+            kth = ops.top_k(logp, k)[0][:, -1:]  # [rows, 1]
+            scores = ops.where(ops.logical_or(logp >= kth, topk <= 0), scores, spec.neg_inf)
+        scores = ops.log_softmax(scores / temperature, axis=-1)  # [rows, V]
+        if not _is_python(topp) or topp < 1.0:
+            ranked = ops.sort(ops.exp(scores), axis=-1)[:, ::-1]  # [rows, V], most likely first
+            before = ops.cumsum(ranked, axis=-1) - ranked  # [rows, V]: the mass of the tokens ranked before
+            smallest = ops.min(ops.where(before < topp, ranked, 2.0), axis=-1, keepdims=True)  # [rows, 1]
+            nucleus = ops.exp(scores) >= smallest
+            # (a run-time 1.0 keeps every token, as the python 1.0 does: no float sum decides it)
+            scores = ops.where(nucleus if _is_python(topp) else ops.logical_or(nucleus, topp >= 1.0),
+                               scores, spec.neg_inf)
+        noise = self.uniform((spec.batch_size, ops.shape(logits)[-1]), self.seed, step)  # [batch, V] in (0, 1)
+        noise = noise if sentence is None else spec.gather(noise, sentence, 0)  # [rows, V]
+        token = ops.cast(ops.argmax(scores - ops.log(-ops.log(noise)), axis=-1), "int32")[:, None]  # [rows, 1]
+        beam_logp = ops.take_along_axis(logp, token, axis=-1)  # [rows, 1]
+        return ops.reshape(beam_logp, (-1, 1, 1)), token, 1
 
 
-def _per_beam_top(logits, spec, step=None, sentence=None):
-    """Each alive beam's best ``P`` next tokens (``P = min(C, V)``; a beam never
-    contributes more than ``C`` candidates).
-
-    Args:
-        logits: float32 ``[b * k, V]``. They become log-probabilities before
-            each beam's top tokens are taken, or with
-            ``spec.normalize_after_top_k`` only those tokens' are (the same
-            order: ``log_softmax`` subtracts one value from a row).
-        spec: the `_SearchSpec`.
-
-    Returns:
-        ``(beam_logp float32 [b, k, P], beam_tok int32 [b, k * P], P)``.
-    """
-    k, num_candidates = spec.beam_size, spec.num_candidates
-    if spec.sampling is not None:  # one beam: its one candidate is drawn, not the best
-        beam_logp, beam_tok = _sampled(logits, step, spec, sentence)  # [b, 1] x2
-        return ops.reshape(beam_logp, (-1, 1, 1)), beam_tok, 1
-    vocab = logits.shape[-1]
-    if vocab is None:
-        per_beam = num_candidates
-    elif isinstance(num_candidates, int):
-        per_beam = min(num_candidates, vocab)
-    else:  # a run-time beam size
-        per_beam = ops.minimum(num_candidates, vocab)
-    bound = spec.max_candidates if vocab is None else min(spec.max_candidates, vocab)  # the largest P
-    ranked = logits if spec.normalize_after_top_k else ops.log_softmax(logits, axis=-1)  # [b * k, V]
-    beam_logp, beam_tok = top_k_blockwise(ranked, per_beam, gather=spec.gather, max_k=bound)  # [b * k, P] x2
-    if spec.normalize_after_top_k:  # only the chosen entries become log-probabilities
-        beam_logp = beam_logp - ops.logsumexp(logits, axis=-1, keepdims=True)  # [b * k, P]
-    beam_logp = ops.reshape(beam_logp, (-1, k, per_beam))  # [b, k, P]
-    beam_tok = ops.reshape(ops.cast(beam_tok, "int32"), (-1, k * per_beam))  # [b, k * P]
-    return beam_logp, beam_tok, per_beam
+def make_sampler(options, loop_ops):
+    """The sampler of a search (CTranslate2's ``make_sampler``): `RandomSampler` where
+    `options` samples (`SearchOptions.samples`), else `BestSampler`."""
+    if not options.samples:
+        return BestSampler()
+    return RandomSampler(options.sampling_topk, options.sampling_topp, options.sampling_temperature, options.seed,
+                         loop_ops.uniform)
 
 
 def _grow_candidates(sentences, step, logits, spec):
     """Extends every alive beam by every token and keeps the best candidates.
 
     The best ``C`` of the ``k * V`` (beam, token) pairs by summed log-prob,
-    found as the best ``C`` of each beam's best ``C`` tokens (`_per_beam_top`;
+    found as the best ``C`` of each beam's best ``C`` tokens (`BestSampler`;
     the same candidates, in the same order: ``top_k`` keeps the lower index
     first on ties within a beam, and the merge keeps the lower beam first);
     the chosen token is written into the copied sequence at position ``step``
@@ -1007,7 +1040,7 @@ def _grow_candidates(sentences, step, logits, spec):
         continuing bool ``[b, C]`` (valid and neither).
     """
     k, num_candidates = spec.beam_size, spec.num_candidates
-    beam_logp, beam_tok, per_beam = _per_beam_top(logits, spec, step, sentences.get("sentence"))  # [b, k, P], [b, k*P]
+    beam_logp, beam_tok, per_beam = spec.sampler(logits, spec, step, sentences.get("sentence"))  # [b, k, P], [b, k*P]
     valid = ops.logical_and(
         sentences["alive_valid"][:, :, None], beam_logp > NEG_INF / 2
     )  # [b, k, P]
@@ -1204,23 +1237,6 @@ def _best_results(sentences, num_results, spec):
     return ops.cast(sequences, "int32"), ops.cast(scores, "float32")
 
 
-def _has_min_length(spec):
-    """Whether EOS may be disallowed for a minimum length (a tensor `min_length` may be)."""
-    return not (_is_int(spec.min_length) and spec.min_length == 0)
-
-
-def _on(value):
-    """Whether an option may be on: a python value other than 0 / False, or a tensor (given
-    at run time). No ops at all for an option that is off."""
-    return not _is_python(value) or bool(value)
-
-
-def _constrains(spec):
-    """Whether the search disallows any token (python bool: no ops at all when not)."""
-    return (_has_min_length(spec) or _on(spec.no_repeat_ngram_size) or _on(spec.disallow_unk)
-            or spec.has_prefix)
-
-
 def _repeated_ngram_ends(seqs, step, n):
     """For each row, which tokens would end an n-gram already in it (`no_repeat_ngram_size`).
 
@@ -1269,11 +1285,96 @@ def _repeated_ngram_ends_at_run_time(seqs, step, n):
     return tokens, ops.logical_and(repeated, ops.ones_like(tokens, dtype="bool"))
 
 
-def _disallowed(logits, sentences, step, spec):
-    """`logits` with every disallowed token's set to NEG_INF: EOS before `spec.min_length`
-    tokens, a token that would repeat an n-gram (`spec.no_repeat_ngram_size`), the unknown
-    token (`spec.disallow_unk`). CTranslate2's logits processors, applied as it applies them:
-    before the step's log-softmax.
+# --------------------------------------------------------------------------
+# Logits processors: each disallows tokens (CTranslate2's ``make_logits_processors``)
+# --------------------------------------------------------------------------
+# A processor is ``processor(banned, vocab, logits, sentences, step, spec) -> banned``: ``banned``
+# bool ``[1 or b * k, V]`` (the tokens disallowed so far), ``vocab`` int32 ``[1, V]`` (each
+# column's id), ``logits`` float32 ``[b * k, V]``, the state's per-sentence entries, the step
+# (int32 scalar, the position of the token the logits score) and the `_SearchSpec`.
+@dataclasses.dataclass(frozen=True)
+class MinLength:
+    """EOS disallowed at the steps before ``length`` tokens (CTranslate2's
+    ``min_decoding_length``): a python int >= 1 or a scalar tensor."""
+
+    length: object
+    eos_id: int
+
+    def __call__(self, banned, vocab, logits, sentences, step, spec):
+        return ops.logical_or(banned, ops.logical_and(vocab == self.eos_id, step < self.length))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoRepeatNgram:
+    """A token that would repeat an n-gram of ``size`` tokens already in the hypothesis is
+    disallowed (CTranslate2's ``no_repeat_ngram_size``): a python int >= 1, or an int32
+    scalar tensor in ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``."""
+
+    size: object
+
+    def __call__(self, banned, vocab, logits, sentences, step, spec):
+        length = ops.shape(sentences["alive_seqs"])[-1]
+        seqs = ops.reshape(sentences["alive_seqs"], (-1, length))  # [b * k, L]
+        ngrams = _repeated_ngram_ends if _is_python(self.size) else _repeated_ngram_ends_at_run_time
+        tokens, repeated = ngrams(seqs, step, self.size)  # [b * k, W] x2
+        rows = ops.broadcast_to(ops.arange(ops.shape(seqs)[0], dtype="int32")[:, None], ops.shape(tokens))
+        hits = ops.scatter(ops.reshape(ops.stack([rows, tokens], axis=-1), (-1, 2)),
+                           ops.reshape(ops.cast(repeated, "float32"), (-1,)),
+                           ops.shape(logits))  # [b * k, V]: how often each token ends a repeat
+        return ops.logical_or(banned, hits > 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DisallowUnk:
+    """The unknown token (``UNK_ID``) is never generated (CTranslate2's ``disable_unk``):
+    ``on`` is True or a bool scalar tensor."""
+
+    on: object
+
+    def __call__(self, banned, vocab, logits, sentences, step, spec):
+        return ops.logical_or(banned, ops.logical_and(vocab == UNK_ID, self.on))
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetPrefix:
+    """Within its prefix (the state's ``prefix_ids``, ``prefix_lengths``) a sentence's next
+    token is the prefix's, whatever the other processors allow: the last processor
+    (CTranslate2's ``target_prefix``)."""
+
+    def __call__(self, banned, vocab, logits, sentences, step, spec):
+        prefix_ids = sentences["prefix_ids"]  # [b, P]
+        position = ops.minimum(step, ops.shape(prefix_ids)[1] - 1)
+        forced = tile_beams(ops.take(prefix_ids, ops.maximum(position, 0), axis=1), spec.beam_size)  # [b * k]
+        forcing = tile_beams(step < sentences["prefix_lengths"], spec.beam_size)  # [b * k]
+        return ops.where(ops.expand_dims(forcing, 1), vocab != ops.expand_dims(forced, 1), banned)  # [b * k, V]
+
+
+def _on(value):
+    """Whether an option may be on: a python value other than 0 / False, or a tensor (given
+    at run time). No processor, so no op at all, for an option that is off."""
+    return not _is_python(value) or bool(value)
+
+
+def make_logits_processors(options, eos_id, has_prefix=False):
+    """The logits processors of a search (CTranslate2's ``make_logits_processors``): one for
+    each option of `options` that is on (a python value other than 0 / False, or a tensor),
+    in order: `MinLength`, `NoRepeatNgram`, `DisallowUnk`, and `TargetPrefix` last (where the
+    search takes a prefix). A tuple; empty when none is on (the step then adds no op)."""
+    processors = []
+    if _on(options.min_length):
+        processors.append(MinLength(options.min_length, eos_id))
+    if _on(options.no_repeat_ngram_size):
+        processors.append(NoRepeatNgram(options.no_repeat_ngram_size))
+    if _on(options.disallow_unk):
+        processors.append(DisallowUnk(options.disallow_unk))
+    if has_prefix:
+        processors.append(TargetPrefix())
+    return tuple(processors)
+
+
+def _processed(logits, sentences, step, spec):
+    """`logits` with every token the processors disallow set to NEG_INF, as CTranslate2
+    applies its logits processors: before the step's log-softmax.
 
     Args:
         logits: float32 ``[b * k, V]``, batch-major.
@@ -1282,26 +1383,8 @@ def _disallowed(logits, sentences, step, spec):
     """
     vocab = ops.arange(ops.shape(logits)[-1], dtype="int32")[None, :]  # [1, V]
     banned = ops.zeros_like(vocab, dtype="bool")  # [1, V]
-    if _on(spec.disallow_unk):
-        banned = ops.logical_or(banned, ops.logical_and(vocab == UNK_ID, spec.disallow_unk))
-    if _has_min_length(spec):
-        banned = ops.logical_or(banned, ops.logical_and(vocab == spec.eos_id, step < spec.min_length))
-    if _on(spec.no_repeat_ngram_size):
-        length = ops.shape(sentences["alive_seqs"])[-1]
-        seqs = ops.reshape(sentences["alive_seqs"], (-1, length))  # [b * k, L]
-        ngrams = _repeated_ngram_ends if _is_python(spec.no_repeat_ngram_size) else _repeated_ngram_ends_at_run_time
-        tokens, repeated = ngrams(seqs, step, spec.no_repeat_ngram_size)  # [b * k, W] x2
-        rows = ops.broadcast_to(ops.arange(ops.shape(seqs)[0], dtype="int32")[:, None], ops.shape(tokens))
-        hits = ops.scatter(ops.reshape(ops.stack([rows, tokens], axis=-1), (-1, 2)),
-                           ops.reshape(ops.cast(repeated, "float32"), (-1,)),
-                           ops.shape(logits))  # [b * k, V]: how often each token ends a repeat
-        banned = ops.logical_or(banned, hits > 0)
-    if spec.has_prefix:  # within its prefix a sentence's next token is the prefix's, whatever else holds
-        prefix_ids = sentences["prefix_ids"]  # [b, P]
-        position = ops.minimum(step, ops.shape(prefix_ids)[1] - 1)
-        forced = tile_beams(ops.take(prefix_ids, ops.maximum(position, 0), axis=1), spec.beam_size)  # [b * k]
-        forcing = tile_beams(step < sentences["prefix_lengths"], spec.beam_size)  # [b * k]
-        banned = ops.where(ops.expand_dims(forcing, 1), vocab != ops.expand_dims(forced, 1), banned)  # [b * k, V]
+    for processor in spec.processors:
+        banned = processor(banned, vocab, logits, sentences, step, spec)
     return ops.where(banned, spec.neg_inf, logits)
 
 
@@ -1317,8 +1400,8 @@ def _search_step(state, logits, cache, spec):
     """
     sentences = state["sentences"]
     logits = ops.cast(logits, "float32")
-    if _constrains(spec):  # (no ops at all in a search without constraints)
-        logits = _disallowed(logits, sentences, state["step"], spec)
+    if spec.processors:  # (no ops at all in a search without constraints)
+        logits = _processed(logits, sentences, state["step"], spec)
     candidates = _grow_candidates(sentences, state["step"], logits, spec)
     alive = _update_alive(candidates, spec)
     source_beam = alive.pop("source_beam")

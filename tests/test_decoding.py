@@ -946,3 +946,25 @@ def test_settings_are_checked_when_made():
     assert SearchOptions(beam_size=np.int64(3), num_results=np.int32(2)).beam_size.__class__ is int
     assert SearchLoop().finished == KeepAll() and SearchLoop().ops is KERAS_OPS
 
+
+
+def test_a_processor_joins_the_search_only_when_its_option_is_on():
+    """`make_logits_processors` gives one processor per option that is on (a python value
+    other than 0 / False, or a tensor), in CTranslate2's order with the prefix last, and none
+    for the defaults (the step then adds no op); `make_sampler` samples only where the
+    options do."""
+    from keras_transformer.decoding import (BestSampler, DisallowUnk, MinLength, NoRepeatNgram, RandomSampler,
+                                            TargetPrefix, make_logits_processors, make_sampler)
+
+    assert make_logits_processors(SearchOptions(), EOS_ID) == ()
+    assert make_logits_processors(SearchOptions(min_length=0, no_repeat_ngram_size=0), EOS_ID, has_prefix=True) == (
+        TargetPrefix(),)
+    processors = make_logits_processors(SearchOptions(disallow_unk=True, no_repeat_ngram_size=2, min_length=3),
+                                        EOS_ID, has_prefix=True)
+    assert processors == (MinLength(3, EOS_ID), NoRepeatNgram(2), DisallowUnk(True), TargetPrefix())
+    size = tf.constant(0)  # a run-time value may be on: its processor is in the step
+    assert [type(p) for p in make_logits_processors(SearchOptions(no_repeat_ngram_size=size), EOS_ID)] == [
+        NoRepeatNgram]
+    assert make_sampler(SearchOptions(), KERAS_OPS) == BestSampler()
+    sampler = make_sampler(SearchOptions(beam_size=1, sampling_topk=5, seed=3), KERAS_OPS)
+    assert isinstance(sampler, RandomSampler) and (sampler.topk, sampler.seed) == (5, 3)
