@@ -98,7 +98,7 @@ import sys
 import typing
 
 from export.errors import ConversionError, ExportWriteError
-from keras_transformer import decoding_options
+from keras_transformer.decoding import options as decoding_options
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import (OneLineArgumentParser, PositiveInt, interrupted, names_on_first_use,
                                     sigterm_raises)

@@ -24,7 +24,7 @@ FUNCTION_ATTRIBUTES = {SERVING_DEFAULT: "serve", OPTIONS_SIGNATURE: "serve_with_
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
-from keras_transformer.decoding_options import served_defaults, signature_options, tensor_problems
+from keras_transformer.decoding.options import served_defaults, signature_options, tensor_problems
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
 
@@ -248,7 +248,7 @@ def _one_target_per_source(signature, text, target):
         f"{signature}: text and target must hold as many sentences (one target per source)"))
 
 
-# The signatures' input dtype of each kind of option (`decoding_options.DecodingOption.kind`).
+# The signatures' input dtype of each kind of option (`keras_transformer.decoding.options.DecodingOption.kind`).
 DTYPES = {"int": tf.int32, "float": tf.float32, "bool": tf.bool}
 
 

@@ -37,7 +37,7 @@ import sys
 
 from export.errors import missing_saved_model, newest_version
 from keras_transformer.config import TransformerConfig
-from keras_transformer import decoding_options
+from keras_transformer.decoding import options as decoding_options
 from keras_transformer.constants import MAX_BEAM_SIZE
 from keras_transformer.console import (FiniteFloat, OneLineArgumentParser, PositiveInt, harmless_lines_dropped,
                                        input_lines, interrupted, sigterm_raises, stdout_failed)
@@ -328,7 +328,7 @@ def _flag_value(args, option):
 
 def _advanced_problem(parser, args):
     """The decoding flags given (`translate_advanced`'s), in the order of the help; a value
-    out of range is a `parser.error` naming it (`decoding_options`' `flag_problem`)."""
+    out of range is a `parser.error` naming it (the options table's `flag_problem`)."""
     given = ["--target-prefix"] if args.target_prefix is not None else []
     given += [option.flag for option in decoding_options.ADVANCED if _flag_value(args, option) is not None]
     for option in decoding_options.ADVANCED:

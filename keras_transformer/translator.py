@@ -37,7 +37,7 @@ import tensorflow_text as tf_text
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.data.annotated import annotated_features
-from keras_transformer import decoding_options
+from keras_transformer.decoding import options as decoding_options
 from keras_transformer.decoding import SearchOptions
 from keras_transformer.model import source_feature_names
 from keras_transformer.alignment import attention_alignments, word_alignments

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from keras_transformer import TransformerConfig, build_transformer
 from keras_transformer.constants import EOS_ID, MAX_NO_REPEAT_NGRAM_SIZE, PAD_ID, UNK_ID
-from keras_transformer.decoding import SearchOptions, _repeated_ngram_ends, _repeated_ngram_ends_at_run_time
+from keras_transformer.decoding import SearchOptions
+from keras_transformer.decoding.processors import _repeated_ngram_ends, _repeated_ngram_ends_at_run_time
 from keras_transformer.searcher import STATIC_BUFFER, Searcher
 
 CONFIG = TransformerConfig(vocab_size=24, num_layers=1, d_model=32, d_ff=64, num_heads=4, dropout=0.0,

@@ -321,7 +321,7 @@ def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
 def test_top_k_blockwise_cuts_the_row_without_padding_where_a_divisor_is_near():
     """The power of two near sqrt(V / k) where it divides V, else the divisor of V nearest
     to it (within a factor of two), else that power of two with the last block padded."""
-    from keras_transformer.decoding import _block_size
+    from keras_transformer.decoding.tensors import _block_size
 
     assert _block_size(8000, 8) == 32  # 8000 = 250 x 32: as before
     assert _block_size(10000, 10) == 40  # 32 would pad 16 entries; 25 and 40 divide, 40 is nearer

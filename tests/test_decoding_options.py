@@ -1,4 +1,4 @@
-"""Tests of keras_transformer.decoding_options: the one table of decoding options, and that
+"""Tests of keras_transformer.decoding.options: the one table of decoding options, and that
 each surface (SearchOptions, the signatures, export.translate, the CTranslate2 mapping, the
 docs) is made from it."""
 
@@ -9,8 +9,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from keras_transformer import decoding_options
-from keras_transformer.decoding_options import BY_NAME, OPTIONS, Range
+from keras_transformer.decoding import options as decoding_options
+from keras_transformer.decoding.options import BY_NAME, OPTIONS, Range
 
 
 def test_the_table_imports_neither_tensorflow_nor_keras():
@@ -21,7 +21,7 @@ def test_the_table_imports_neither_tensorflow_nor_keras():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported == {"__future__", "dataclasses", "math", "numbers", "typing", "keras_transformer.constants"}
-    constants = pathlib.Path(decoding_options.__file__).with_name("constants.py").read_text(encoding="utf-8")
+    constants = (pathlib.Path(decoding_options.__file__).parents[1] / "constants.py").read_text(encoding="utf-8")
     assert "import" not in constants
 
 

@@ -242,7 +242,7 @@ def commands_page() -> str:
 
 
 def options_page() -> str:
-    from keras_transformer import decoding_options
+    from keras_transformer.decoding import options as decoding_options
     from keras_transformer.config import MODEL_OVERRIDE_FIELDS, options_table
 
     fields = ", ".join(f"`{name}`" for name in MODEL_OVERRIDE_FIELDS)
@@ -263,7 +263,7 @@ def options_page() -> str:
         "gives the decoder a depth of its own (unset, both stacks have `num_layers`).", "",
         "The syntax options are explained in [Syntax-aware models](../syntax.md).", "",
         "## Decoding options", "",
-        "Each decoding option is one row of `keras_transformer/decoding_options.py` (name, type, default, "
+        "Each decoding option is one row of `keras_transformer/decoding/options.py` (name, type, default, "
         "the values Python and a served request take, CTranslate2's name, `export.translate`'s flag, the "
         "signatures that take it): `SearchOptions` and `Translator.translate` raise on a bad value, "
         "`translate_options` and `translate_advanced` clip it or answer the sentence with an error, "
