@@ -1,7 +1,7 @@
 """Train a Transformer, average its last checkpoints, report BLEU, export it.
 
     python train.py                                   # tiny model, embedded corpus, ~3 min on 2 cores (docs/quickstart.md)
-    python train.py --data ../shared/data/multi30k --config small --steps 20000 --model-dir runs/m30k
+    python train.py --data multi30k --config multi30k --model-dir runs/multi30k  # docs/training.md
 
 Flow: flags -> corpus -> shared SentencePiece tokenizer (trained once, kept in
 the model directory) -> token-budget batches -> `model.fit` under
@@ -121,10 +121,12 @@ def _syntax_options(args, options) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     console.setup_logging(verbose=args.verbose)
-    from keras_transformer.checkpoints import CheckpointError
+    from keras_transformer.atomic_writes import write_failure
     from keras_transformer.data import CorpusError, TokenizerError
-    from keras_transformer.run_dir import RunError, write_failure, write_results
-    from keras_transformer.training import NonFiniteLossError, train_and_evaluate
+    from keras_transformer.run_dir import RunError, write_results
+    from keras_transformer.training.callbacks import NonFiniteLossError
+    from keras_transformer.training.checkpoints import CheckpointError
+    from keras_transformer.training.run import train_and_evaluate
 
     try:
         trained = train_and_evaluate(args.run)

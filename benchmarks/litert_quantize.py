@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reference", required=True, help="reference translations, one per line")
     parser.add_argument("--options", default=",".join(OPTIONS), help="comma-separated --quantize options")
     args = parser.parse_args(argv)
-    from keras_transformer.evaluation import corpus_bleu
+    from keras_transformer.training.evaluation import corpus_bleu
 
     options = [o.strip() for o in args.options.split(",") if o.strip()]
     references = pathlib.Path(args.reference).read_text(encoding="utf-8").splitlines()

@@ -151,7 +151,7 @@ def patience_table(export, data, splits, values, decoding, batch_size=64):
     """Cased BLEU of the export's `translate_options` with `decoding` (`decoding_options`)
     on each split for patience 0 (exact) and each of `values`: the table's lines."""
     import keras_transformer  # noqa: F401  (first: the quiet TensorFlow import)
-    from keras_transformer.evaluation import corpus_bleu
+    from keras_transformer.training.evaluation import corpus_bleu
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the tokenizer ops)
 
@@ -216,7 +216,7 @@ def main(argv=None):
     args = parse_args(argv)
     print(harness.header("multi30k", f"budget {args.minutes:g} min, preset {args.config}"), flush=True)
     results = train(args)
-    from keras_transformer.evaluation import corpus_bleu  # after training: the import loads Keras
+    from keras_transformer.training.evaluation import corpus_bleu  # after training: the import loads Keras
 
     data = pathlib.Path(args.data)
     sources = (data / f"{args.test}.en").read_text(encoding="utf-8").splitlines()

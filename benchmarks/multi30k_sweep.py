@@ -156,7 +156,7 @@ def run_candidate(args, name) -> dict:
 
 
 def lowercased_valid(data, model_dir) -> float:
-    from keras_transformer.evaluation import corpus_bleu
+    from keras_transformer.training.evaluation import corpus_bleu
     from keras_transformer.run_dir import hypothesis_path
 
     hypotheses = hypothesis_path(model_dir, "valid").read_text(encoding="utf-8").splitlines()
@@ -170,9 +170,9 @@ def decode_choice(data, model_dir, test="test2016") -> dict:
     import itertools
 
     from keras_transformer import build_transformer, make_optimizer
-    from keras_transformer.checkpoints import CheckpointStore, average_checkpoints
+    from keras_transformer.training.checkpoints import CheckpointStore, average_checkpoints
     from keras_transformer.data import Tokenizer, tokenizer_path
-    from keras_transformer.evaluation import corpus_bleu
+    from keras_transformer.training.evaluation import corpus_bleu
     from keras_transformer.run_dir import CHECKPOINT_DIR, load_config
     from keras_transformer.translator import Translator
 

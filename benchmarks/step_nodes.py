@@ -123,7 +123,7 @@ def save_search(model, config, beam_size, path, options=False):
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)])
     def search(ids, lengths):
         if options:
-            from export.saved_model import MAX_BEAM_SIZE
+            from keras_transformer.constants import MAX_BEAM_SIZE
 
             beam = tf.constant(beam_size)
             search_options = SearchOptions(beam_size=beam, alpha=config.length_penalty_alpha, num_results=beam,

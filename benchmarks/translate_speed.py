@@ -354,7 +354,7 @@ class Variants:
         options = _Options(config, args.patience)
         # Only the signatures timed here (serving_default, translate_xla): the same
         # graphs as a full export's, without tracing the options and LiteRT ones.
-        from export.saved_model import LITERT_SIGNATURE
+        from export.signatures import LITERT_SIGNATURE
         from export.tflite import convert as convert_litert
 
         signatures = (() if args.no_xla else (XLA,)) + (() if args.no_litert else (LITERT_SIGNATURE,))

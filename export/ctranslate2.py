@@ -98,18 +98,16 @@ import sys
 import typing
 
 from export.errors import ConversionError, ExportWriteError
-from keras_transformer.decoding import options as decoding_options
+from keras_transformer.atomic_writes import write_failure
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import (OneLineArgumentParser, PositiveInt, interrupted, names_on_first_use,
                                     sigterm_raises)
-from keras_transformer.run_dir import AVERAGE_HELP, write_failure
+from keras_transformer.decoding import options as decoding_options
+from keras_transformer.run_dir import AVERAGE_HELP
 
 if typing.TYPE_CHECKING:
     from export.ctranslate2_spec import KerasTransformerConverter, build_spec, position_table
 
-# Position-table rows at least: CTranslate2's default `max_input_length`, so
-# that requests with its default options never run past the table.
-MIN_POSITIONS = 1024
 # Written beside the model: CTranslate2 takes pieces, so users need it.
 TOKENIZER_FILE = "tokenizer.model"
 # A directory holding this file is a CTranslate2 model `--force` may replace.

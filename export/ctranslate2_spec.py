@@ -10,7 +10,6 @@ own on first use (`from export.ctranslate2 import build_spec`).
 
 from __future__ import annotations
 
-from export.ctranslate2 import MIN_POSITIONS
 from export.errors import ConversionError
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import BOS_ID, EOS_ID, UNK_ID
@@ -19,6 +18,10 @@ from keras_transformer.layers import sinusoidal_encoding
 import ctranslate2
 import numpy as np
 from keras import ops
+
+# Position-table rows at least: CTranslate2's default `max_input_length`, so
+# that requests with its default options never run past the table.
+MIN_POSITIONS = 1024
 
 
 def _numpy(variable) -> np.ndarray:

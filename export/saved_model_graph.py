@@ -12,15 +12,9 @@ from __future__ import annotations
 
 import pathlib
 
-from export.saved_model import (ADVANCED_SIGNATURE, ALIGN_SIGNATURE, LITERT_MAX_BATCH, LITERT_SIGNATURE,
-                                MAX_PATIENCE, OPTIONS_SIGNATURE, SCORE_SIGNATURE, SERVING_DEFAULT,
-                                WARMUP_CONLLU, WARMUP_SENTENCES, XLA_SIGNATURE, chosen_signatures)
-
-# The module attribute that holds each signature's `tf.function` (the names the exports have
-# always had: a SavedModel's object graph names them).
-FUNCTION_ATTRIBUTES = {SERVING_DEFAULT: "serve", OPTIONS_SIGNATURE: "serve_with_options", SCORE_SIGNATURE: "serve_score",
-                       ALIGN_SIGNATURE: "serve_align", LITERT_SIGNATURE: "serve_litert", XLA_SIGNATURE: "serve_xla",
-                       ADVANCED_SIGNATURE: "serve_advanced"}
+from export.signatures import (ADVANCED_SIGNATURE, ALIGN_SIGNATURE, LITERT_MAX_BATCH, LITERT_SIGNATURE,
+                               MAX_PATIENCE, OPTIONS_SIGNATURE, SCORE_SIGNATURE, SERVING_DEFAULT,
+                               WARMUP_CONLLU, WARMUP_SENTENCES, XLA_SIGNATURE, chosen_signatures)
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
@@ -29,6 +23,12 @@ from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
 
 import tensorflow as tf
+
+# The module attribute that holds each signature's `tf.function` (the names the exports have
+# always had: a SavedModel's object graph names them).
+FUNCTION_ATTRIBUTES = {SERVING_DEFAULT: "serve", OPTIONS_SIGNATURE: "serve_with_options", SCORE_SIGNATURE: "serve_score",
+                       ALIGN_SIGNATURE: "serve_align", LITERT_SIGNATURE: "serve_litert", XLA_SIGNATURE: "serve_xla",
+                       ADVANCED_SIGNATURE: "serve_advanced"}
 
 
 class TranslationModule(tf.Module):
@@ -43,7 +43,7 @@ class TranslationModule(tf.Module):
     def __init__(self, model, config: TransformerConfig, tokenizer_model: bytes, patience: float = 0.0,
                  signatures=None):
         super().__init__(name="translation_module")
-        # The signatures to build (`export.saved_model.chosen_signatures`: all of the model's kind
+        # The signatures to build (`export.signatures.chosen_signatures`: all of the model's kind
         # when None). Only these become `tf.function` attributes: saving traces every one.
         self._names = chosen_signatures(config, signatures)
         # Track the tf.Variables behind the Keras variables, not the Keras

@@ -31,10 +31,10 @@ import sys
 
 from export.errors import ConversionError, ExportWriteError, missing_saved_model, newest_version, output_problem
 from export.op_audit import audit_tflite
-from export.saved_model import LITERT_MAX_BATCH, LITERT_SIGNATURE
+from export.signatures import LITERT_MAX_BATCH, LITERT_SIGNATURE
+from keras_transformer.atomic_writes import write_bytes_atomically
 from keras_transformer.console import (OneLineArgumentParser, harmless_lines_dropped, input_lines, interrupted,
                                        sigterm_raises, stdout_failed)
-from keras_transformer.run_dir import write_bytes_atomically
 
 # --quantize choices: weights as trained; float16 weights (dequantized to
 # float32 when the model loads); int8 weights with dynamic-range
@@ -76,7 +76,7 @@ def convert(saved_model_dir, output, quantize: str = "none") -> pathlib.Path:
 
 
 def write_model(flatbuffer: bytes, output) -> pathlib.Path:
-    """Writes `flatbuffer` as `output` (`run_dir.write_bytes_atomically`); a write that
+    """Writes `flatbuffer` as `output` (`atomic_writes.write_bytes_atomically`); a write that
     fails (a full disk) raises `ExportWriteError` in one line."""
     output = pathlib.Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -36,11 +36,12 @@ import os
 import sys
 
 from export.errors import missing_saved_model, newest_version
+from export.signatures import ADVANCED_SIGNATURE, OPTIONS_SIGNATURE, SERVING_DEFAULT, XLA_SIGNATURE
 from keras_transformer.config import TransformerConfig
-from keras_transformer.decoding import options as decoding_options
-from keras_transformer.constants import MAX_BEAM_SIZE
 from keras_transformer.console import (FiniteFloat, OneLineArgumentParser, PositiveInt, harmless_lines_dropped,
                                        input_lines, interrupted, sigterm_raises, stdout_failed)
+from keras_transformer.constants import MAX_BEAM_SIZE
+from keras_transformer.decoding import options as decoding_options
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; docs/export.md, "Translating from the shell").
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine = parser.add_mutually_exclusive_group()
     engine.add_argument("--xla", action="store_true",
                         help="call translate_xla, the search XLA-compiled (same translations; each (length, "
-                             "batch) bucket of the requests compiles first, 9-18 s each on a 2-core CPU), instead of "
+                             "batch) bucket of the requests compiles first: seconds each, docs/performance.md), instead of "
                              "serving_default")
     engine.add_argument("--no-xla", action="store_true",
                         help="call serving_default, plain TensorFlow as TF Serving runs it (the default since "
@@ -141,17 +142,17 @@ def main(argv=None) -> int:
     # An export that records its signatures (`export.saved_model --signatures`) is ours with any
     # of them; an older one, or a foreign SavedModel, must have both that every export had.
     chosen = read_export_signatures(args.saved_model)
-    if not ({"serving_default"} if chosen else {"serving_default", "translate_options"}) <= set(loaded.signatures):
+    if not ({SERVING_DEFAULT} if chosen else {SERVING_DEFAULT, OPTIONS_SIGNATURE}) <= set(loaded.signatures):
         print(f"export.translate: error: {args.saved_model} is not an export of this project (its signatures "
               f"are {sorted(loaded.signatures)}; export.saved_model writes serving_default and "
               f"translate_options)", file=sys.stderr)
         return 2
-    if args.xla and "translate_xla" not in loaded.signatures:
+    if args.xla and XLA_SIGNATURE not in loaded.signatures:
         print(f"export.translate: error: --xla: {args.saved_model} has no translate_xla signature (a "
               f"syntax-aware export, one older than that signature, or one exported without it by "
               f"--signatures); translate without --xla", file=sys.stderr)
         return 2
-    default = loaded.signatures["translate_xla" if args.xla else "serving_default"]
+    default = loaded.signatures[XLA_SIGNATURE if args.xla else SERVING_DEFAULT]
     xla_flags = os.environ.get("TF_XLA_FLAGS", "")
     problem = args.xla and _xla_cache_problem(xla_flags)
     if problem:  # (TensorFlow would fail the first request with a graph traceback)
@@ -160,13 +161,13 @@ def main(argv=None) -> int:
     # Without options every request goes to `default`; with any, to translate_options.
     plain_request = (args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None
                      and not advanced)
-    if not plain_request and not advanced and "translate_options" not in loaded.signatures:
+    if not plain_request and not advanced and OPTIONS_SIGNATURE not in loaded.signatures:
         print(f"export.translate: error: --beam-size, --n-best, --alpha and --patience call translate_options, "
               f"which {args.saved_model} leaves out (export.saved_model --signatures); export it with "
               f"translate_options", file=sys.stderr)
         return 2
-    options = loaded.signatures.get("translate_options", default)
-    if advanced and "translate_advanced" not in loaded.signatures:
+    options = loaded.signatures.get(OPTIONS_SIGNATURE, default)
+    if advanced and ADVANCED_SIGNATURE not in loaded.signatures:
         print(f"export.translate: error: {', '.join(advanced)}: {args.saved_model} has no translate_advanced "
               f"signature (a syntax-aware export, one older than that signature, or one exported without it "
               f"by --signatures)", file=sys.stderr)
@@ -182,7 +183,7 @@ def main(argv=None) -> int:
     # without AVX-512, its fallback to TensorFlow's own kernels in the plain searches.
     default, options = _without_harmless_lines(default), _without_harmless_lines(options)
     if advanced:
-        options = _advanced_call(_without_harmless_lines(loaded.signatures["translate_advanced"]), args)
+        options = _advanced_call(_without_harmless_lines(loaded.signatures[ADVANCED_SIGNATURE]), args)
     if args.patience is not None and not has_patience:
         print(f"export.translate: error: {args.saved_model} predates --patience (its translate_options "
               f"has no patience input); export the model again", file=sys.stderr)

@@ -18,9 +18,9 @@ _MODULES = {
     "IncrementalDecoder": "incremental",
     "DecoderBlock": "layers", "EncoderBlock": "layers", "FeedForward": "layers", "MultiHeadAttention": "layers",
     "PositionalEmbedding": "layers", "ResidualConnection": "layers",
-    "LabelSmoothedCrossEntropy": "losses", "MaskedAccuracy": "losses",
+    "LabelSmoothedCrossEntropy": "training.losses", "MaskedAccuracy": "training.losses",
     "Transformer": "model", "build_transformer": "model",
-    "TransformerSchedule": "schedule", "make_optimizer": "schedule",
+    "TransformerSchedule": "training.schedule", "make_optimizer": "training.schedule",
 }
 
 if _typing.TYPE_CHECKING or not _console.running_command():
@@ -31,9 +31,9 @@ if _typing.TYPE_CHECKING or not _console.running_command():
     from keras_transformer.incremental import IncrementalDecoder
     from keras_transformer.layers import (DecoderBlock, EncoderBlock, FeedForward, MultiHeadAttention,
                                           PositionalEmbedding, ResidualConnection)
-    from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
     from keras_transformer.model import Transformer, build_transformer
-    from keras_transformer.schedule import TransformerSchedule, make_optimizer
+    from keras_transformer.training.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
+    from keras_transformer.training.schedule import TransformerSchedule, make_optimizer
 else:
     # The project's commands import the modules they use, and these names load on first use:
     # `train.py --help` and its flag errors answer without Keras and TensorFlow.

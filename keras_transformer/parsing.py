@@ -3,11 +3,11 @@
 The syntax-aware models (`--source-tags`, `--syntax-*`) read their source side
 as CoNLL-U (`keras_transformer.data.syntax`). Real corpora come as plain
 text, so this module gives them trees, from a parser trained here on a
-Universal Dependencies treebank (`../shared/data/ud-ewt`, English):
+Universal Dependencies treebank (UD English-EWT; docs/syntax.md says where to get it):
 
-    python -m keras_transformer.parsing train --treebank ../shared/data/ud-ewt --output runs/parser-ewt
-    python -m keras_transformer.parsing evaluate --parser runs/parser-ewt --conllu ../shared/data/ud-ewt/en_ewt-ud-test.conllu
-    python -m keras_transformer.parsing corpus --parser runs/parser-ewt --data ../shared/data/multi30k --output runs/multi30k-parsed
+    python -m keras_transformer.parsing train --treebank DATA/ud-ewt --output runs/parser-ewt
+    python -m keras_transformer.parsing evaluate --parser runs/parser-ewt --conllu DATA/ud-ewt/en_ewt-ud-test.conllu
+    python -m keras_transformer.parsing corpus --parser runs/parser-ewt --data DATA/multi30k --output runs/multi30k-parsed
     python -m keras_transformer.parsing sentences --parser runs/parser-ewt < my_sentences.en > my_sentences.en.conllu
 
 spaCy is an optional extra (`pip install -e ".[parse]"`; the `dev` extra

@@ -25,6 +25,7 @@ import pathlib
 import re
 import shutil
 
+from keras_transformer.atomic_writes import write_bytes_atomically, write_failure
 from keras_transformer.config import SCHEDULE_ONLY_FIELDS, TransformerConfig
 from keras_transformer.console import sigterm_raises
 
@@ -43,19 +44,6 @@ HYPOTHESIS_FILE = "{split}.hyp.txt"
 
 class RunError(RuntimeError):
     """A user-facing problem with the run's flags or model directory."""
-
-
-def write_failure(error: BaseException) -> str:
-    """Why a write failed, in a few words for a one-line error: ``No space left on device``
-    of an `OSError`, or of a TensorFlow error such as ``{{function_node
-    __wrapped__SaveV2...}} DIR/ckpt-9_temp/part-...; No space left on device [Op:SaveV2]``
-    (TensorFlow's file errors end ``<file>; <the system's reason>``)."""
-    text = (getattr(error, "strerror", None) or getattr(error, "message", None) or str(error)).strip()
-    text = text.splitlines()[0] if text else type(error).__name__
-    text = re.sub(r"\s*\[Op:\w+\]$", "", re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", text))
-    if hasattr(error, "error_code") and "; " in text:  # a TensorFlow OpError
-        text = text.rsplit("; ", 1)[-1]
-    return text
 
 
 def hypothesis_path(model_dir, split: str) -> pathlib.Path:
@@ -127,23 +115,6 @@ def read_run_file(model_dir) -> dict:
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         raise RunError(f"{path} records no model config: it is not a run.json written by train.py")
     return record
-
-
-def write_bytes_atomically(path, data: bytes) -> pathlib.Path:
-    """Writes `data` to a temporary file beside `path` (``NAME.tmp``) and renames it over
-    `path`: readers see the old file or the new one, never a part. A failed write (a full
-    disk) removes the temporary file, which had kept what fitted (98 KB of a 100 KB disk
-    for a tokenizer, 3 MB of a 3 MB one for a LiteRT model), and raises `OSError` with
-    `path` as its ``filename`` and `write_failure`'s reason."""
-    path = pathlib.Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as error:
-        tmp.unlink(missing_ok=True)
-        raise OSError(error.errno, write_failure(error), str(path)) from None
-    return path
 
 
 def _write_text_atomically(path: pathlib.Path, text: str) -> None:
@@ -279,8 +250,8 @@ def checkpoint_model(model_dir, config, tokenizer, count):
     `RunError` in one line when there is none, or one was trained with another tokenizer."""
     import tensorflow as tf
 
-    from keras_transformer.checkpoints import CheckpointError, average_checkpoints, check_checkpoint_tokenizer
     from keras_transformer.model import build_transformer
+    from keras_transformer.training.checkpoints import CheckpointError, average_checkpoints, check_checkpoint_tokenizer
 
     if count < 1:
         raise RunError(f"the number of checkpoints to average must be positive, got {count}")

@@ -446,7 +446,7 @@ def test_train_speed_times_a_recipe_candidate_against_the_preset(capsys):
     assert [train_speed.build_variant(name, small, 0).jit_compile for name in ("ours-set", "ours-set-xla")] \
         == [False, True]
     # ours-keras-adam: Keras's own Adam with make_optimizer's settings and schedule; ours: FusedAdam
-    from keras_transformer.schedule import FusedAdam
+    from keras_transformer.training.schedule import FusedAdam
     keras_adam = train_speed.build_variant("ours-keras-adam", small, 0).optimizer
     fused = train_speed.build_variant("ours", small, 0).optimizer
     assert type(keras_adam).__name__ == "Adam" and isinstance(fused, FusedAdam)
@@ -486,7 +486,7 @@ def test_every_multi30k_sweep_candidate_is_a_command_train_py_accepts():
 
     import train
     from benchmarks.multi30k_sweep import CANDIDATES, COMMON_FLAGS
-    from keras_transformer.schedule import TransformerSchedule
+    from keras_transformer.training.schedule import TransformerSchedule
 
     runs = {}
     for name, (_, flags) in CANDIDATES.items():

@@ -6,7 +6,7 @@ import time
 import keras
 import pytest
 
-from keras_transformer.callbacks import CheckpointAndBleu, Progress, TimeBudget
+from keras_transformer.training.callbacks import CheckpointAndBleu, Progress, TimeBudget
 
 
 def _rounds(monkeypatch, seconds, first_step, rounds, steps_per_round):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from keras_transformer import TransformerConfig, build_transformer, make_optimizer
-from keras_transformer.checkpoints import CheckpointError, CheckpointStore, average_checkpoints
+from keras_transformer.training.checkpoints import CheckpointError, CheckpointStore, average_checkpoints
 
 CONFIG = TransformerConfig(vocab_size=30, num_layers=1, d_model=8, d_ff=16, num_heads=2)
 
@@ -92,7 +92,7 @@ def test_averaging_skips_an_unreadable_checkpoint_as_resuming_does(tmp_path, cap
     with open(store.paths[1] + ".data-00000-of-00001", "wb") as f:
         f.write(b"truncated")
     other, _ = fresh()
-    with caplog.at_level("WARNING", logger="keras_transformer.checkpoints"):
+    with caplog.at_level("WARNING", logger="keras_transformer.training.checkpoints"):
         average_checkpoints(other, store.paths)
     for got, a, c in zip(other.get_weights(), saved[0], saved[2]):
         np.testing.assert_allclose(got, (a + c) / 2, atol=1e-6)  # the mean of the two readable ones

@@ -230,7 +230,7 @@ def test_a_write_that_fails_outside_the_checkpoints_is_one_line(monkeypatch, cap
     """A full disk while train.py wrote valid.hyp.txt or curves.png (plain file writes after
     the checkpoints) was an OSError traceback."""
     import train
-    from keras_transformer import training
+    from keras_transformer.training import run as training
 
     def full_disk(run):
         raise OSError(28, "No space left on device", "runs/x/valid.hyp.txt")

@@ -1,4 +1,4 @@
-"""keras_transformer.evaluation: sacreBLEU of a translator."""
+"""keras_transformer.training.evaluation: sacreBLEU of a translator."""
 
 import logging
 
@@ -6,7 +6,7 @@ import pytest
 import sacrebleu
 import tensorflow as tf
 
-from keras_transformer.evaluation import compute_bleu, corpus_bleu
+from keras_transformer.training.evaluation import compute_bleu, corpus_bleu
 
 
 def test_bleu_is_sacrebleus_and_does_not_warn_about_spm_output(caplog):

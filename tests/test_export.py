@@ -20,7 +20,8 @@ import tensorflow as tf
 from helpers import (CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, assert_served_alignments, assert_served_scores,
                      closed_pipe, in_background, tf_serving_batching, warmup_requests)
 
-from export.saved_model import MAX_BEAM_SIZE, export_model, next_version
+from export.saved_model import export_model, next_version
+from keras_transformer.constants import MAX_BEAM_SIZE
 from keras_transformer.decoding import SearchOptions
 from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
 
@@ -168,7 +169,7 @@ def test_translate_and_trainings_bleu_run_the_plain_graph_unless_asked_for_xla(e
     (serving_default's) by default: it had compiled an XLA program for every bucket a run met,
     which took train.py's final BLEU 1.8-4.1x the time (docs/lab-notebook, "Training's BLEU in the
     plain graph"). `xla=True` still runs the compiled search, with the same translations."""
-    from keras_transformer.evaluation import compute_bleu
+    from keras_transformer.training.evaluation import compute_bleu
 
     model, config = exported["model"], exported["config"]
     translator = Translator(model, config, exported["translator"].sentencepiece_model)  # nothing traced yet
@@ -436,7 +437,8 @@ def test_the_export_records_its_versions_and_signatures_and_translate_info_print
     import importlib.metadata
 
     from export import translate
-    from export.saved_model import ALL_SIGNATURES, EXPORT_RECORD_FIELDS, read_export_record
+    from export.saved_model import EXPORT_RECORD_FIELDS, read_export_record
+    from export.signatures import ALL_SIGNATURES
 
     record = read_export_record(exported["path"])
     assert tuple(record) == EXPORT_RECORD_FIELDS
@@ -764,7 +766,7 @@ def test_tflite_translate_reads_stdin_as_export_translate_does(tmp_path, monkeyp
     import io
 
     from export import tflite
-    from export.saved_model import LITERT_MAX_BATCH
+    from export.signatures import LITERT_MAX_BATCH
 
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "saved_model.pb").write_bytes(b"")
@@ -1508,7 +1510,7 @@ def test_an_export_of_chosen_signatures_holds_them_alone_and_translates_as_the_f
     import dataclasses
     import io
 
-    from export import saved_model, translate
+    from export import saved_model, signatures, translate
     from export.saved_model import read_export_signatures
     model, config, tokenizer = exported["model"], exported["config"], exported["tokenizer"]
     path = export_model(model, config, tokenizer, tmp_path / "few", signatures=[])
@@ -1516,7 +1518,7 @@ def test_an_export_of_chosen_signatures_holds_them_alone_and_translates_as_the_f
     assert set(few.signatures) == {"serving_default"} and read_export_signatures(path) == ("serving_default",)
     assert not any(hasattr(few, name) for name in ("serve_with_options", "serve_xla", "serve_advanced"))
     assert [name for name, _ in warmup_requests(path)] == ["serving_default"]
-    assert read_export_signatures(exported["path"]) == saved_model.ALL_SIGNATURES
+    assert read_export_signatures(exported["path"]) == signatures.ALL_SIGNATURES
     texts = tf.constant(GOLDEN)
     want, got = loaded.signatures["serving_default"](text=texts), few.signatures["serving_default"](text=texts)
     assert got["translation"].numpy().tolist() == want["translation"].numpy().tolist()
@@ -1538,8 +1540,8 @@ def test_an_export_of_chosen_signatures_holds_them_alone_and_translates_as_the_f
     syntax = dataclasses.replace(config, source_tags=("upos",))
     with pytest.raises(ValueError, match="^translate_xla: not a signature of a syntax-aware model's export; "
                                          "choose among serving_default, translate_options, score, align$"):
-        saved_model.chosen_signatures(syntax, ["translate_xla", "score"])
-    assert saved_model.chosen_signatures(config, ["translate_advanced", "score"]) == (
+        signatures.chosen_signatures(syntax, ["translate_xla", "score"])
+    assert signatures.chosen_signatures(config, ["translate_advanced", "score"]) == (
         "serving_default", "score", "translate_advanced")
     with pytest.raises(ValueError, match="^--xla-warmup: the export leaves out translate_xla$"):
         export_model(model, config, tokenizer, tmp_path / "bad", signatures=["score"], xla_warmup=True)

@@ -1,10 +1,175 @@
-"""The package's layout rules (issue #91): the decoding package is keras.ops only, no module
-is over 800 lines and no function over 80 code lines."""
+"""The package's layout (docs/development.md, "Layout"): the project's modules import one
+another without a circle, not even lazily inside a function, and the leaf modules that many
+others import (names, limits, atomic writes) import neither TensorFlow nor Keras, nor any
+project module but the config and constants. Reads the source with `ast`: imports nothing
+heavy."""
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The project's code: every module of these packages, and the entry-point scripts.
+PACKAGES = ("keras_transformer", "export", "benchmarks", "tools")
+SCRIPTS = ("train.py",)
+HEAVY = {"tensorflow", "keras", "tensorflow_text", "ctranslate2", "spacy", "numpy", "sentencepiece"}
+# The project modules a leaf module may import (themselves leaves).
+LEAF_MAY_IMPORT = {"keras_transformer.config", "keras_transformer.constants"}
+# Modules that many others import and that must stay leaves.
+LEAF_MODULES = ("export.signatures", "keras_transformer.atomic_writes")
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, pathlib.Path]:
+    """`{module name: path}` of every project module (a package is its `__init__`)."""
+    paths = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
+    return {module_name(path): path for path in paths + [ROOT / script for script in SCRIPTS]}
+
+
+def _import_nodes(path: pathlib.Path):
+    """`(module, names)` of every `import` / `from ... import` of `path`, wherever it stands
+    (inside functions and `if typing.TYPE_CHECKING:` blocks too): `names` is None for a plain
+    `import`; relative imports are resolved."""
+    package = list(path.relative_to(ROOT).with_suffix("").parts[:-1])  # (an __init__'s: its own)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            yield base, [alias.name for alias in node.names]
+
+
+def imports(path: pathlib.Path) -> set[str]:
+    """Every module `path` imports (`from P import N`: `P`)."""
+    return {module for module, _ in _import_nodes(path)}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """`{module: the project modules it imports}`. `from P import N` is an edge to the module
+    `P.N` where there is one, else to `P` (Python runs a package's `__init__` first as well,
+    but that is no edge here: else every submodule would depend on the package that lists it)."""
+    modules = project_modules()
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for module, names in _import_nodes(path):
+            submodules = {f"{module}.{n}" for n in names or ()} & modules.keys()
+            targets |= submodules
+            if module in modules and (names is None or len(submodules) < len(names)):
+                targets.add(module)
+        graph[name] = targets - {name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected set of modules (Tarjan), as one circle through it:
+    `[a, b, ..., a]` (`strongly_connected` gives all of its modules)."""
+    return [_circle_through(graph, component) for component in strongly_connected(graph)]
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The sets of two or more modules that each reach one another (Tarjan), by first name."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(set(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(components, key=min)
+
+
+def _circle_through(graph, component) -> list[str]:
+    """A shortest path from the component's first module back to itself, inside it."""
+    start = min(component)
+    paths, seen = [[start]], set()
+    while paths:
+        path = paths.pop(0)
+        for target in sorted(graph[path[-1]] & component):
+            if target == start:
+                return path + [start]
+            if target not in seen:
+                seen.add(target)
+                paths.append(path + [target])
+    raise AssertionError(f"no circle in {sorted(component)}")
+
+
+def test_no_import_circle_among_the_projects_modules():
+    graph = import_graph()
+    components = strongly_connected(graph)
+    assert components == [], "import circles (counting imports inside functions): " + "; ".join(
+        f"{' -> '.join(_circle_through(graph, component))} (the circle's modules: {', '.join(sorted(component))})"
+        for component in components)
+
+
+def test_the_circle_finder_names_a_circle_and_ignores_a_chain():
+    """The checker itself: a circle through three modules is reported in order, a chain and
+    a module that imports itself are not circles."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e", "a"}}
+    assert import_circles(graph) == [["a", "b", "c", "a"]]
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_import_graph_sees_imports_inside_functions():
+    """An import inside a function is an edge: `run_dir.load_trained` imports the checkpoints
+    module lazily, and the graph has that edge."""
+    graph = import_graph()
+    assert "keras_transformer.training.checkpoints" in graph["keras_transformer.run_dir"]
+    assert "export.saved_model_graph" in graph["export.saved_model"]
+
+
+@pytest.mark.parametrize("name", LEAF_MODULES)
+def test_a_leaf_module_imports_the_standard_library_and_the_config_at_most(name):
+    path = project_modules()[name]
+    outside = sorted(imported for imported in imports(path)
+                     if imported.partition(".")[0] not in sys.stdlib_module_names and imported != "__future__"
+                     and imported not in LEAF_MAY_IMPORT)
+    assert outside == [], (f"{name} imports {', '.join(outside)}: a leaf module imports the standard library "
+                           f"and {' and '.join(sorted(LEAF_MAY_IMPORT))} only")
+
+
+@pytest.mark.parametrize("name", LEAF_MODULES)
+def test_importing_a_leaf_module_loads_neither_tensorflow_nor_keras(name):
+    """In a fresh interpreter made one of the project's commands (`console.running_command`
+    reads `sys.orig_argv`: in a library user's program `import keras_transformer` binds every
+    public name, Keras included)."""
+    code = ("import sys\n"
+            "sys.orig_argv = [sys.executable, '-m', 'export.op_audit']\n"
+            f"import {name}\n"
+            f"print(sorted({HEAVY!r} & set(sys.modules)))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]", f"importing {name} loads {result.stdout.strip()}"
+
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "keras_transformer"
 MAX_MODULE_LINES = 800

@@ -8,7 +8,7 @@ import pytest
 from keras_transformer import (LabelSmoothedCrossEntropy, MaskedAccuracy, TransformerConfig, build_transformer,
                                make_optimizer)
 from keras_transformer.constants import PAD_ID
-from keras_transformer.losses import TargetTokens
+from keras_transformer.training.losses import TargetTokens
 
 
 def test_label_smoothing_zero_equals_sparse_cross_entropy_on_real_tokens():

@@ -18,7 +18,7 @@ os.environ["KERAS_TRANSFORMER_QUIET"] = "1"
 import keras_transformer
 import keras, numpy as np, tensorflow as tf
 from keras_transformer import LabelSmoothedCrossEntropy, TransformerConfig, build_transformer, make_optimizer
-from keras_transformer.distribute import enable_multi_worker_fit, is_multi_worker
+from keras_transformer.training.distribute import enable_multi_worker_fit, is_multi_worker
 
 multi = "TF_CONFIG" in os.environ
 strategy = tf.distribute.MultiWorkerMirroredStrategy() if multi else tf.distribute.get_strategy()
@@ -158,7 +158,7 @@ def test_a_malformed_tf_config_is_a_one_line_error_not_a_single_process_run(monk
     while the others waited for it. Now `cluster_tasks` (which `train_and_evaluate` asks before
     anything else) refuses it in one line naming what to give; the forms that mean one process
     still do."""
-    from keras_transformer.distribute import cluster_tasks
+    from keras_transformer.training.distribute import cluster_tasks
     from keras_transformer.run_dir import RunError
 
     two = {"worker": ["localhost:1", "localhost:2"]}

@@ -102,7 +102,7 @@ def test_a_line_is_always_one_tree(embedded_parser):
 def test_a_parsed_corpus_trains_a_syntax_aware_model(embedded_parser, tmp_path):
     from keras_transformer.config import TrainingConfig
     from keras_transformer.data import load_corpus
-    from keras_transformer.training import train_and_evaluate
+    from keras_transformer.training.run import train_and_evaluate
 
     nlp, _, _ = embedded_parser
     pairs = embedded_corpus(seed=0)

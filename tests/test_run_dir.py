@@ -94,7 +94,7 @@ def test_exports_can_average_the_newest_checkpoints_instead_of_the_final_weights
 
     from export import ctranslate2, saved_model
     from keras_transformer import TransformerConfig, build_transformer, make_optimizer, run_dir
-    from keras_transformer.checkpoints import CheckpointStore
+    from keras_transformer.training.checkpoints import CheckpointStore
     from keras_transformer.data import Tokenizer, tokenizer_path, train_tokenizer
 
     model_dir = tmp_path / "run"
@@ -217,17 +217,3 @@ def test_final_weights_hold_the_model_only_and_a_full_disk_is_refused_before_wri
         run_dir.save_final_weights(model, config, tmp_path)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == [run_dir.FINAL_WEIGHTS] and path.read_bytes() == before
-
-
-def test_write_failure_is_the_systems_reason_without_tensorflows_wrapping():
-    import tensorflow as tf
-
-    from keras_transformer.run_dir import write_failure
-
-    wrapped = tf.errors.ResourceExhaustedError(None, None, "{{function_node __wrapped__SaveV2_dtypes_259_device_/job:"
-                                               "localhost/replica:0/task:0/device:CPU:0}} /r/ckpt-20_temp/part-0.tempstate"
-                                               "44; No space left on device [Op:SaveV2]")
-    assert write_failure(wrapped) == "No space left on device"
-    assert write_failure(OSError(28, "No space left on device")) == "No space left on device"
-    assert write_failure(PermissionError(13, "Permission denied", "/r/x")) == "Permission denied"
-    assert write_failure(RuntimeError("first line; second part\nmore")) == "first line; second part"

@@ -35,7 +35,7 @@ def test_optimizer_is_papers_adam():
 
 
 def test_counting_loss_scale_optimizer_applies_finite_steps_and_counts_skipped_ones():
-    from keras_transformer.schedule import CountingLossScaleOptimizer
+    from keras_transformer.training.schedule import CountingLossScaleOptimizer
 
     variable = keras.Variable(np.ones(3, "float32"))
     optimizer = CountingLossScaleOptimizer(keras.optimizers.SGD(learning_rate=0.5), initial_scale=4.0)
@@ -80,7 +80,7 @@ def test_fused_adam_updates_as_keras_adam_in_one_kernel_per_variable(tmp_path):
     per variable; a Keras Adam checkpoint restores into it (runs started before it resume)."""
     import tensorflow as tf
 
-    from keras_transformer.schedule import FusedAdam
+    from keras_transformer.training.schedule import FusedAdam
 
     config = TransformerConfig.from_preset("tiny", warmup_steps=3)
     rng = np.random.default_rng(0)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from keras_transformer.stop_signals import StopSignals
+from keras_transformer.training.stop_signals import StopSignals
 
 
 def test_stop_signals_ask_once_then_interrupt():
@@ -50,7 +50,7 @@ def test_a_stop_signal_ends_a_process_blocked_inside_tensorflow():
     import sys
 
     code = ("import sys, tensorflow as tf\n"
-            "from keras_transformer.stop_signals import StopSignals\n"
+            "from keras_transformer.training.stop_signals import StopSignals\n"
             "queue = tf.queue.FIFOQueue(1, tf.int32)\n"
             "with StopSignals(grace_seconds=1.5):\n"
             "    print('ready', flush=True)\n"

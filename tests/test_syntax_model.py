@@ -496,7 +496,7 @@ def syntax_run(tmp_path_factory):
     """`train_and_evaluate` (what train.py runs) of a syntax-aware tiny model on gold CoNLL-U, exported."""
     from export.saved_model import export_model
     from keras_transformer.config import TrainingConfig
-    from keras_transformer.training import train_and_evaluate
+    from keras_transformer.training.run import train_and_evaluate
 
     root = tmp_path_factory.mktemp("syntax_run")
     data = write_annotated_directory(root / "data", train=300, valid=8)

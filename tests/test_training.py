@@ -15,11 +15,11 @@ from helpers import WORDS_DE, WORDS_EN, fixture_seed
 
 import keras_transformer
 from keras_transformer import run_dir
-from keras_transformer.callbacks import NonFiniteLossError, StepGuard
 from keras_transformer.config import TrainingConfig
 from keras_transformer.run_dir import RunError
-from keras_transformer.stop_signals import Interrupted, StopSignals
-from keras_transformer.training import averaged_checkpoints, train_and_evaluate
+from keras_transformer.training.callbacks import NonFiniteLossError, StepGuard
+from keras_transformer.training.run import averaged_checkpoints, train_and_evaluate
+from keras_transformer.training.stop_signals import Interrupted, StopSignals
 
 
 def write_train_only(directory, pairs=160, seed=0):
@@ -67,7 +67,7 @@ def poisoned_optimizer(from_step):
     """`make_optimizer` whose learning rate is NaN from update `from_step` on."""
     from keras import ops
 
-    from keras_transformer.schedule import TransformerSchedule
+    from keras_transformer.training.schedule import TransformerSchedule
 
     class Poisoned(keras.optimizers.schedules.LearningRateSchedule):
         def __init__(self, base):
@@ -89,7 +89,7 @@ def poisoned_optimizer(from_step):
 ])
 def test_nan_stops_training_and_keeps_the_last_good_checkpoint(toy_data, tmp_path, monkeypatch,
                                                                every, poisoned_step, caught):
-    from keras_transformer.checkpoints import CheckpointStore
+    from keras_transformer.training.checkpoints import CheckpointStore
 
     monkeypatch.setattr(keras_transformer, "make_optimizer", poisoned_optimizer(poisoned_step))
     model_dir = tmp_path / "run"
@@ -106,7 +106,7 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(toy_data, tmp_pat
     # The newest checkpoint on disk is the good one, and its weights are finite.
     config = run_dir.load_config(model_dir)
     model = keras_transformer.build_transformer(config)
-    optimizer = keras_transformer.schedule.make_optimizer(config)
+    optimizer = keras_transformer.make_optimizer(config)
     optimizer.build(model.trainable_variables)
     from keras_transformer.data import Tokenizer, tokenizer_path
 
@@ -154,7 +154,8 @@ def test_a_second_train_py_on_a_run_directory_in_use_is_refused(toy_data, tmp_pa
     flock on MODEL_DIR/.train.lock (the kernel drops it when the process ends, a kill -9
     too, which test_train's interrupted run goes through); a second is refused in one line
     before it writes anything. (A second open of the file conflicts within one process too.)"""
-    from keras_transformer import console, training
+    from keras_transformer import console
+    from keras_transformer.training import run as training
 
     model_dir = tmp_path / "run"
     model_dir.mkdir()
@@ -215,7 +216,7 @@ def test_overflowing_mixed_float16_steps_are_skipped_counted_and_keep_checkpoint
     rounds would end off their multiples and averaging find none. Forced here on CPU with
     a loss scale of 2^40 (every step overflows float16): each step is skipped and counted,
     the weights stay at their initial values, and checkpoints and averaging are as usual."""
-    from keras_transformer import training
+    from keras_transformer.training import run as training
 
     monkeypatch.setattr(training, "mixed_precision_policy", lambda: "mixed_float16")
     monkeypatch.setattr(training, "INITIAL_LOSS_SCALE", 2.0 ** 40)
@@ -270,7 +271,7 @@ def test_validation_batches_are_the_pipelines_own_with_autotuning_off(toy_data, 
     import tensorflow as tf
 
     from keras_transformer.data import Tokenizer, load_corpus, make_batches, train_tokenizer
-    from keras_transformer.training import _make_datasets
+    from keras_transformer.training.run import _make_datasets
 
     data = tmp_path / "data"
     shutil.copytree(toy_data, data)
@@ -310,7 +311,7 @@ def test_a_vocabulary_smaller_than_asked_is_said_once_when_trained(toy_data, tmp
     import logging
 
     from keras_transformer.data import load_corpus
-    from keras_transformer.training import prepare_tokenizer
+    from keras_transformer.training.run import prepare_tokenizer
 
     corpus = load_corpus(str(toy_data), seed=0)
     for asked, directory, said in ((1000, "a", True), (40, "b", False), (1000, "b", False)):  # the last reuses b's
@@ -342,7 +343,7 @@ ARM_BF16_FEATURES = "Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atom
     ("processor\t: 0\nBogoMIPS\t: 50.00\n", None),  # no flags: cannot tell, no warning
 ])
 def test_mixed_precision_warns_on_a_cpu_without_bfloat16(cpuinfo, has_bfloat16):
-    from keras_transformer.training import cpu_has_bfloat16, mixed_precision_warnings
+    from keras_transformer.training.run import cpu_has_bfloat16, mixed_precision_warnings
 
     assert cpu_has_bfloat16(cpuinfo) is has_bfloat16
     warnings = mixed_precision_warnings("mixed_bfloat16", has_bfloat16)
@@ -369,7 +370,7 @@ def test_a_mixed_precision_run_evaluates_and_returns_its_weights_in_float32(toy_
     that `_evaluate` is given. A bfloat16 model returned or evaluated instead fails the
     policy checks (its searches round in bfloat16: docs/lab-notebook, mixed precision on a
     CPU without bfloat16 instructions). The caller's global policy is restored after it."""
-    from keras_transformer import training
+    from keras_transformer.training import run as training
     from keras_transformer.run_dir import load_trained
 
     evaluated = []

@@ -11,8 +11,10 @@
   multi30k's ``test2016.*`` is split ``test``, several sets keep their stems
   as split names);
 * ``tfds:NAME`` or a TensorFlow Datasets name such as
-  ``wmt14_translate/de-en`` or ``ted_hrlr_translate/pt_to_en`` (TFDS splits
-  train/validation/test become train/valid/test).
+  ``wmt14_translate/de-en``, ``ted_hrlr_translate/pt_to_en`` or ``multi30k``
+  (this package's builder, ``keras_transformer.data.multi30k``): TFDS splits
+  train/validation/test become train/valid/test, and other test sets keep
+  their names (multi30k's ``test2016``, ``test2017_flickr``, ...).
 
 Direction: the language codes are the ``source_lang``/``target_lang``
 arguments.  When they are not given the paper's English->German is used
@@ -37,8 +39,9 @@ grammar and carries gold annotations of its English side.
 pairs; without a plain ``SPLIT.SRC`` the plain source is the words joined
 by spaces.
 
-Only locally installed TFDS builders are recognised: an unknown name fails at
-once, offline, without asking TFDS's community catalogue (which lives on GCS).
+Only locally installed TFDS builders (TFDS's own and this package's
+``multi30k``) are recognised: an unknown name fails at once, offline, without
+asking TFDS's community catalogue (which lives on GCS).
 
 ``ParallelCorpus.fingerprint()`` identifies the data (file contents, the TFDS
 name/config/version, the embedded generator's output) so that a resumed run
@@ -599,7 +602,14 @@ def _local_tfds_builders() -> list[str]:
         return []
     import tensorflow_datasets as tfds  # noqa: PLC0415  (slow import, only when needed)
 
+    _register_package_builders()
     return tfds.list_builders(with_community_datasets=False)
+
+
+def _register_package_builders() -> None:
+    """Registers this package's TFDS builders (``multi30k``) by importing them: TFDS knows a
+    builder once its class is defined."""
+    import keras_transformer.data.multi30k  # noqa: F401, PLC0415  (imports TFDS: only when needed)
 
 
 def _tfds_base_name(data: str) -> str:
@@ -646,6 +656,7 @@ def _load_tfds(name: str, source_lang: str | None, target_lang: str | None,
     """A TFDS translation dataset whose features are one string per language."""
     import tensorflow_datasets as tfds  # noqa: PLC0415
 
+    _register_package_builders()
     try:
         with _tfds_scratch():
             builder = tfds.builder(name, data_dir=data_dir)
@@ -672,10 +683,11 @@ def _load_tfds(name: str, source_lang: str | None, target_lang: str | None,
     def to_pair(example):
         return example[source_lang], example[target_lang]
 
+    if known and "train" not in known:
+        raise CorpusError(f"tfds:{name}: no 'train' split (splits: {sorted(known)})")
     splits, sizes = {}, {}
-    for split, tfds_split in TFDS_SPLITS.items():
-        if known and tfds_split not in known:
-            continue
+
+    def load(split: str, tfds_split: str) -> None:
         try:
             with _tfds_scratch():
                 ds = tfds.load(name, split=tfds_split, data_dir=data_dir, download=download,
@@ -688,12 +700,31 @@ def _load_tfds(name: str, source_lang: str | None, target_lang: str | None,
         sizes[split] = cardinality if cardinality >= 0 else None
         if sizes[split] == 0:
             raise CorpusError(f"tfds:{name}: split {tfds_split!r} is empty")
-    if "train" not in splits:
-        raise CorpusError(f"tfds:{name}: no 'train' split (splits: {sorted(known)})")
+
+    load("train", "train")  # downloads and prepares the dataset when it is not there yet
+    if not known:  # now prepared: a fresh builder reads its splits (still none under mock_data)
+        with _tfds_scratch():
+            known = set(tfds.builder(name, data_dir=data_dir).info.splits.keys())
+    for split, tfds_split in _corpus_splits(known).items():
+        if split != "train":
+            load(split, tfds_split)
     origin = {"kind": "tfds", "name": builder.info.name,
               "config": builder.builder_config.name if builder.builder_config else None,
               "version": str(builder.info.version)}
     return ParallelCorpus(f"tfds:{name}", source_lang, target_lang, splits, sizes, origin=origin)
+
+
+def _corpus_splits(known: set[str]) -> dict[str, str]:
+    """Our split name -> the TFDS split, for a dataset whose splits are ``known``: train,
+    validation -> valid, test, and every other ``test*`` split by its own name (multi30k's
+    test2016, test2017_flickr, ...; BLEU is reported on each). With ``known`` empty (mock
+    data), the three standard ones."""
+    if not known:
+        return dict(TFDS_SPLITS)
+    ours = {split: tfds_split for split, tfds_split in TFDS_SPLITS.items() if tfds_split in known}
+    ours.update({tfds_split: tfds_split for tfds_split in sorted(known)
+                 if tfds_split.startswith("test") and tfds_split not in TFDS_SPLITS.values()})
+    return ours
 
 
 def _first_line(error: BaseException) -> str:

@@ -44,8 +44,8 @@ import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_transformer.atomic_writes import write_bytes_atomically
 from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from keras_transformer.run_dir import write_bytes_atomically
 
 # The file name of the tokenizer inside a model directory.
 TOKENIZER_FILENAME = "tokenizer.model"

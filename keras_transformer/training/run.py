@@ -2,7 +2,7 @@
 averaged weights -> BLEU (TensorFlow-only code, like `data/`).
 
     from keras_transformer.config import TrainingConfig
-    from keras_transformer.training import train_and_evaluate
+    from keras_transformer.training.run import train_and_evaluate
     run = train_and_evaluate(TrainingConfig.create("tiny", model_dir="runs/x"))
     run.results["test_bleu"]
 
@@ -29,13 +29,14 @@ import keras
 import tensorflow as tf
 
 from keras_transformer import console, run_dir
-from keras_transformer.callbacks import CheckpointAndBleu, NonFiniteLossError, Progress, StepGuard, TimeBudget
 from keras_transformer.config import TrainingConfig, TransformerConfig
-from keras_transformer.distribute import (any_worker, cluster_tasks, enable_multi_worker_fit, is_chief,
-                                          is_multi_worker, make_strategy, wait_for_tokenizer)
-from keras_transformer.evaluation import compute_bleu, plot_curves
-from keras_transformer.losses import TargetTokens
-from keras_transformer.stop_signals import Interrupted, StopSignals
+from keras_transformer.training.callbacks import (CheckpointAndBleu, NonFiniteLossError, Progress, StepGuard,
+                                                  TimeBudget)
+from keras_transformer.training.distribute import (any_worker, cluster_tasks, enable_multi_worker_fit, is_chief,
+                                                   is_multi_worker, make_strategy, wait_for_tokenizer)
+from keras_transformer.training.evaluation import compute_bleu, plot_curves
+from keras_transformer.training.losses import TargetTokens
+from keras_transformer.training.stop_signals import Interrupted, StopSignals
 from keras_transformer.translator import Translator
 
 log = logging.getLogger("keras_transformer.training")
@@ -337,7 +338,7 @@ def _compile_model(run, config, strategy):
     """The model, compiled with the paper's optimizer and loss under `strategy`
     (loss scaling under mixed_float16, its skipped steps counted)."""
     from keras_transformer import LabelSmoothedCrossEntropy, MaskedAccuracy, build_transformer, make_optimizer
-    from keras_transformer.schedule import CountingLossScaleOptimizer
+    from keras_transformer.training.schedule import CountingLossScaleOptimizer
 
     with strategy.scope():
         model = build_transformer(config)
@@ -354,7 +355,7 @@ def _compile_model(run, config, strategy):
 
 def _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run):
     """Where this task saves, and the step it resumes from: `(store, start_step, worker_dir)`."""
-    from keras_transformer.checkpoints import CheckpointStore
+    from keras_transformer.training.checkpoints import CheckpointStore
 
     chief_checkpoints = model_dir / run_dir.CHECKPOINT_DIR
     if chief:
@@ -437,7 +438,7 @@ def _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy) -> 
 def _average(run, model, config, store, model_dir, started, budget) -> dict:
     """Averages the last `run.average` round checkpoints into `model`, saves them as the
     final weights; returns the run's figures so far."""
-    from keras_transformer.checkpoints import average_checkpoints
+    from keras_transformer.training.checkpoints import average_checkpoints
 
     averaged = averaged_checkpoints(store, run.checkpoint_every, run.steps, run.average)
     log.info("averaging %d checkpoint(s): %s", len(averaged), ", ".join(os.path.basename(p) for p in averaged))

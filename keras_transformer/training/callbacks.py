@@ -14,9 +14,9 @@ import keras
 import numpy as np
 
 from keras_transformer import run_dir
-from keras_transformer.distribute import any_worker, is_multi_worker
-from keras_transformer.evaluation import compute_bleu
-from keras_transformer.stop_signals import Interrupted, StopSignals
+from keras_transformer.training.distribute import any_worker, is_multi_worker
+from keras_transformer.training.evaluation import compute_bleu
+from keras_transformer.training.stop_signals import Interrupted, StopSignals
 
 
 class NonFiniteLossError(RuntimeError):

@@ -19,7 +19,7 @@ import shutil
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer.run_dir import write_failure
+from keras_transformer.atomic_writes import write_failure
 
 log = logging.getLogger(__name__)
 
