@@ -102,6 +102,7 @@ from keras_transformer.atomic_writes import write_failure
 from keras_transformer.config import TransformerConfig
 from keras_transformer.console import (OneLineArgumentParser, PositiveInt, interrupted, names_on_first_use,
                                     sigterm_raises)
+from keras_transformer.decoding import options as decoding_options
 from keras_transformer.run_dir import AVERAGE_HELP
 
 if typing.TYPE_CHECKING:
@@ -207,11 +208,10 @@ def length_penalty_exponent(alpha: float, length: int) -> float:
 
 
 def translation_options(config: TransformerConfig, source_length: int, beam_size: int | None = None,
-                        patience: float = 2.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
-                        disallow_unk: bool = False) -> dict:
+                        patience: float = 2.0, **options) -> dict:
     """`ctranslate2.Translator.translate_batch` options closest to our `Translator`.
 
-    Same beam, length limit, source truncation and minimum length; the
+    Same beam, length limit, source truncation and decoding options; the
     length penalty and the stopping rule can only be approximated (see the
     module docstring).
 
@@ -223,23 +223,26 @@ def translation_options(config: TransformerConfig, source_length: int, beam_size
         patience: CTranslate2 stops at `beam * patience` finished
             hypotheses; 2 comes closer to our search than its default 1,
             which is faster.
-        min_length, no_repeat_ngram_size, disallow_unk: our `SearchOptions` of those
-            names, as CTranslate2's `min_decoding_length`, `no_repeat_ngram_size` and
-            `disable_unk` (the same tokens disallowed, before the same log-softmax).
+        **options: our decoding options of `translate_advanced` (`min_length`,
+            `no_repeat_ngram_size`, `disallow_unk`, the sampling ones), each as
+            CTranslate2's option of the same meaning (`decoding_options.OPTIONS`'
+            `ctranslate2` names: `min_decoding_length`, `disable_unk`, ...; the same
+            tokens disallowed, before the same log-softmax); the table's defaults
+            where not given.
 
     Returns:
         keyword arguments for `translate_batch`.
     """
+    unknown = sorted(set(options) - {option.name for option in decoding_options.ADVANCED})
+    if unknown:
+        raise TypeError(f"translation_options: unknown decoding option(s) {', '.join(unknown)}")
+    given = {**{name: decoding_options.BY_NAME[name].default for name in decoding_options.CONSTRAINTS}, **options}
     source_length = min(int(source_length), config.max_length - 1)  # our cut, EOS excluded
     return dict(
-        beam_size=beam_size or config.beam_size,
-        patience=patience,
+        **decoding_options.ctranslate2_options(beam_size=beam_size or config.beam_size, patience=patience, **given),
         length_penalty=length_penalty_exponent(config.length_penalty_alpha, source_length),
         max_input_length=config.max_length,  # EOS included, kept last: as Translator.encode_text
         max_decoding_length=source_length + config.decode_extra_length,  # EOS included
-        min_decoding_length=min_length,  # 0: an immediate EOS (empty translation) is allowed
-        no_repeat_ngram_size=no_repeat_ngram_size,
-        disable_unk=disallow_unk,
     )
 
 

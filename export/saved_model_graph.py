@@ -16,8 +16,9 @@ from export.signatures import (ADVANCED_SIGNATURE, ALIGN_SIGNATURE, LITERT_MAX_B
                                MAX_PATIENCE, OPTIONS_SIGNATURE, SCORE_SIGNATURE, SERVING_DEFAULT,
                                WARMUP_CONLLU, WARMUP_SENTENCES, XLA_SIGNATURE, chosen_signatures)
 from keras_transformer.config import TransformerConfig
-from keras_transformer.constants import MAX_BEAM_SIZE, MAX_NO_REPEAT_NGRAM_SIZE, NEG_INF
+from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
+from keras_transformer.decoding.options import served_defaults, signature_options, tensor_problems
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
 
@@ -74,17 +75,13 @@ class TranslationModule(tf.Module):
         # `align`: a malformed one fails the request); it has no LiteRT / XLA / advanced variants.
         specs = {
             SERVING_DEFAULT: (self._serve, [text]),
-            OPTIONS_SIGNATURE: (self._serve_with_options, [
-                text, tf.TensorSpec(None, tf.int32, name="beam_size"), tf.TensorSpec(None, tf.float32, name="alpha"),
-                tf.TensorSpec(None, tf.int32, name="extra_length"), tf.TensorSpec(None, tf.int32, name="num_results"),
-                tf.TensorSpec(None, tf.float32, name="patience")]),
+            OPTIONS_SIGNATURE: (self._serve_with_options, [text, *_option_specs(OPTIONS_SIGNATURE)]),
             SCORE_SIGNATURE: (self._serve_score, [text, target]),  # forced decoding
             ALIGN_SIGNATURE: (self._serve_align, [text, target]),
             LITERT_SIGNATURE: (self._serve_litert, [text]),
             XLA_SIGNATURE: (self._serve_xla, [text]),
             ADVANCED_SIGNATURE: (self._serve_advanced, [
-                text, tf.TensorSpec(None, tf.string, name="target_prefix"),
-                *(tf.TensorSpec(None, dtype, name=name) for name, dtype, _ in ADVANCED_OPTIONS)]),
+                text, tf.TensorSpec(None, tf.string, name="target_prefix"), *_option_specs(ADVANCED_SIGNATURE)]),
         }
         # autograph=False: the search graph needs no autograph (`searcher.not_converted`).
         self._functions = {name: tf.function(specs[name][0], autograph=False, input_signature=specs[name][1])
@@ -159,7 +156,7 @@ class TranslationModule(tf.Module):
     def _serve_advanced(self, text, target_prefix, beam_size, alpha, extra_length, num_results, patience,
                         min_length, no_repeat_ngram_size, disallow_unk, sampling_topk, sampling_topp,
                         sampling_temperature, seed):
-        """`translate_options` with every decoding option (`ADVANCED_OPTIONS`) and a target
+        """`translate_options` with every decoding option (`decoding_options.OPTIONS`) and a target
         prefix: each sentence's options checked (a bad value: the sentence is not searched,
         its translation is "", and `errors` says which value), then one search per distinct
         set of options, as `translate_options` does: the beam search (run-time beam size,
@@ -177,7 +174,7 @@ class TranslationModule(tf.Module):
         # a sentence with a bad option: searched as an empty input with the defaults ("", score 0)
         text = tf.where(good, tf.reshape(text, [-1]), "")
         target_prefix = tf.where(good, _per_sentence(target_prefix, batch, "target_prefix", ADVANCED_SIGNATURE), "")
-        defaults = _advanced_defaults(self._config, self._patience or 0.0)
+        defaults = served_defaults(ADVANCED_SIGNATURE, self._config, self._patience or 0.0)
         columns = {name: tf.where(good, value, defaults[name]) for name, value in columns.items()}
 
         def search_group(rows, options):
@@ -251,21 +248,14 @@ def _one_target_per_source(signature, text, target):
         f"{signature}: text and target must hold as many sentences (one target per source)"))
 
 
-# `translate_advanced`'s options after `text` and `target_prefix`: (input name, dtype, default).
-# The default of each is the export's (`_advanced_defaults`: None here) or this value.
-ADVANCED_OPTIONS = (
-    ("beam_size", tf.int32, None), ("alpha", tf.float32, None), ("extra_length", tf.int32, None),
-    ("num_results", tf.int32, 1), ("patience", tf.float32, None), ("min_length", tf.int32, 0),
-    ("no_repeat_ngram_size", tf.int32, 0), ("disallow_unk", tf.bool, False), ("sampling_topk", tf.int32, 1),
-    ("sampling_topp", tf.float32, 1.0), ("sampling_temperature", tf.float32, 1.0), ("seed", tf.int32, 0))
+# The signatures' input dtype of each kind of option (`keras_transformer.decoding.options.DecodingOption.kind`).
+DTYPES = {"int": tf.int32, "float": tf.float32, "bool": tf.bool}
 
 
-def _advanced_defaults(config: TransformerConfig, patience: float = 0.0) -> dict:
-    """`translate_advanced`'s options that translate as `serving_default` does: the export's
-    beam size, alpha, extra length and patience, one result, no constraint, no sampling."""
-    exported = {"beam_size": config.beam_size, "alpha": config.length_penalty_alpha,
-                "extra_length": config.decode_extra_length, "patience": patience}
-    return {name: exported[name] if default is None else default for name, _, default in ADVANCED_OPTIONS}
+def _option_specs(signature):
+    """`signature`'s option inputs, in the table's order (`decoding_options.signature_options`):
+    each a scalar or one value per sentence (`_per_sentence`)."""
+    return [tf.TensorSpec(None, DTYPES[option.kind], name=option.name) for option in signature_options(signature)]
 
 
 def _requested_results(beam_size, num_results):
@@ -294,17 +284,11 @@ def _search_columns(config, batch, signature, **options):
 
 def _advanced_errors(columns):
     """`translate_advanced`'s check of each sentence's options: string `[batch]`, "" or what
-    is wrong (the first bad value, named with the range it must be in)."""
-    topk, topp, temperature = columns["sampling_topk"], columns["sampling_topp"], columns["sampling_temperature"]
+    is wrong (the first bad value, named with the range it must be in: each option's served
+    range in `decoding_options.OPTIONS`, then sampling's one beam)."""
+    topk = columns["sampling_topk"]
     problems = (
-        (columns["min_length"] < 0, "min_length must be >= 0"),
-        (tf.logical_or(columns["no_repeat_ngram_size"] < 0, columns["no_repeat_ngram_size"] > MAX_NO_REPEAT_NGRAM_SIZE),
-         f"no_repeat_ngram_size must be in [0, {MAX_NO_REPEAT_NGRAM_SIZE}]"),
-        (topk < 0, "sampling_topk must be >= 0 (1: no sampling, 0: the whole vocabulary)"),
-        (tf.logical_not(tf.logical_and(topp > 0, topp <= 1)), "sampling_topp must be in (0, 1]"),
-        (tf.logical_not(tf.logical_and(temperature > 0, tf.math.is_finite(temperature))),
-         "sampling_temperature must be a finite number > 0"),
-        (columns["seed"] < 0, "seed must be >= 0"),
+        *tensor_problems(columns, tf.math.is_finite),
         (tf.logical_and(tf.not_equal(topk, 1), columns["beam_size"] > 1),
          "sampling (sampling_topk other than 1) draws one token a step: it needs beam_size 1"),
     )
@@ -394,15 +378,15 @@ def options_warmup_inputs(config: TransformerConfig, patience: float = 0.0) -> d
     (so it translates as `serving_default` does), one result; scalars, which
     `write_warmup_requests` gives each sentence of the request."""
     advanced = advanced_warmup_inputs(config, patience)  # (the same values, with more options)
-    return {name: advanced[name] for name in ("beam_size", "alpha", "extra_length", "num_results", "patience")}
+    return {option.name: advanced[option.name] for option in signature_options(OPTIONS_SIGNATURE)}
 
 
 def advanced_warmup_inputs(config: TransformerConfig, patience: float = 0.0) -> dict:
     """The inputs of the `translate_advanced` warm-up request besides `text`: no prefix and
-    the options that translate as `serving_default` does (`_advanced_defaults`)."""
-    dtypes = {name: dtype for name, dtype, _ in ADVANCED_OPTIONS}
+    the options that translate as `serving_default` does (`decoding_options.served_defaults`)."""
     return {"target_prefix": tf.constant(""),
-            **{name: tf.constant(value, dtypes[name]) for name, value in _advanced_defaults(config, patience).items()}}
+            **{option.name: tf.constant(option.given_default(config, patience), DTYPES[option.kind])
+               for option in signature_options(ADVANCED_SIGNATURE)}}
 
 
 def write_warmup_requests(directory: pathlib.Path, model_name: str = "translator",

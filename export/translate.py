@@ -38,9 +38,10 @@ import sys
 from export.errors import missing_saved_model, newest_version
 from export.signatures import ADVANCED_SIGNATURE, OPTIONS_SIGNATURE, SERVING_DEFAULT, XLA_SIGNATURE
 from keras_transformer.config import TransformerConfig
-from keras_transformer.constants import MAX_BEAM_SIZE, MAX_NO_REPEAT_NGRAM_SIZE
 from keras_transformer.console import (FiniteFloat, OneLineArgumentParser, PositiveInt, harmless_lines_dropped,
                                        input_lines, interrupted, sigterm_raises, stdout_failed)
+from keras_transformer.constants import MAX_BEAM_SIZE
+from keras_transformer.decoding import options as decoding_options
 
 # TensorFlow's persistent XLA cache, asked for in the environment before the process starts
 # (`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; docs/export.md, "Translating from the shell").
@@ -86,23 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "those names)")
     decoding.add_argument("--target-prefix", default=None, metavar="TEXT",
                           help="every translation starts with TEXT (printed with it)")
-    decoding.add_argument("--min-length", type=int, default=None,
-                          help="the fewest target pieces before the end of a translation (default 0)")
-    decoding.add_argument("--no-repeat-ngram-size", type=int, default=None,
-                          help=f"no n-gram of this many pieces twice in a translation, 1..{MAX_NO_REPEAT_NGRAM_SIZE} "
-                               f"(default 0: off)")
-    decoding.add_argument("--disallow-unk", action="store_true", help="never generate the unknown piece")
-    decoding.add_argument("--sampling-topk", type=int, default=None,
-                          help="sample each piece among the K most likely (0: all) instead of searching; with one "
-                               "beam (default 1: no sampling)")
-    decoding.add_argument("--sampling-topp", type=float, action=FiniteFloat, default=None,
-                          help="with sampling, among the fewest most likely pieces whose probabilities reach P, "
-                               "in (0, 1] (default 1)")
-    decoding.add_argument("--sampling-temperature", type=float, action=FiniteFloat, default=None,
-                          help="with sampling, divide the log-probabilities by T > 0 first (default 1)")
-    decoding.add_argument("--seed", type=int, default=None,
-                          help="with sampling, >= 0: the same seed and input lines give the same samples "
-                               "(default 0)")
+    decoding_options.add_flags(decoding, {"int": (int, None), "float": (float, FiniteFloat)})
     parser.add_argument("--batch-size", type=int, action=PositiveInt, default=None,
                         help=f"lines per request (default {BATCH_SIZE}; 1 when stdin is a terminal, so that a "
                              f"line typed is translated when Enter is pressed)")
@@ -336,29 +321,27 @@ def _info_value(value) -> str:
     return str(value)
 
 
+def _flag_value(args, option):
+    """The parsed value of `option`'s flag (None: not given; `--disallow-unk` absent: None)."""
+    value = getattr(args, option.name)
+    return (value or None) if option.kind == "bool" else value
+
+
 def _advanced_problem(parser, args):
     """The decoding flags given (`translate_advanced`'s), in the order of the help; a value
-    out of range is a `parser.error` naming it."""
-    given = [flag for flag, value in (
-        ("--target-prefix", args.target_prefix), ("--min-length", args.min_length),
-        ("--no-repeat-ngram-size", args.no_repeat_ngram_size), ("--disallow-unk", args.disallow_unk or None),
-        ("--sampling-topk", args.sampling_topk), ("--sampling-topp", args.sampling_topp),
-        ("--sampling-temperature", args.sampling_temperature), ("--seed", args.seed)) if value is not None]
-    for flag, value, fits, bound in (
-            ("--min-length", args.min_length, lambda v: v >= 0, ">= 0"),
-            ("--no-repeat-ngram-size", args.no_repeat_ngram_size, lambda v: 0 <= v <= MAX_NO_REPEAT_NGRAM_SIZE,
-             f"0..{MAX_NO_REPEAT_NGRAM_SIZE} (the export's largest)"),
-            ("--sampling-topk", args.sampling_topk, lambda v: v >= 0, ">= 0 (1: no sampling, 0: every piece)"),
-            ("--sampling-topp", args.sampling_topp, lambda v: 0 < v <= 1, "in (0, 1]"),
-            ("--sampling-temperature", args.sampling_temperature, lambda v: v > 0, "> 0"),
-            ("--seed", args.seed, lambda v: 0 <= v < 2 ** 31, "in [0, 2**31)")):
-        if value is not None and not fits(value):
-            parser.error(f"{flag} must be {bound}, got {value}")
+    out of range is a `parser.error` naming it (the options table's `flag_problem`)."""
+    given = ["--target-prefix"] if args.target_prefix is not None else []
+    given += [option.flag for option in decoding_options.ADVANCED if _flag_value(args, option) is not None]
+    for option in decoding_options.ADVANCED:
+        problem = option.flag_problem(_flag_value(args, option))
+        if problem:
+            parser.error(problem)
     samples = args.sampling_topk not in (None, 1)
     if samples and ((args.beam_size or 1) > 1 or args.n_best > 1):
         parser.error(f"--sampling-topk {args.sampling_topk} samples one translation with one beam; it takes no "
                      f"--beam-size above 1 or --n-best above 1")
-    sampling_only = [flag for flag in given if flag in ("--sampling-topp", "--sampling-temperature", "--seed")]
+    sampling_flags = [decoding_options.BY_NAME[name].flag for name in decoding_options.SAMPLING[1:]]
+    sampling_only = [flag for flag in given if flag in sampling_flags]
     if sampling_only and not samples:
         parser.error(f"{', '.join(sampling_only)} {'is a sampling option' if len(sampling_only) == 1 else 'are sampling options'}; "
                      f"give --sampling-topk too (0: every piece)")
@@ -367,16 +350,14 @@ def _advanced_problem(parser, args):
 
 def _advanced_call(signature, args):
     """`translate_options`' call (the options it is given) made on `translate_advanced`, with
-    the decoding flags (their defaults where not given), one value per sentence."""
+    the decoding flags (the table's defaults where not given), one value per sentence."""
     import tensorflow as tf
 
-    values = {"target_prefix": (args.target_prefix or "", tf.string), "min_length": (args.min_length or 0, tf.int32),
-              "no_repeat_ngram_size": (args.no_repeat_ngram_size or 0, tf.int32),
-              "disallow_unk": (bool(args.disallow_unk), tf.bool),
-              "sampling_topk": (1 if args.sampling_topk is None else args.sampling_topk, tf.int32),
-              "sampling_topp": (args.sampling_topp or 1.0, tf.float32),
-              "sampling_temperature": (args.sampling_temperature or 1.0, tf.float32),
-              "seed": (args.seed or 0, tf.int32)}
+    dtypes = {"int": tf.int32, "float": tf.float32, "bool": tf.bool}
+    values = {"target_prefix": (args.target_prefix or "", tf.string)}
+    for option in decoding_options.ADVANCED:
+        value = _flag_value(args, option)
+        values[option.name] = (option.default if value is None else value, dtypes[option.kind])
 
     def call(**inputs):
         batch = tf.shape(next(iter(inputs.values())))[0]

@@ -329,41 +329,28 @@ LITERT_BATCH = RequestSized(large=LITERT_BATCH_LOOP, small=None)  # translate_li
 STATIC_BUFFER = StaticBuffer()  # translate_litert's for one sentence
 
 
-def _former_buffer(buffer, static_buffer, litert):
-    """`Searcher.search`'s buffer from its former booleans (`static_buffer=True`,
-    `litert=True`), which exclude each other and a `buffer` given too."""
-    if not static_buffer and not litert:
-        return buffer
-    if (static_buffer and litert) or buffer is not REQUEST_SIZED:
-        raise ValueError(f"Searcher.search: static_buffer={static_buffer!r}, litert={litert!r} and "
-                         f"buffer={buffer!r} exclude each other (buffer=STATIC_BUFFER or LITERT_BATCH)")
-    return STATIC_BUFFER if static_buffer else LITERT_BATCH
+def _check_options(options, where):
+    """A `TypeError` naming what `where` got where it takes a `SearchOptions`."""
+    if not isinstance(options, SearchOptions):
+        raise TypeError(f"{where} takes a SearchOptions, got {options!r}")
 
 
-# The former keywords of `Searcher.search` and `Translator.translate_graph` that are `SearchOptions` fields.
-_FORMER_OPTION_KEYWORDS = ("patience", "exact_results", "max_beam_size")
-
-
-def search_options(options, former=(), keywords=None, where="search"):
-    """`options` itself (a `SearchOptions`), or the `SearchOptions` of the former form
-    `(beam_size, alpha, extra_length, num_results)` (`options` the beam size, `former` the
-    other three) with the keywords `patience`, `exact_results` and `max_beam_size`
-    (`Searcher.search`, `Translator.translate_graph`). `where` names the caller in errors."""
-    keywords = dict(keywords or {})
-    unknown = sorted(set(keywords) - set(_FORMER_OPTION_KEYWORDS))
-    if unknown:
-        raise TypeError(f"{where}() got unexpected keyword argument(s): {', '.join(unknown)}")
-    if isinstance(options, SearchOptions):
-        if former or any(value is not None for value in keywords.values()):
-            raise TypeError(f"{where}: a SearchOptions and option values ({len(former)} positional, "
-                            f"{sorted(keywords)}) both given; set them in the SearchOptions")
-        return options
-    if len(former) != 3:
-        raise TypeError(f"{where} takes a SearchOptions, or beam_size, alpha, extra_length and num_results; "
-                        f"got {1 + len(former)} value(s)")
-    alpha, extra_length, num_results = former
-    return SearchOptions(beam_size=options, alpha=alpha, num_results=num_results, extra_length=extra_length,
-                         **keywords)
+def _xla_constraints(options):
+    """The constraints of `options` that `Searcher.compiled_search` compiles into its
+    program, `(min_length, no_repeat_ngram_size, disallow_unk)` (python values); a
+    `ValueError` for what the XLA search does not take (sampling, run-time constraints,
+    `exact_results`, a run-time beam size)."""
+    _check_options(options, "the XLA search")
+    if options.samples:
+        raise ValueError("sampling runs in the plain graph (xla=False)")
+    if not all(isinstance(value, (int, bool)) for value in (options.min_length, options.no_repeat_ngram_size,
+                                                             options.disallow_unk)):
+        raise ValueError("the XLA search takes min_length, no_repeat_ngram_size and disallow_unk as python values; "
+                         "run-time ones are for the plain graph (translate_advanced)")
+    if options.exact_results is not None or options.max_beam_size is not None:
+        raise ValueError("exact_results and a run-time beam size are for the plain graph's search "
+                         "(translate_options); the XLA search's are python ints")
+    return options.min_length, options.no_repeat_ngram_size, options.disallow_unk
 
 
 class Searcher:
@@ -412,8 +399,8 @@ class Searcher:
         self._compiled = {}
 
     @not_converted
-    def search(self, source_ids, source_lengths, options, *former, buffer=REQUEST_SIZED, source_features=None,
-               static_cache=None, target_prefix=None, **former_keywords):
+    def search(self, source_ids, source_lengths, options, *, buffer=REQUEST_SIZED, source_features=None,
+               static_cache=None, target_prefix=None):
         """Beam search over the decoder, `max_lengths = source_lengths + options.extra_length`.
 
         Args:
@@ -453,20 +440,11 @@ class Searcher:
                 searches).
             target_prefix: None, or `(ids [batch, P], lengths [batch])`: the tokens each
                 translation starts with (`beam_search`'s `target_prefix`).
-            *former, **former_keywords: the former form, still taken
-                (`search_options`): `search(source_ids, source_lengths, beam_size,
-                alpha, extra_length, num_results, patience=..., exact_results=...,
-                max_beam_size=..., static_buffer=..., litert=...)`, where
-                `static_buffer=True` is `buffer=STATIC_BUFFER` and `litert=True`
-                `buffer=LITERT_BATCH`.
-
         Returns:
             ids int32 `[batch, num_results, L]` (EOS, then PAD), with `L`
             the buffer size above, and scores float32 `[batch, num_results]`.
         """
-        buffer = _former_buffer(buffer, former_keywords.pop("static_buffer", False),
-                                former_keywords.pop("litert", False))
-        options = search_options(options, former, former_keywords, "Searcher.search")
+        _check_options(options, "Searcher.search")
         max_lengths = source_lengths + self._clip_extra_length(options.extra_length)  # [batch]
         static = self.decoder.static_cache(source_ids, source_features) if static_cache is None else static_cache
         if isinstance(buffer, StaticBuffer):
@@ -569,13 +547,15 @@ class Searcher:
         extra_length = self.config.decode_extra_length if extra_length is None else extra_length
         return tf.clip_by_value(tf.cast(extra_length, tf.int32), 0, self.config.decode_extra_length)
 
-    def compiled_search(self, beam_size, num_results, batch_halvings=XLA_BATCH_HALVINGS, fold_projection=False,
-                        constraints=(0, 0, False)):
+    def compiled_search(self, options, batch_halvings=XLA_BATCH_HALVINGS, fold_projection=False):
         """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha, patience) -> (ids, scores)`.
 
-        One `tf.function(jit_compile=True)` per `(beam_size, num_results, batch_halvings,
-        fold_projection, constraints)` (`fold_projection`: see `_step_fn`; `constraints`: the
-        `SearchOptions` `(min_length, no_repeat_ngram_size, disallow_unk)`, python values);
+        `options`: a `SearchOptions` whose `beam_size`, `num_results` and constraints
+        (`min_length`, `no_repeat_ngram_size`, `disallow_unk`) are python values, compiled
+        into the program (its `alpha`, `patience` and `extra_length` are the function's
+        inputs, `search_xla`'s). One `tf.function(jit_compile=True)` per `(beam_size,
+        num_results, batch_halvings, fold_projection, constraints)` (`fold_projection`: see
+        `_step_fn`);
         XLA compiles one program per `(b, S)`. The buffer holds
         `S - 1 + decode_extra_length` positions (a constant for XLA, which
         sees the shape of `source_ids`): the longest source `S` can hold
@@ -589,7 +569,8 @@ class Searcher:
         (the same optimized program, results and run time); the graph holds one body
         instead of 13 (docs/lab-notebook, serving speed parts 32 and 33).
         """
-        constraints = tuple(constraints)
+        constraints = _xla_constraints(options)
+        beam_size, num_results = options.beam_size, options.num_results
         key = (beam_size, num_results, batch_halvings, fold_projection) + (
             (constraints,) if constraints != (0, 0, False) else ())  # (a search without them: the key as before)
         min_length, no_repeat_ngram_size, disallow_unk = constraints
@@ -627,17 +608,17 @@ class Searcher:
         return bucketed_shape(batch, width, self.length_buckets)
 
     @not_converted
-    def search_xla(self, source_ids, source_lengths, beam_size, alpha, extra_length, num_results,
-                   patience=None, batch_halvings=XLA_BATCH_HALVINGS, constraints=(0, 0, False)):
+    def search_xla(self, source_ids, source_lengths, options, batch_halvings=XLA_BATCH_HALVINGS):
         """`search` through the XLA-compiled function, on inputs padded to a bucket.
 
-        Padded source columns are PAD (masked by the encoder and cross-attention);
-        padded rows are an empty source (EOS) with a limit of one token, so
-        they finish at the first step. Same results as `search`; the ids have
-        `bucket_width - 1 + decode_extra_length` positions. `constraints`:
-        `compiled_search`'s.
+        `options`: a `SearchOptions` as `compiled_search` takes it (`alpha`, `patience`
+        and `extra_length` python values or scalar tensors). Padded source columns are
+        PAD (masked by the encoder and cross-attention); padded rows are an empty source
+        (EOS) with a limit of one token, so they finish at the first step. Same results
+        as `search`; the ids have `bucket_width - 1 + decode_extra_length` positions.
         """
-        extra_length = self._clip_extra_length(extra_length)
+        _xla_constraints(options)  # (a ValueError before any tracing)
+        extra_length = self._clip_extra_length(options.extra_length)
         batch, width = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
         padded_batch, padded_width = self.bucketed_shape(batch, width)
         source = tf.pad(source_ids, [[0, padded_batch - batch], [0, padded_width - width]],
@@ -647,11 +628,11 @@ class Searcher:
         source = tf.where(tf.logical_and(padding_rows[:, None], first_column[None, :]), EOS_ID, source)
         max_lengths = tf.concat([source_lengths + extra_length,
                                  tf.ones([padded_batch - batch], tf.int32)], axis=0)  # [padded_batch]
-        patience = tf.constant(0.0) if patience is None else tf.cast(patience, tf.float32)
-        alpha = tf.cast(alpha, tf.float32)
+        patience = tf.constant(0.0) if options.patience is None else tf.cast(options.patience, tf.float32)
+        alpha = tf.cast(options.alpha, tf.float32)
 
         def run(halvings, fold_projection=False):
-            search = self.compiled_search(beam_size, num_results, halvings, fold_projection, constraints)
+            search = self.compiled_search(options, halvings, fold_projection)
             return search(source, max_lengths, alpha, patience)
 
         fold = self.folds_projection_at_batch_one()

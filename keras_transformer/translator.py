@@ -37,11 +37,12 @@ import tensorflow_text as tf_text
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.data.annotated import annotated_features
+from keras_transformer.decoding import options as decoding_options
 from keras_transformer.decoding import SearchOptions
 from keras_transformer.model import source_feature_names
 from keras_transformer.alignment import attention_alignments, word_alignments
 from keras_transformer.scoring import score_tokens
-from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted, search_options
+from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted
 
 # `Translator.translate(xla=True)` (in our own process) runs a few batches per
 # shape, not a server's many: the branches' compile time (13.6 s instead of
@@ -193,8 +194,8 @@ class Translator:
         return self.sentencepiece.detokenize(padded)[:count]
 
     @not_converted
-    def translate_graph(self, text, options, *former, litert_batch=None, xla=False,
-                        batch_halvings=XLA_BATCH_HALVINGS, target_prefix=None, **former_keywords):
+    def translate_graph(self, text, options, *, litert_batch=None, xla=False,
+                        batch_halvings=XLA_BATCH_HALVINGS, target_prefix=None):
         """The whole translation as graph ops.
 
         Args:
@@ -223,11 +224,6 @@ class Translator:
                 targets were in training and cut to `max_length - 1` pieces. The
                 translation returned includes it. Plain graph only (not `xla`, not
                 `litert_batch`).
-            *former, **former_keywords: the former form, still taken
-                (`searcher.search_options`): `translate_graph(text, beam_size, alpha,
-                extra_length, num_results, patience=..., exact_results=...,
-                max_beam_size=...)`.
-
         Returns:
             translations string `[batch, num_results]`, scores float32
             `[batch, num_results]`. Empty or whitespace-only inputs give ""
@@ -237,7 +233,8 @@ class Translator:
         (`translate_conllu_graph`, strict: a malformed sentence fails the
         call) and searches in the plain graph.
         """
-        options = search_options(options, former, former_keywords, "translate_graph")
+        if not isinstance(options, SearchOptions):
+            raise TypeError(f"translate_graph takes a SearchOptions, got {options!r}")
         if self.config.syntax_aware:
             if litert_batch is not None or xla:
                 raise ValueError("a syntax-aware model translates CoNLL-U in the plain TensorFlow graph; "
@@ -259,10 +256,7 @@ class Translator:
             ids, scores = self.searcher.search(source_ids, lengths, options,
                                                target_prefix=(prefix_ids, prefix_lengths))  # (EOS after: never read)
         elif xla:
-            ids, scores = self.searcher.search_xla(source_ids, lengths, options.beam_size, options.alpha,
-                                                   options.extra_length, options.num_results,
-                                                   patience=options.patience, batch_halvings=batch_halvings,
-                                                   **_xla_constraints(options))
+            ids, scores = self.searcher.search_xla(source_ids, lengths, options, batch_halvings=batch_halvings)
         elif litert_batch is not None:
             ids, scores = self.searcher.search_litert(source_ids, lengths, options)
         else:
@@ -270,12 +264,12 @@ class Translator:
         return self._strings(ids, scores, lengths, options.num_results, litert_batch)
 
     @not_converted
-    def translate_conllu_graph(self, conllu, options, *former, strict=False, **former_keywords):
+    def translate_conllu_graph(self, conllu, options, *, strict=False):
         """`translate_graph` for a syntax-aware model, with each sentence's problem.
 
         Args:
             conllu: string `[batch]`, one CoNLL-U sentence each.
-            options: the `SearchOptions`, as in `translate_graph` (or its former form).
+            options: the `SearchOptions`, as in `translate_graph`.
             strict: False (the served signatures): a malformed sentence
                 (`annotated.sentence_errors`) is translated as an empty
                 input ("" with score 0) and its problem returned, while the
@@ -287,7 +281,8 @@ class Translator:
             `[batch, num_results]`, errors string `[batch]` ("" for a
             well-formed sentence).
         """
-        options = search_options(options, former, former_keywords, "translate_conllu_graph")
+        if not isinstance(options, SearchOptions):
+            raise TypeError(f"translate_conllu_graph takes a SearchOptions, got {options!r}")
         source_ids, lengths, features, errors = self.encode_conllu(conllu, strict=strict)
         ids, scores = self.searcher.search(source_ids, lengths, options, source_features=features)
         strings, scores = self._strings(ids, scores, lengths, options.num_results, None)
@@ -424,11 +419,26 @@ class Translator:
         return strings, scores
 
     # -- eager convenience -----------------------------------------------
-    def translate(self, texts, beam_size=None, alpha=None, num_results=1, xla=False, min_length=0,
-                  no_repeat_ngram_size=0, disallow_unk=False, target_prefix=None, sampling_topk=1,
-                  sampling_topp=1.0, sampling_temperature=1.0, seed=0):
+    def translate(self, texts, options: SearchOptions | None = None, *, xla=False, target_prefix=None,
+                  **options_by_name):
         """Translates a list (or string tensor) of sentences; returns a list of str
         (or, with `num_results > 1`, a list of lists).
+
+        Args:
+            texts: the sentences (CoNLL-U ones for a syntax-aware model).
+            options: None, or a `SearchOptions` of python values (`extra_length` None: the
+                config's); not with `options_by_name`.
+            xla: run the search XLA-compiled (see below).
+            target_prefix: None, or one string per text ("" for none): the start each
+                translation must have (CTranslate2's `target_prefix`: terminology,
+                interactive completion); the translations returned include it (plain graph
+                only).
+            **options_by_name: the decoding options by their names in the options table
+                (`keras_transformer.decoding_options.OPTIONS`: `beam_size`, `alpha`,
+                `num_results`, `patience`, `min_length`, `no_repeat_ngram_size`,
+                `disallow_unk`, `sampling_topk`, `sampling_topp`, `sampling_temperature`,
+                `seed`), each checked by its row; the table's defaults where not given, the
+                config's beam size (1 when sampling), alpha and extra length.
 
         By default the search runs as the SavedModel's `serving_default` does (the
         plain graph, which drops each sentence once it is done); `xla=True` runs
@@ -441,63 +451,63 @@ class Translator:
 
         `min_length`, `no_repeat_ngram_size` and `disallow_unk` disallow tokens as
         CTranslate2's options of those names do (`SearchOptions`): EOS before `min_length`
-        tokens, a token that repeats an n-gram, the unknown token. `target_prefix`, one
-        string per text ("" for none), is the start each translation must have
-        (CTranslate2's `target_prefix`: terminology, interactive completion); the
-        translations returned include it (plain graph only). `sampling_topk` other than 1
-        draws each token at random (CTranslate2's random sampling, e.g. for back-translation:
-        among the `sampling_topk` best, 0 for all, after `sampling_temperature`, within
-        `sampling_topp`), reproducibly for a `seed`; it searches with one beam (plain graph
-        only)."""
+        tokens, a token that repeats an n-gram, the unknown token. `sampling_topk` other
+        than 1 draws each token at random (CTranslate2's random sampling, e.g. for
+        back-translation: among the `sampling_topk` best, 0 for all, after
+        `sampling_temperature`, within `sampling_topp`), reproducibly for a `seed`; it
+        searches with one beam (plain graph only)."""
         xla = xla and not self.config.syntax_aware
-        # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
-        sampling = {"sampling_topk": sampling_topk, "sampling_topp": sampling_topp,
-                    "sampling_temperature": sampling_temperature, "seed": seed}
-        if beam_size is None:
-            beam_size = 1 if sampling_topk != 1 else self.config.beam_size
-        for name, value in (("beam_size", beam_size), ("num_results", num_results)):
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        beam_size, num_results = int(beam_size), int(num_results)
-        alpha = self.config.length_penalty_alpha if alpha is None else alpha
-        if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not math.isfinite(alpha):
-            # (NaN scored every hypothesis NaN: every translation was "")
-            raise ValueError(f"alpha must be a finite number, got {alpha!r}")
-        constraints = {"min_length": min_length, "no_repeat_ngram_size": no_repeat_ngram_size,
-                       "disallow_unk": disallow_unk, **sampling}
-        SearchOptions(beam_size=beam_size, num_results=num_results, **constraints)  # a ValueError names a bad value
+        given = self._given_options(options, options_by_name)
         texts = _string_batch(texts)
         prefixes = () if target_prefix is None else (_string_batch(target_prefix),)
         if prefixes and (xla or prefixes[0].shape[0] != texts.shape[0]):
             raise ValueError("target_prefix takes one string per text ('' for none), searched in the plain graph "
                              f"(xla=False); got {prefixes[0].shape[0]} for {texts.shape[0]} texts, xla={xla}")
-        key = (beam_size, num_results, bool(xla), *constraints.values(), bool(prefixes))
+        alpha, searched = given.pop("alpha"), given  # (alpha: an input of the traced function)
+        key = (bool(xla), bool(prefixes), *sorted(searched.items()))
         if key not in self._functions:
             self._functions[key] = tf.function(
                 lambda t, a, *prefix: self.translate_graph(
-                    t, SearchOptions(beam_size=beam_size, alpha=a, num_results=num_results,
-                                     extra_length=self.config.decode_extra_length, **constraints),
-                    xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS, target_prefix=prefix[0] if prefix else None),
+                    t, SearchOptions(alpha=a, **searched), xla=xla, batch_halvings=IN_PROCESS_BATCH_HALVINGS,
+                    target_prefix=prefix[0] if prefix else None),
                 input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.float32),
                                  *[tf.TensorSpec([None], tf.string)] * len(prefixes)],
                 autograph=False)  # see searcher.not_converted
         strings, _ = self._functions[key](texts, tf.constant(alpha, tf.float32), *prefixes)
         decoded = [[s.decode("utf-8") for s in row] for row in strings.numpy()]
-        return [row[0] for row in decoded] if num_results == 1 else decoded
+        return [row[0] for row in decoded] if searched["num_results"] == 1 else decoded
 
-
-def _xla_constraints(options):
-    """`Searcher.search_xla`'s `constraints` of `options`: python values, part of the
-    compiled program (a run-time `min_length` is the plain graph's)."""
-    if options.samples:
-        raise ValueError("sampling runs in the plain graph (xla=False)")
-    if not all(isinstance(value, (int, bool)) for value in (options.min_length, options.no_repeat_ngram_size,
-                                                             options.disallow_unk)):
-        raise ValueError("the XLA search takes min_length, no_repeat_ngram_size and disallow_unk as python values; "
-                         "run-time ones are for the plain graph (translate_advanced)")
-    if not (options.min_length or options.no_repeat_ngram_size or options.disallow_unk):
-        return {}  # (the call as before: no constraints)
-    return {"constraints": (options.min_length, options.no_repeat_ngram_size, options.disallow_unk)}
+    def _given_options(self, options, options_by_name) -> dict:
+        """`translate`'s options as checked python values by name (`SearchOptions`' fields,
+        `extra_length` the config's unless given in `options`): a `TypeError` for a name the
+        options table does not hold, a `ValueError` naming a bad value."""
+        if options is not None:
+            if options_by_name or not isinstance(options, SearchOptions):
+                raise TypeError(f"translate takes a SearchOptions or the options by name, not both; got {options!r} "
+                                f"and {sorted(options_by_name)}")
+            options_by_name = {option.name: getattr(options, option.name) for option in decoding_options.OPTIONS
+                               if getattr(options, option.name) is not None}
+        unknown = sorted(set(options_by_name) - set(decoding_options.BY_NAME))
+        if unknown:
+            raise TypeError(f"translate() got unexpected keyword argument(s): {', '.join(unknown)} (the decoding "
+                            f"options: {', '.join(decoding_options.BY_NAME)})")
+        given = dict(options_by_name)
+        # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
+        if given.get("beam_size") is None:
+            given["beam_size"] = 1 if given.get("sampling_topk", 1) != 1 else self.config.beam_size
+        given.setdefault("num_results", 1)
+        for name in ("beam_size", "num_results"):
+            value = given[name]
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        given["alpha"] = self.config.length_penalty_alpha if given.get("alpha") is None else given["alpha"]
+        alpha = given["alpha"]
+        if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not math.isfinite(alpha):
+            # (NaN scored every hypothesis NaN: every translation was "")
+            raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+        given.setdefault("extra_length", self.config.decode_extra_length)
+        checked = SearchOptions(**given)  # a ValueError names a bad value
+        return {name: getattr(checked, name) for name in given}
 
 
 def _string_pairs(texts, targets, what):

@@ -245,8 +245,11 @@ def search_runner(searcher):
                 for case, function in python.items():
                     record(f"{loop}{suffix}/python/{case}", *function(ids, sentence_lengths))
         for name, (beam_size, num_results, halvings, constraints) in XLA_CASES.items():
-            record(name, *searcher.search_xla(source, lengths, beam_size, 0.6, extra, num_results,
-                                              batch_halvings=halvings, constraints=constraints))
+            min_length, no_repeat_ngram_size, disallow_unk = constraints
+            options = SearchOptions(beam_size=beam_size, alpha=0.6, extra_length=extra, num_results=num_results,
+                                    min_length=min_length, no_repeat_ngram_size=no_repeat_ngram_size,
+                                    disallow_unk=disallow_unk)
+            record(name, *searcher.search_xla(source, lengths, options, batch_halvings=halvings))
         return dict(results)
 
     return run_all

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from keras_transformer import TransformerConfig, build_transformer
 from keras_transformer.constants import EOS_ID, MAX_NO_REPEAT_NGRAM_SIZE, PAD_ID, UNK_ID
-from keras_transformer.decoding import SearchOptions, _repeated_ngram_ends, _repeated_ngram_ends_at_run_time
+from keras_transformer.decoding import SearchOptions
+from keras_transformer.decoding.processors import _repeated_ngram_ends, _repeated_ngram_ends_at_run_time
 from keras_transformer.searcher import STATIC_BUFFER, Searcher
 
 CONFIG = TransformerConfig(vocab_size=24, num_layers=1, d_model=32, d_ff=64, num_heads=4, dropout=0.0,
@@ -98,8 +99,9 @@ def test_the_xla_search_disallows_the_same_tokens(searcher):
     graph's best translations."""
     constraints = {"no_repeat_ngram_size": 1, "min_length": 3}
     ids, scores = search(searcher, **constraints)
-    xla = tf.function(lambda s, n: searcher.search_xla(s, n, 4, 0.6, CONFIG.decode_extra_length, 1,
-                                                       constraints=(3, 1, False)), autograph=False)
+    options = SearchOptions(beam_size=4, alpha=0.6, extra_length=CONFIG.decode_extra_length, num_results=1,
+                            min_length=3, no_repeat_ngram_size=1, disallow_unk=False)
+    xla = tf.function(lambda s, n: searcher.search_xla(s, n, options), autograph=False)
     xla_ids, xla_scores = xla(tf.constant(SOURCE), tf.constant(LENGTHS))
     assert [sentence[0] for sentence in hypotheses(xla_ids.numpy())] == [s[0] for s in hypotheses(ids)]
     np.testing.assert_allclose(xla_scores.numpy()[:, 0], scores[:, 0], atol=1e-5)

@@ -73,8 +73,9 @@ def until_eos(row):
 def ours(toy, beam_size):
     """Our beam search on GOLDEN: best ids (EOS included) and scores."""
     translator, config = toy["translator"], toy["config"]
-    search = tf.function(lambda ids, lengths: translator.searcher.search(
-        ids, lengths, beam_size, config.length_penalty_alpha, config.decode_extra_length, 1))
+    options = SearchOptions(beam_size=beam_size, alpha=config.length_penalty_alpha,
+                            extra_length=config.decode_extra_length, num_results=1)
+    search = tf.function(lambda ids, lengths: translator.searcher.search(ids, lengths, options))
     ids, scores = search(tf.constant(toy["source_ids"]), tf.constant(toy["lengths"]))
     return [until_eos(row) for row in ids.numpy()[:, 0]], scores.numpy()[:, 0]
 

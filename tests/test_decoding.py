@@ -175,10 +175,10 @@ def strip(row):
     return tuple(int(t) for t in row)
 
 
-def run(model, max_lengths, **kwargs):
+def run(model, max_lengths, options, **kwargs):
     max_lengths = np.asarray(max_lengths, "int32")
     seqs, scores = beam_search(model.step_fn, model.initial_cache(), len(max_lengths),
-                               max_lengths, **kwargs)
+                               max_lengths, options, **kwargs)
     seqs, scores = np.asarray(seqs), np.asarray(scores)
     assert not np.isnan(scores).any()
     return seqs, scores
@@ -230,7 +230,7 @@ def test_exhaustive_nbest(alpha):
     # tokens, 1+3+9+27+81 = 121 up to 4.  A beam of 128 keeps everything.
     model = ToyModel(seed=11, vocab=6, batch=2)
     max_lengths = [4, 3]
-    seqs, scores = run(model, max_lengths, beam_size=128, num_results=121, alpha=alpha)
+    seqs, scores = run(model, max_lengths, SearchOptions(beam_size=128, num_results=121, alpha=alpha))
     for b, max_len in enumerate(max_lengths):
         truth = enumerate_all(model, b, max_len, alpha)
         assert len(truth) == (121 if max_len == 4 else 40)
@@ -245,7 +245,7 @@ def test_exhaustive_nbest(alpha):
 
 def test_exhaustive_best_with_small_beam_output():
     model = ToyModel(seed=5, vocab=6, batch=2, eos_bias=-1.0)
-    seqs, scores = run(model, [4, 4], beam_size=64, num_results=3)
+    seqs, scores = run(model, [4, 4], SearchOptions(beam_size=64, num_results=3))
     for b in range(2):
         truth = enumerate_all(model, b, 4, 0.6)[:3]
         assert [strip(r) for r in seqs[b]] == [t[1] for t in truth]
@@ -259,7 +259,7 @@ def test_beam4_matches_reference_beam_without_early_stop(alpha):
     # 16 sentences, each with its own random table.
     model = ToyModel(seed=100, vocab=9, batch=16, eos_bias=-0.5)
     max_lengths = np.tile([3, 9, 6, 12], 4)
-    seqs, scores = run(model, max_lengths, beam_size=4, num_results=4, alpha=alpha)
+    seqs, scores = run(model, max_lengths, SearchOptions(beam_size=4, num_results=4, alpha=alpha))
     for b, max_len in enumerate(max_lengths):
         ref = ref_beam(model, b, max_len, 4, alpha)
         assert [strip(r) for r in seqs[b, : len(ref)]] == [r[1] for r in ref]
@@ -321,7 +321,7 @@ def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
 def test_top_k_blockwise_cuts_the_row_without_padding_where_a_divisor_is_near():
     """The power of two near sqrt(V / k) where it divides V, else the divisor of V nearest
     to it (within a factor of two), else that power of two with the last block padded."""
-    from keras_transformer.decoding import _block_size
+    from keras_transformer.decoding.tensors import _block_size
 
     assert _block_size(8000, 8) == 32  # 8000 = 250 x 32: as before
     assert _block_size(10000, 10) == 40  # 32 would pad 16 entries; 25 and 40 divide, 40 is nearer
@@ -335,7 +335,7 @@ def test_large_vocabulary_search_matches_the_reference():
     candidates per beam): same n-best and scores as the pure-python reference."""
     model = ToyModel(seed=101, vocab=300, batch=3, eos_bias=2.0)
     max_lengths = np.array([3, 7, 5])
-    seqs, scores = run(model, max_lengths, beam_size=4, num_results=4, alpha=0.6)
+    seqs, scores = run(model, max_lengths, SearchOptions(beam_size=4, num_results=4, alpha=0.6))
     for b, max_len in enumerate(max_lengths):
         ref = ref_beam(model, b, max_len, 4, 0.6)
         assert [strip(r) for r in seqs[b, : len(ref)]] == [r[1] for r in ref]
@@ -350,21 +350,22 @@ def test_normalizing_after_the_top_k_finds_the_reference_hypotheses(vocab, beam_
     BOS at NEG_INF), blocks (300 tokens) or plain top_k (8), and greedy (beam 1)."""
     model = ToyModel(seed=101, vocab=vocab, batch=3, eos_bias=2.0)
     max_lengths = np.array([3, 7, 5], "int32")
-    kwargs = dict(beam_size=beam_size, num_results=beam_size, alpha=0.6)
-    seqs, scores = run(model, max_lengths, normalize_after_top_k=True, **kwargs)
+    options = SearchOptions(beam_size=beam_size, num_results=beam_size, alpha=0.6)
+    seqs, scores = run(model, max_lengths, options, loop=SearchLoop(LoopOps(normalize_after_top_k=True)))
     for b, max_len in enumerate(max_lengths):
         ref = ref_beam(model, b, max_len, beam_size, 0.6)
         assert [strip(r) for r in seqs[b, : len(ref)]] == [r[1] for r in ref]
         np.testing.assert_allclose(scores[b, : len(ref)], [r[0] for r in ref], rtol=1e-5)
-    before_seqs, before_scores = run(model, max_lengths, **kwargs)
+    before_seqs, before_scores = run(model, max_lengths, options)
     np.testing.assert_array_equal(seqs, before_seqs)
     np.testing.assert_allclose(scores, before_scores, rtol=1e-5)  # float32 sums of other roundings
     from keras_transformer.searcher import tf_gather
 
     @tf.function(jit_compile=True, autograph=False)
     def compiled(normalize_after_top_k):
-        return beam_search(model.step_fn, model.initial_cache(), 3, tf.constant(max_lengths), max_decode_length=7,
-                           normalize_after_top_k=normalize_after_top_k, gather=tf_gather, **kwargs)
+        loop = SearchLoop(LoopOps(gather=tf_gather, normalize_after_top_k=normalize_after_top_k))
+        return beam_search(model.step_fn, model.initial_cache(), 3, tf.constant(max_lengths), options, loop=loop,
+                           max_decode_length=7)
 
     xla_seqs, xla_scores = (np.asarray(t) for t in compiled(True))
     np.testing.assert_array_equal(xla_seqs, seqs)
@@ -384,8 +385,8 @@ def test_early_termination_stops_the_loop(alpha, max_steps):
         return model.step_fn(ids, cache, step)
 
     seqs, scores = beam_search(counting_step, model.initial_cache(), 3,
-                               np.array([40, 40, 40], "int32"), beam_size=4,
-                               num_results=4, alpha=alpha)
+                               np.array([40, 40, 40], "int32"),
+                               SearchOptions(beam_size=4, num_results=4, alpha=alpha))
     assert 1 <= len(steps) <= max_steps, steps
     assert steps == list(range(len(steps)))
     for b in range(3):
@@ -397,7 +398,7 @@ def test_early_termination_stops_the_loop(alpha, max_steps):
 def test_beam1_is_greedy():
     model = ToyModel(seed=200, vocab=10, batch=16, eos_bias=-0.5)
     max_lengths = np.tile([1, 5, 11, 8], 4)
-    seqs, scores = run(model, max_lengths, beam_size=1, alpha=0.6)
+    seqs, scores = run(model, max_lengths, SearchOptions(beam_size=1, alpha=0.6))
     g_seqs, g_scores = greedy_search(model.step_fn, model.initial_cache(), 16,
                                      np.asarray(max_lengths, "int32"))
     np.testing.assert_array_equal(np.asarray(g_seqs), seqs[:, 0])
@@ -414,7 +415,7 @@ def test_beam4_not_worse_than_greedy():
     # broken search falls below greedy quickly.)
     model = ToyModel(seed=300, vocab=10, batch=48, eos_bias=-1.0)
     max_lengths = np.tile([6, 8, 10, 7], 12)
-    _, beam_scores = run(model, max_lengths, beam_size=4, alpha=0.6)
+    _, beam_scores = run(model, max_lengths, SearchOptions(beam_size=4, alpha=0.6))
     greedy_scores = np.array([ref_greedy(model, b, m, 0.6)[1]
                               for b, m in enumerate(max_lengths)])
     assert (beam_scores[:, 0] >= greedy_scores - 1e-5).all()
@@ -424,11 +425,11 @@ def test_beam4_not_worse_than_greedy():
 def test_batch_equals_each_sentence_alone():
     model = ToyModel(seed=7, vocab=9, batch=5, eos_bias=-0.8)
     max_lengths = np.array([1, 3, 12, 7, 5], "int32")
-    seqs, scores = run(model, max_lengths, beam_size=4, num_results=3)
+    seqs, scores = run(model, max_lengths, SearchOptions(beam_size=4, num_results=3))
     assert seqs.shape == (5, 3, 12)
     for b in range(5):
         alone_s, alone_sc = beam_search(model.step_fn, model.initial_cache([b]), 1,
-                                        max_lengths[b:b + 1], beam_size=4, num_results=3)
+                                        max_lengths[b:b + 1], SearchOptions(beam_size=4, num_results=3))
         alone_s = np.asarray(alone_s)
         assert alone_s.shape == (1, 3, max_lengths[b])  # buffer = its own max length
         np.testing.assert_array_equal(alone_s[0], seqs[b, :, : max_lengths[b]])
@@ -440,7 +441,7 @@ def test_batch_equals_each_sentence_alone():
 def test_never_eos_stops_exactly_at_max_lengths():
     model = ToyModel(seed=9, vocab=8, batch=4, masked=(PAD_ID, BOS_ID, EOS_ID))
     max_lengths = [2, 9, 5, 30]  # 30 > buffer: clipped to max_decode_length
-    seqs, scores = run(model, max_lengths, beam_size=4, num_results=4, max_decode_length=12)
+    seqs, scores = run(model, max_lengths, SearchOptions(beam_size=4, num_results=4), max_decode_length=12)
     assert seqs.shape == (4, 4, 12)
     for b, max_len in enumerate([2, 9, 5, 12]):
         for r in range(4):
@@ -454,7 +455,7 @@ def test_never_eos_stops_exactly_at_max_lengths():
 def test_scores_equal_recomputed_scores(alpha):
     model = ToyModel(seed=21, vocab=12, batch=3, eos_bias=-0.3)
     max_lengths = [10, 4, 7]
-    seqs, scores = run(model, max_lengths, beam_size=4, num_results=4, alpha=alpha)
+    seqs, scores = run(model, max_lengths, SearchOptions(beam_size=4, num_results=4, alpha=alpha))
     for b in range(3):
         assert (np.diff(scores[b]) <= 1e-6).all()  # best first
         for r in range(4):
@@ -469,7 +470,7 @@ def test_single_possible_token_no_nan():
     # Only EOS is possible: one finished hypothesis, the other slots are empty.
     model = ToyModel(seed=1, vocab=6, batch=2,
                      masked=[t for t in range(6) if t != EOS_ID])
-    seqs, scores = run(model, [5, 5], beam_size=4, num_results=4)
+    seqs, scores = run(model, [5, 5], SearchOptions(beam_size=4, num_results=4))
     np.testing.assert_array_equal(seqs[:, 0, 0], [EOS_ID, EOS_ID])
     np.testing.assert_allclose(scores[:, 0], 0.0, atol=1e-6)
     assert (seqs[:, 0, 1:] == PAD_ID).all() and (seqs[:, 1:] == PAD_ID).all()
@@ -480,12 +481,12 @@ def test_single_possible_token_no_nan():
 def test_tf_function_graph_and_xla():
     model = ToyModel(seed=31, vocab=10, batch=3, eos_bias=-0.5)
     max_lengths = np.array([6, 3, 9], "int32")
-    eager = run(model, max_lengths, beam_size=4, num_results=2, alpha=0.6)
+    eager = run(model, max_lengths, SearchOptions(beam_size=4, num_results=2, alpha=0.6))
 
     def decode(h, acc, max_lengths, alpha):
         cache = {"sid": tf.range(tf.shape(h)[0]), "h": h, "acc": acc}
         return beam_search(model.step_fn, cache, tf.shape(h)[0], max_lengths,
-                           beam_size=4, num_results=2, alpha=alpha, max_decode_length=9)
+                           SearchOptions(beam_size=4, num_results=2, alpha=alpha), max_decode_length=9)
 
     # Dynamic batch and alpha as a tensor input (a SavedModel signature).
     graph_fn = tf.function(decode, jit_compile=False, input_signature=[
@@ -497,7 +498,8 @@ def test_tf_function_graph_and_xla():
     np.testing.assert_allclose(graph[1], eager[1], rtol=1e-6)
 
     xla_fn = tf.function(lambda h, acc, m, a: beam_search(
-        model.step_fn, {"sid": tf.range(3), "h": h, "acc": acc}, 3, m, beam_size=4, num_results=2, alpha=a,
+        model.step_fn, {"sid": tf.range(3), "h": h, "acc": acc}, 3, m, SearchOptions(beam_size=4, num_results=2,
+                                                                                      alpha=a),
         max_decode_length=9), jit_compile=True, autograph=False)
     xla = [np.asarray(t) for t in xla_fn(*args)]
     np.testing.assert_array_equal(xla[0], eager[0])
@@ -508,7 +510,7 @@ def test_argument_validation():
     model = ToyModel(seed=0, batch=1)
     with pytest.raises(ValueError):
         beam_search(model.step_fn, model.initial_cache(), 1, np.array([3], "int32"),
-                    beam_size=2, num_results=3)
+                    SearchOptions(beam_size=2, num_results=3))
     with pytest.raises(ValueError):
         tf.function(lambda m: beam_search(model.step_fn, model.initial_cache(), 1, m), autograph=False)(
             tf.constant([3]))
@@ -519,7 +521,7 @@ def test_converts_to_litert_builtins():
     interpreter_lib = pytest.importorskip("ai_edge_litert.interpreter")
     model = ToyModel(seed=31, vocab=10, batch=3, eos_bias=-0.5)
     max_lengths = np.array([6, 3, 9], "int32")
-    eager = run(model, max_lengths, beam_size=4, num_results=2, alpha=0.6,
+    eager = run(model, max_lengths, SearchOptions(beam_size=4, num_results=2, alpha=0.6),
                 max_decode_length=9)
 
     @tf.function(input_signature=[
@@ -527,8 +529,8 @@ def test_converts_to_litert_builtins():
         tf.TensorSpec([3], tf.int32), tf.TensorSpec([], tf.float32)], autograph=False)
     def decode(h, acc, lengths, alpha):
         cache = {"sid": tf.range(3), "h": h, "acc": acc}
-        return beam_search(model.step_fn, cache, 3, lengths, beam_size=4, num_results=2,
-                           alpha=alpha, max_decode_length=9)
+        return beam_search(model.step_fn, cache, 3, lengths, SearchOptions(beam_size=4, num_results=2,
+                                                                           alpha=alpha), max_decode_length=9)
 
     converter = tf.lite.TFLiteConverter.from_concrete_functions(
         [decode.get_concrete_function()], decode)
@@ -561,12 +563,11 @@ def static_step_fn(model, beam_size):
     return step_fn
 
 
-def run_static(model, max_lengths, beam_size, **kwargs):
+def run_static(model, max_lengths, options, loop):
     cache = model.initial_cache()
     static = {"sid": cache.pop("sid")}
-    return beam_search(static_step_fn(model, beam_size), cache, len(max_lengths),
-                       np.asarray(max_lengths, "int32"), beam_size=beam_size, static_cache=static,
-                       **kwargs)
+    return beam_search(static_step_fn(model, options.beam_size), cache, len(max_lengths),
+                       np.asarray(max_lengths, "int32"), options, loop=loop, static_cache=static)
 
 
 @pytest.mark.parametrize("beam_size, num_results", [(4, 1), (4, 3), (1, 1)])
@@ -579,16 +580,17 @@ def test_drop_finished_equals_the_full_batch_loop(beam_size, num_results):
 
     model = ToyModel(seed=41, vocab=9, batch=12, eos_bias=0.5)
     max_lengths = np.array([1, 3, 12, 7, 5, 9, 2, 12, 4, 6, 8, 10], "int32")
-    seqs, scores = run(model, max_lengths, beam_size=beam_size, num_results=num_results)
-    dropped = run_static(model, max_lengths, beam_size, num_results=num_results, drop_finished=True)
+    options = SearchOptions(beam_size=beam_size, num_results=num_results)
+    seqs, scores = run(model, max_lengths, options)
+    dropped = run_static(model, max_lengths, options, SearchLoop(finished=DropFinished()))
     np.testing.assert_array_equal(np.asarray(dropped[0]), seqs)
     np.testing.assert_allclose(np.asarray(dropped[1]), scores, rtol=1e-6)
 
     def decode(h, acc, lengths, gather):
+        loop_ops = LoopOps(while_loop=relaxed_while_loop, **({} if gather is None else {"gather": gather}))
         return beam_search(static_step_fn(model, beam_size), {"h": h, "acc": acc}, tf.shape(h)[0], lengths,
-                           beam_size=beam_size, num_results=num_results, max_decode_length=12,
-                           static_cache={"sid": tf.range(tf.shape(h)[0])}, drop_finished=True,
-                           while_loop=relaxed_while_loop, gather=gather)
+                           options, loop=SearchLoop(loop_ops, DropFinished()), max_decode_length=12,
+                           static_cache={"sid": tf.range(tf.shape(h)[0])})
 
     for gather in (None, tf_gather):  # keras.ops' gathers, and the plain graph's one-node ones
         graph = tf.function(lambda h, a, m, gather=gather: decode(h, a, m, gather), input_signature=[
@@ -598,7 +600,7 @@ def test_drop_finished_equals_the_full_batch_loop(beam_size, num_results):
         np.testing.assert_allclose(graph[1].numpy(), scores, rtol=1e-6)
 
 
-def count_steps(model, max_lengths, **kwargs):
+def count_steps(model, max_lengths, options, **kwargs):
     """Runs the search eagerly; returns its results and the rows the step function saw per step."""
     rows = []
 
@@ -607,7 +609,7 @@ def count_steps(model, max_lengths, **kwargs):
         return model.step_fn(ids, cache, step)
 
     seqs, scores = beam_search(counting_step, model.initial_cache(), len(max_lengths),
-                               np.asarray(max_lengths, "int32"), **kwargs)
+                               np.asarray(max_lengths, "int32"), options, **kwargs)
     return np.asarray(seqs), np.asarray(scores), rows
 
 
@@ -619,8 +621,8 @@ def test_one_result_stops_at_the_bound_exact_for_the_best(alpha):
     reference beam search without early stop, in fewer steps."""
     model = ToyModel(seed=8, vocab=10, batch=24, eos_bias=1.0)
     max_lengths = np.tile([20, 14, 25, 9], 6)
-    one, one_scores, one_steps = count_steps(model, max_lengths, beam_size=4, num_results=1, alpha=alpha)
-    best, best_scores, all_steps = count_steps(model, max_lengths, beam_size=4, num_results=4, alpha=alpha)
+    one, one_scores, one_steps = count_steps(model, max_lengths, SearchOptions(beam_size=4, num_results=1, alpha=alpha))
+    best, best_scores, all_steps = count_steps(model, max_lengths, SearchOptions(beam_size=4, num_results=4, alpha=alpha))
     np.testing.assert_array_equal(one[:, 0], best[:, 0])
     np.testing.assert_array_equal(one_scores[:, 0], best_scores[:, 0])
     for b, max_len in enumerate(max_lengths):
@@ -640,12 +642,14 @@ def test_exact_results_stops_when_the_first_r_results_are_known(drop_finished):
     more than the best alone)."""
     model = ToyModel(seed=8, vocab=10, batch=24, eos_bias=1.0)
     max_lengths = np.tile([20, 14, 25, 9], 6)
-    options = dict(beam_size=4, alpha=0.6, drop_finished=drop_finished)
+    loop = SearchLoop(finished=DropFinished() if drop_finished else KeepAll())
     steps = {}
     for r in (1, 2, 4):
-        static, static_scores, steps[r] = count_steps(model, max_lengths, num_results=r, **options)
-        seqs, scores, tensor_steps = count_steps(model, max_lengths, num_results=4,
-                                                 exact_results=tf.constant(r), **options)
+        static, static_scores, steps[r] = count_steps(
+            model, max_lengths, SearchOptions(beam_size=4, alpha=0.6, num_results=r), loop=loop)
+        seqs, scores, tensor_steps = count_steps(
+            model, max_lengths, SearchOptions(beam_size=4, alpha=0.6, num_results=4, exact_results=tf.constant(r)),
+            loop=loop)
         assert tensor_steps == steps[r], (r, len(tensor_steps), len(steps[r]))
         np.testing.assert_array_equal(seqs[:, :r], static)
         np.testing.assert_array_equal(scores[:, :r], static_scores)
@@ -655,7 +659,7 @@ def test_exact_results_stops_when_the_first_r_results_are_known(drop_finished):
             np.testing.assert_allclose(static_scores[b], [score for score, _ in ref], rtol=1e-5)
     assert len(steps[1]) < len(steps[2]) < len(steps[4]), [len(steps[r]) for r in (1, 2, 4)]
     with pytest.raises(ValueError, match="exact_results must be in \\[1, num_results=2\\], got 3"):
-        count_steps(model, max_lengths, num_results=2, exact_results=3, beam_size=4)
+        count_steps(model, max_lengths, SearchOptions(num_results=2, exact_results=3, beam_size=4))
 
 
 # The eager reference searches of test_run_time_beam_size_equals_each_static_beam_size, by
@@ -675,7 +679,8 @@ def test_run_time_beam_size_equals_each_static_beam_size(vocab, max_beam, drop_f
 
     model = ToyModel(seed=44, vocab=vocab, batch=8, eos_bias=0.5)
     max_lengths = np.array([1, 3, 12, 7, 5, 9, 2, 12], "int32")
-    loop = dict(drop_finished=True, while_loop=relaxed_while_loop, gather=tf_gather) if drop_finished else {}
+    loop = (SearchLoop(LoopOps(while_loop=relaxed_while_loop, gather=tf_gather), DropFinished()) if drop_finished
+            else SearchLoop())
 
     @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
                                   tf.TensorSpec([], tf.float32)], autograph=False)
@@ -688,17 +693,18 @@ def test_run_time_beam_size_equals_each_static_beam_size(vocab, max_beam, drop_f
             logits, cache = model.step_fn(ids, {**cache, "sid": sid}, step)
             return logits, {"h": cache["h"], "acc": cache["acc"]}
 
-        return beam_search(step_fn, {"h": model.h0, "acc": model.acc0}, 8, max_lengths, beam_size=k,
-                           max_beam_size=max_beam, num_results=k, exact_results=exact, alpha=0.6,
-                           max_decode_length=12, static_cache=static, patience=patience, **loop)
+        options = SearchOptions(beam_size=k, max_beam_size=max_beam, num_results=k, exact_results=exact, alpha=0.6,
+                                patience=patience)
+        return beam_search(step_fn, {"h": model.h0, "acc": model.acc0}, 8, max_lengths, options, loop=loop,
+                           max_decode_length=12, static_cache=static)
 
     for k in range(1, max_beam + 1):
         for exact in sorted({1, k}):
             for patience in (0.0, 0.5):
                 key = (vocab, k, exact, patience)
                 if key not in _STATIC_BEAM_RESULTS:
-                    _STATIC_BEAM_RESULTS[key] = run(model, max_lengths, beam_size=k, num_results=k, alpha=0.6,
-                                                    exact_results=exact, patience=patience or None)
+                    _STATIC_BEAM_RESULTS[key] = run(model, max_lengths, SearchOptions(
+                        beam_size=k, num_results=k, alpha=0.6, exact_results=exact, patience=patience or None))
                 want, want_scores = _STATIC_BEAM_RESULTS[key]
                 got, got_scores = search(tf.constant(k), tf.constant(exact), tf.constant(patience))
                 assert got.shape == want.shape, (k, got.shape, want.shape)
@@ -709,8 +715,9 @@ def test_run_time_beam_size_equals_each_static_beam_size(vocab, max_beam, drop_f
     np.testing.assert_array_equal(got.numpy()[:, 0], np.asarray(greedy))
     np.testing.assert_allclose(got_scores.numpy()[:, 0], np.asarray(greedy_scores), rtol=1e-6)
     with pytest.raises(ValueError, match="a tensor beam_size needs max_beam_size"):
-        tf.function(lambda k: beam_search(model.step_fn, model.initial_cache(), 8, max_lengths, beam_size=k,
-                                          max_decode_length=12), autograph=False)(tf.constant(2))
+        tf.function(lambda k: beam_search(model.step_fn, model.initial_cache(), 8, max_lengths,
+                                          SearchOptions(beam_size=k), max_decode_length=12),
+                    autograph=False)(tf.constant(2))
 
 
 def test_dropped_sentences_leave_the_step_function():
@@ -719,8 +726,8 @@ def test_dropped_sentences_leave_the_step_function():
     full batch's rows times the steps."""
     model = ToyModel(seed=8, vocab=10, batch=6, eos_bias=1.0)
     max_lengths = [2, 30, 4, 30, 1, 30]
-    _, _, full_rows = count_steps(model, max_lengths, beam_size=4)
-    seqs, _, rows = count_steps(model, max_lengths, beam_size=4, drop_finished=True)
+    _, _, full_rows = count_steps(model, max_lengths, SearchOptions(beam_size=4))
+    seqs, _, rows = count_steps(model, max_lengths, SearchOptions(beam_size=4), loop=SearchLoop(finished=DropFinished()))
     assert full_rows == [24] * len(full_rows)
     assert rows[0] == 24 and rows == sorted(rows, reverse=True) and rows[-1] < 24
     assert all(r % 4 == 0 for r in rows) and len(rows) == len(full_rows)
@@ -737,7 +744,8 @@ def test_batch_halvings_equal_the_full_batch_loop(beam_size, num_results):
     rows."""
     model = ToyModel(seed=41, vocab=9, batch=12, eos_bias=0.5)
     max_lengths = np.array([1, 3, 12, 7, 5, 9, 2, 12, 4, 6, 8, 10], "int32")
-    seqs, scores = run(model, max_lengths, beam_size=beam_size, num_results=num_results)
+    options = SearchOptions(beam_size=beam_size, num_results=num_results)
+    seqs, scores = run(model, max_lengths, options)
     rows = []
 
     def step_fn(ids, cache, step, static_cache):
@@ -748,10 +756,10 @@ def test_batch_halvings_equal_the_full_batch_loop(beam_size, num_results):
 
     def search(h, acc, lengths, halvings, static_shapes):
         batch = 12 if static_shapes else tf.shape(h)[0]
-        return beam_search(step_fn, {"h": h, "acc": acc, "hist": tf.zeros([batch, 0])}, batch, lengths,
-                           beam_size=beam_size, num_results=num_results, max_decode_length=12,
-                           static_cache={"sid": tf.range(batch)}, cache_stages=(2, 5),
-                           resize_cache=resize_history, batch_halvings=halvings)
+        loop = SearchLoop(finished=Halvings(halvings) if halvings else KeepAll(),
+                          stages=CacheStages((2, 5), resize_history))
+        return beam_search(step_fn, {"h": h, "acc": acc, "hist": tf.zeros([batch, 0])}, batch, lengths, options,
+                           loop=loop, max_decode_length=12, static_cache={"sid": tf.range(batch)})
 
     want = [np.asarray(t) for t in search(model.h0, model.acc0, max_lengths, 0, True)]
     full_rows, rows[:] = list(rows), []
@@ -766,7 +774,8 @@ def test_batch_halvings_equal_the_full_batch_loop(beam_size, num_results):
     assert halving_sizes(12, 2) == [12, 6, 3] and halving_sizes(5, 3) == [5, 3, 2, 1]
     assert halving_sizes(1, 2) == [1] and halving_sizes(32, 0) == [32]
     if beam_size == 4 and num_results == 1:  # the toy loop agrees with the reference search
-        plain = [np.asarray(t) for t in run_static(model, max_lengths, beam_size, batch_halvings=2)]
+        plain = [np.asarray(t) for t in run_static(model, max_lengths, SearchOptions(beam_size=beam_size),
+                                                   SearchLoop(finished=Halvings(2)))]
         np.testing.assert_array_equal(plain[0], seqs)
         np.testing.assert_allclose(plain[1], scores, rtol=1e-6)
     xla = tf.function(lambda h, a, m: search(h, a, m, 2, False), jit_compile=True, input_signature=[
@@ -785,10 +794,12 @@ def test_batch_halvings_start_after_the_first_cache_stage():
     beam_size = 2
     model = ToyModel(seed=5, vocab=9, batch=8, eos_bias=0.5)
     max_lengths = [1, 1, 1, 1, 1, 1, 9, 9]  # six sentences end at step 0
-    options = dict(beam_size=beam_size, max_decode_length=9, cache_stages=(4,),
-                   resize_cache=lambda cache, length: cache)  # (the toy's cache has no positions)
-    want, want_scores, full_rows = count_steps(model, max_lengths, batch_halvings=0, **options)
-    seqs, scores, halved_rows = count_steps(model, max_lengths, batch_halvings=2, **options)
+    options = SearchOptions(beam_size=beam_size)
+    stages = CacheStages((4,), lambda cache, length: cache)  # (the toy's cache has no positions)
+    want, want_scores, full_rows = count_steps(model, max_lengths, options, max_decode_length=9,
+                                               loop=SearchLoop(stages=stages))
+    seqs, scores, halved_rows = count_steps(model, max_lengths, options, max_decode_length=9,
+                                            loop=SearchLoop(finished=Halvings(2), stages=stages))
     np.testing.assert_array_equal(seqs, want)
     np.testing.assert_allclose(scores, want_scores, rtol=1e-6)
     steps = len(full_rows)
@@ -805,13 +816,13 @@ def test_patience_stops_after_round_beam_times_patience_hypotheses():
     correctly scored hypothesis, no better than the exact best."""
     model = ToyModel(seed=12, vocab=10, batch=16, eos_bias=0.0)
     max_lengths = np.tile([20, 14, 25, 9], 4)
-    exact, exact_scores, exact_steps = count_steps(model, max_lengths, beam_size=4)
+    exact, exact_scores, exact_steps = count_steps(model, max_lengths, SearchOptions(beam_size=4))
     for patience in (None, 0.0, 100.0):
-        seqs, scores, steps = count_steps(model, max_lengths, beam_size=4, patience=patience)
+        seqs, scores, steps = count_steps(model, max_lengths, SearchOptions(beam_size=4, patience=patience))
         np.testing.assert_array_equal(seqs, exact)
         np.testing.assert_array_equal(scores, exact_scores)
         assert len(steps) == len(exact_steps)
-    seqs, scores, steps = count_steps(model, max_lengths, beam_size=4, patience=0.25)
+    seqs, scores, steps = count_steps(model, max_lengths, SearchOptions(beam_size=4, patience=0.25))
     assert len(steps) < len(exact_steps)
     assert (scores[:, 0] <= exact_scores[:, 0] + 1e-6).all()
     assert (scores[:, 0] < exact_scores[:, 0] - 1e-6).any()
@@ -853,10 +864,10 @@ def test_cache_stages_equal_one_buffer_eager_and_xla():
         start = {"sid": tf.range(5), "h": h, "acc": acc}
         if staged:
             return beam_search(history_step_fn(model), {**start, "hist": tf.zeros([5, 0])}, 5, lengths,
-                               beam_size=4, num_results=2, max_decode_length=12, cache_stages=(2, 5),
-                               resize_cache=resize_history)
+                               SearchOptions(beam_size=4, num_results=2), max_decode_length=12,
+                               loop=SearchLoop(stages=CacheStages((2, 5), resize_history)))
         return beam_search(history_step_fn(model), {**start, "hist": tf.zeros([5, 12])}, 5, lengths,
-                           beam_size=4, num_results=2, max_decode_length=12)
+                           SearchOptions(beam_size=4, num_results=2), max_decode_length=12)
 
     want = [np.asarray(t) for t in search(model.h0, model.acc0, max_lengths, staged=False)]
     assert len({len(strip(row)) for row in want[0][:, 0]}) > 2  # outputs of several lengths
@@ -881,13 +892,13 @@ def test_xla_compiles_no_loop_for_a_stage_of_no_steps():
 
     def search(h, acc, lengths, template):  # the template's length is the buffer's
         start = {"sid": tf.range(5), "h": h, "acc": acc, "hist": tf.zeros([5, 0])}
-        return beam_search(history_step_fn(model), start, 5, lengths, beam_size=4, num_results=2,
-                           max_decode_length=tf.shape(template)[0], cache_stages=(2, 5, 16, 32),
-                           resize_cache=resize_history, min_decode_length=12)
+        stages = CacheStages((2, 5, 16, 32), resize_history, min_decode_length=12)
+        return beam_search(history_step_fn(model), start, 5, lengths, SearchOptions(beam_size=4, num_results=2),
+                           loop=SearchLoop(stages=stages), max_decode_length=tf.shape(template)[0])
 
     want = [np.asarray(t) for t in beam_search(
         history_step_fn(model), {"sid": tf.range(5), "h": model.h0, "acc": model.acc0, "hist": tf.zeros([5, 12])},
-        5, max_lengths, beam_size=4, num_results=2, max_decode_length=12)]
+        5, max_lengths, SearchOptions(beam_size=4, num_results=2), max_decode_length=12)]
     xla = tf.function(search, jit_compile=True, autograph=False, input_signature=[
         tf.TensorSpec(model.h0.shape, tf.int32), tf.TensorSpec(model.acc0.shape, tf.float32),
         tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.float32)])
@@ -901,34 +912,12 @@ def test_xla_compiles_no_loop_for_a_stage_of_no_steps():
 
 
 # --------------------------------------------------------------------------
-# The settings objects (SearchOptions, SearchLoop) and the former keywords
+# The settings objects (SearchOptions, SearchLoop)
 # --------------------------------------------------------------------------
-@pytest.mark.parametrize("keywords, options, loop", [
-    (dict(beam_size=4, alpha=0.6, num_results=2, patience=0.5),
-     SearchOptions(beam_size=4, alpha=0.6, num_results=2, patience=0.5), SearchLoop()),
-    (dict(beam_size=3, num_results=3, exact_results=1, drop_finished=True),
-     SearchOptions(beam_size=3, num_results=3, exact_results=1), SearchLoop(finished=DropFinished())),
-    (dict(beam_size=4, num_results=2, cache_stages=(2, 5), resize_cache=resize_history, batch_halvings=2),
-     SearchOptions(beam_size=4, num_results=2),
-     SearchLoop(KERAS_OPS, Halvings(2), CacheStages((2, 5), resize_history))),
-])
-def test_settings_objects_search_as_the_former_keywords(keywords, options, loop):
-    """`beam_search(..., options, loop=...)` is the search its former keywords made: the
-    same ids and scores, bit for bit (one computation, two ways to ask for it)."""
-    model = ToyModel(seed=23, vocab=9, batch=5, eos_bias=-0.5)
-    max_lengths = np.array([3, 9, 6, 12, 1], "int32")
-    start = {**model.initial_cache(), "hist": tf.zeros([5, 0])}
-    former = beam_search(history_step_fn(model), start, 5, max_lengths, max_decode_length=12, **keywords)
-    objects = beam_search(history_step_fn(model), start, 5, max_lengths, options, loop=loop, max_decode_length=12)
-    for got, want in zip(objects, former):
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    assert (np.asarray(former[0])[:, 0, 0] != PAD_ID).all()  # real outputs
-
-
 def test_settings_are_checked_when_made():
     """Each setting is checked where it is made, with a message naming the value; the
     exclusions (`DropFinished` with cache stages or a traced-once body, halvings with a
-    run-time beam size, an object and its former keywords) are errors, not docstrings."""
+    run-time beam size) are errors, not docstrings."""
     model = ToyModel(seed=1, vocab=6, batch=1)
     search = functools.partial(beam_search, model.step_fn, model.initial_cache(), 1, np.array([3], "int32"))
     stages = CacheStages((2, 5), resize_history)
@@ -945,10 +934,8 @@ def test_settings_are_checked_when_made():
             (lambda: SearchLoop(finished=DropFinished(), stages=stages), ValueError, "not with CacheStages"),
             (lambda: SearchLoop(LoopOps(trace_once=tf.function), DropFinished()), ValueError, "LoopOps.trace_once"),
             (lambda: SearchLoop(finished="drop"), TypeError, "KeepAll\\(\\), DropFinished\\(\\) or Halvings"),
-            (lambda: search(SearchOptions(), beam_size=2), TypeError, "beam_size given beside `options`"),
-            (lambda: search(loop=SearchLoop(), drop_finished=True), TypeError, "drop_finished given beside `loop`"),
-            (lambda: search(beam=2), TypeError, r"unexpected keyword argument\(s\): beam"),
-            (lambda: search(drop_finished=True, batch_halvings=1), ValueError, "exclude each other"),
+            (lambda: search({"beam_size": 2}), TypeError, "options must be a SearchOptions"),
+            (lambda: search(loop=DropFinished()), TypeError, "loop must be a SearchLoop"),
             (lambda: tf.function(lambda k: search(SearchOptions(beam_size=k, max_beam_size=4),
                                                   loop=SearchLoop(finished=Halvings(1))))(tf.constant(2)),
              ValueError, "needs a python int beam_size")):
@@ -959,3 +946,25 @@ def test_settings_are_checked_when_made():
     assert SearchOptions(beam_size=np.int64(3), num_results=np.int32(2)).beam_size.__class__ is int
     assert SearchLoop().finished == KeepAll() and SearchLoop().ops is KERAS_OPS
 
+
+
+def test_a_processor_joins_the_search_only_when_its_option_is_on():
+    """`make_logits_processors` gives one processor per option that is on (a python value
+    other than 0 / False, or a tensor), in CTranslate2's order with the prefix last, and none
+    for the defaults (the step then adds no op); `make_sampler` samples only where the
+    options do."""
+    from keras_transformer.decoding import (BestSampler, DisallowUnk, MinLength, NoRepeatNgram, RandomSampler,
+                                            TargetPrefix, make_logits_processors, make_sampler)
+
+    assert make_logits_processors(SearchOptions(), EOS_ID) == ()
+    assert make_logits_processors(SearchOptions(min_length=0, no_repeat_ngram_size=0), EOS_ID, has_prefix=True) == (
+        TargetPrefix(),)
+    processors = make_logits_processors(SearchOptions(disallow_unk=True, no_repeat_ngram_size=2, min_length=3),
+                                        EOS_ID, has_prefix=True)
+    assert processors == (MinLength(3, EOS_ID), NoRepeatNgram(2), DisallowUnk(True), TargetPrefix())
+    size = tf.constant(0)  # a run-time value may be on: its processor is in the step
+    assert [type(p) for p in make_logits_processors(SearchOptions(no_repeat_ngram_size=size), EOS_ID)] == [
+        NoRepeatNgram]
+    assert make_sampler(SearchOptions(), KERAS_OPS) == BestSampler()
+    sampler = make_sampler(SearchOptions(beam_size=1, sampling_topk=5, seed=3), KERAS_OPS)
+    assert isinstance(sampler, RandomSampler) and (sampler.topk, sampler.seed) == (5, 3)

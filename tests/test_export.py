@@ -46,7 +46,8 @@ def exported(toy_translator, tmp_path_factory):
 
 def in_process(translator, texts, beam_size=4):
     strings, scores = tf.function(
-        lambda t: translator.translate_graph(t, beam_size, 0.6, translator.config.decode_extra_length, 1)
+        lambda t: translator.translate_graph(t, SearchOptions(
+            beam_size=beam_size, alpha=0.6, extra_length=translator.config.decode_extra_length, num_results=1))
     )(tf.constant(texts))
     return [s.decode("utf-8") for s in strings.numpy()[:, 0]], scores.numpy()[:, 0]
 
@@ -195,7 +196,7 @@ def test_translate_and_trainings_bleu_run_the_plain_graph_unless_asked_for_xla(e
     compiled = []
     search_xla = translator.searcher.search_xla
     monkeypatch.setattr(translator.searcher, "search_xla",
-                        lambda *args, **kwargs: compiled.append(args[2]) or search_xla(*args, **kwargs))
+                        lambda *args, **kwargs: compiled.append(args[2].beam_size) or search_xla(*args, **kwargs))
     want = in_process(translator, GOLDEN)[0]
     assert any(want)
     assert translator.translate(GOLDEN) == want
@@ -1049,7 +1050,8 @@ def test_a_huge_request_reaches_the_tokenizer_cut(exported, monkeypatch):
             return real_encode(tf.identity(text))
 
     monkeypatch.setattr(translator, "encode_text", encode_text)
-    strings, _ = tf.function(lambda t: translator.translate_graph(t, 1, 0.6, 0, 1))(huge)
+    strings, _ = tf.function(lambda t: translator.translate_graph(
+        t, SearchOptions(beam_size=1, alpha=0.6, extra_length=0, num_results=1)))(huge)
     assert len(seen) == 1 and strings.shape == (3, 1)
 
 
@@ -1084,7 +1086,8 @@ def test_patience_option_and_export_default(exported, loaded):
     assert exact == [t.decode() for t in served["translation"].numpy()]
     fast, fast_scores = run(0.25)
     strings, scores = tf.function(lambda t: translator.translate_graph(
-        t, 4, 0.6, translator.config.decode_extra_length, 1, patience=0.25))(texts)
+        t, SearchOptions(beam_size=4, alpha=0.6, extra_length=translator.config.decode_extra_length, num_results=1,
+                         patience=0.25)))(texts)
     assert fast == [t.decode() for t in strings.numpy()[:, 0]]
     np.testing.assert_allclose(fast_scores, scores.numpy()[:, 0], atol=1e-5)
     assert (fast_scores <= exact_scores + 1e-5).all()
@@ -1134,7 +1137,8 @@ def test_options_signature_searches_as_each_static_beam_size(exported, loaded):
     for beam in (1, 2, 3, 5, MAX_BEAM_SIZE):
         out = options(text=texts, beam_size=tf.constant(beam), alpha=tf.constant(0.6),
                       extra_length=tf.constant(10), num_results=tf.constant(beam), patience=tf.constant(0.0))
-        strings, scores = tf.function(lambda t, beam=beam: translator.translate_graph(t, beam, 0.6, 10, beam))(texts)
+        strings, scores = tf.function(lambda t, beam=beam: translator.translate_graph(
+            t, SearchOptions(beam_size=beam, alpha=0.6, extra_length=10, num_results=beam)))(texts)
         np.testing.assert_array_equal(out["translations"].numpy(), strings.numpy(), err_msg=f"beam {beam}")
         np.testing.assert_allclose(out["scores"].numpy(), scores.numpy(), rtol=1e-6, err_msg=f"beam {beam}")
     graph = loaded.signatures["translate_options"].graph.as_graph_def()
@@ -1987,7 +1991,7 @@ def test_output_without_eos_stops_at_source_length_plus_extra(exported):
     and scores: with extra 10 the second sentence's 19 steps cross its first cache stage (16
     positions), where no trained output of the toy model reaches (its outputs end by 8 tokens)."""
     from keras_transformer.constants import EOS_ID, NEG_INF, PAD_ID
-
+    from keras_transformer.searcher import REQUEST_SIZED, STATIC_BUFFER
     from keras_transformer.translator import Translator
 
     trained = exported["translator"]
@@ -2004,8 +2008,9 @@ def test_output_without_eos_stops_at_source_length_plus_extra(exported):
     for extra in (0, 3, 10):
         found = {}
         for static_buffer in (False, True):
-            ids, scores = translator.searcher.search(source_ids, lengths, 4, 0.6, extra, 2,
-                                                     static_buffer=static_buffer)
+            ids, scores = translator.searcher.search(
+                source_ids, lengths, SearchOptions(beam_size=4, alpha=0.6, extra_length=extra, num_results=2),
+                buffer=STATIC_BUFFER if static_buffer else REQUEST_SIZED)
             generated = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1).numpy()  # [batch, n]
             np.testing.assert_array_equal(generated, np.repeat((lengths.numpy() + extra)[:, None], 2, 1))
             assert not (ids.numpy() == EOS_ID).any()
@@ -2025,7 +2030,7 @@ def test_request_sized_buffer_equals_the_static_buffer(exported, beam_size, num_
     (-4.0787725 and -4.078772), whose order the single-threaded loop's other rounding
     swaps (test_searcher.py compares the two executors)."""
     from keras_transformer.constants import PAD_ID
-    from keras_transformer.searcher import Searcher
+    from keras_transformer.searcher import STATIC_BUFFER, Searcher
 
     translator = exported["translator"]
     searcher = Searcher(exported["model"], exported["config"], single_threaded_loop=False)
@@ -2033,9 +2038,9 @@ def test_request_sized_buffer_equals_the_static_buffer(exported, beam_size, num_
     source_ids, lengths = translator.encode_text(texts)
     static_length = searcher.max_decode_length
     for extra in (0, 2, translator.config.decode_extra_length):
-        request = tf.function(lambda i, l: searcher.search(i, l, beam_size, 0.6, extra, num_results))
-        static = tf.function(lambda i, l: searcher.search(i, l, beam_size, 0.6, extra, num_results,
-                                                          static_buffer=True))
+        options = SearchOptions(beam_size=beam_size, alpha=0.6, extra_length=extra, num_results=num_results)
+        request = tf.function(lambda i, l: searcher.search(i, l, options))
+        static = tf.function(lambda i, l: searcher.search(i, l, options, buffer=STATIC_BUFFER))
         ids, scores = request(source_ids, lengths)
         static_ids, static_scores = static(source_ids, lengths)
         width = int(lengths.numpy().max()) + extra

@@ -1,6 +1,7 @@
 """The searches of `Searcher`: the plain graph's kernel choice per request, the XLA
 search's programs per batch bucket."""
 
+import os
 import traceback
 
 import numpy as np
@@ -63,7 +64,8 @@ def test_one_loop_of_broadcast_products_equals_the_choice_per_call(monkeypatch):
     spec = [tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32)]
 
     def run(searcher):  # every request, one trace per num_results
-        searches = {n: tf.function(lambda i, l, n=n: searcher.search(i, l, 4, 0.6, 6, n), input_signature=spec)
+        searches = {n: tf.function(lambda i, l, n=n: searcher.search(i, l, SearchOptions(
+                        beam_size=4, alpha=0.6, extra_length=6, num_results=n)), input_signature=spec)
                     for n in {n for _, n in requests}}
         return [tuple(x.numpy() for x in searches[n](source[:batch], lengths[:batch])) for batch, n in requests]
 
@@ -90,9 +92,10 @@ def test_a_batch_of_one_runs_the_xla_search_without_halvings():
     config, model, source = tiny_model_and_sources(num_layers=1, seed=5, width=6)
     lengths = np.array([6, 6, 6], "int32")
     searcher = Searcher(model, config)
-    plain = tf.function(lambda i, n: searcher.search(i, n, 3, 0.6, 6, 1))
+    options = SearchOptions(beam_size=3, alpha=0.6, extra_length=6, num_results=1)
+    plain = tf.function(lambda i, n: searcher.search(i, n, options))
     for batch, halvings in ((1, 0), (3, searcher_module.XLA_BATCH_HALVINGS)):
-        ids, scores = searcher.search_xla(source[:batch], lengths[:batch], 3, 0.6, 6, 1)  # eager: one branch runs
+        ids, scores = searcher.search_xla(source[:batch], lengths[:batch], options)  # eager: one branch runs
         traced = {key[2] for key, f in searcher._compiled.items() if f.experimental_get_tracing_count()}
         assert halvings in traced and (batch > 1 or traced == {0}), (batch, traced)
         assert_same_search(ids, scores, *plain(source[:batch], lengths[:batch]))
@@ -101,7 +104,7 @@ def test_a_batch_of_one_runs_the_xla_search_without_halvings():
     # stage with halvings): the two programs' graphs hold the same products, where a copy
     # traced per call would give 13 steps' against 4.
     def counts(halvings):
-        graph = searcher.compiled_search(3, 1, halvings).get_concrete_function().graph.as_graph_def()
+        graph = searcher.compiled_search(options, halvings).get_concrete_function().graph.as_graph_def()
         traced = [sum(name in f.signature.name for f in graph.library.function) for name in ("step_fn", "search_body")]
         nodes = [*graph.node, *(node for f in graph.library.function for node in f.node_def)]
         return (*traced, sum(node.op in ("MatMul", "BatchMatMulV3", "Einsum") for node in nodes))
@@ -125,8 +128,9 @@ def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(mo
     assert searcher.folds_projection_at_batch_one()
     lengths = np.array([6], "int32")
 
-    ids, scores = searcher.search_xla(source[:1], lengths, 3, 0.6, 6, 1)  # eager: one branch runs
-    plain = tf.function(lambda i, n: searcher.search(i, n, 3, 0.6, 6, 1))
+    options = SearchOptions(beam_size=3, alpha=0.6, extra_length=6, num_results=1)
+    ids, scores = searcher.search_xla(source[:1], lengths, options)  # eager: one branch runs
+    plain = tf.function(lambda i, n: searcher.search(i, n, options))
     assert_same_search(ids, scores, *plain(source[:1], lengths))
     ran = {key for key, f in searcher._compiled.items() if f.experimental_get_tracing_count()}
     assert ran == {(3, 1, 0, True)}, ran  # (beam, results, halvings, folded)
@@ -136,8 +140,8 @@ def test_a_large_output_matrix_is_read_as_stored_by_the_batch_one_xla_program(mo
         return sum(op.type == "Transpose" and op.outputs[0].shape.as_list() == [config.d_model, config.vocab_size]
                    for op in graph.get_operations())
 
-    assert transposes_before_the_loop(searcher.compiled_search(3, 1, 0, fold_projection=True)) == 0
-    assert transposes_before_the_loop(searcher.compiled_search(3, 1, 0, fold_projection=False)) == 1
+    assert transposes_before_the_loop(searcher.compiled_search(options, 0, fold_projection=True)) == 0
+    assert transposes_before_the_loop(searcher.compiled_search(options, 0, fold_projection=False)) == 1
 
 
 def test_eigen_transpose_moves_the_bits_as_tf_transpose_does():
@@ -173,8 +177,9 @@ def test_the_plain_loops_large_attention_products_run_out_of_onednn_and_equal_th
     lengths = np.array([7, 4, 7], "int32")
     searcher = Searcher(model, config)
     for num_results in (1, 2):
-        plain = tf.function(lambda i, n: searcher.search(i, n, 4, 0.6, 6, num_results))
-        static = tf.function(lambda i, n: searcher.search(i, n, 4, 0.6, 6, num_results, static_buffer=True))
+        options = SearchOptions(beam_size=4, alpha=0.6, extra_length=6, num_results=num_results)
+        plain = tf.function(lambda i, n: searcher.search(i, n, options))
+        static = tf.function(lambda i, n: searcher.search(i, n, options, buffer=STATIC_BUFFER))
         ids, scores = plain(source, lengths)
         assert (ids.numpy()[:, 0, 0] > PAD_ID).all()  # real outputs
         assert_same_search(*static(source, lengths), ids, scores)
@@ -218,41 +223,38 @@ def test_autograph_rewrites_none_of_the_search(tmp_path):
 
     searcher = Searcher(model, config, logits_filter=probe)
     lengths = np.array([6, 6, 6], "int32")
+    options = SearchOptions(beam_size=2, alpha=0.6, extra_length=6, num_results=1)
     plain, traced = traced_stacks(  # autograph on, as in a caller's own tf.function
-        lambda: tf.function(lambda i, n: searcher.search(i, n, 2, 0.6, 6, 1))(source, lengths))
-    assert_same_search(*plain, *searcher.search(source, lengths, 2, 0.6, 6, 1))  # eager
-    traced += traced_stacks(lambda: searcher.compiled_search(2, 1, 0).get_concrete_function())[1]
+        lambda: tf.function(lambda i, n: searcher.search(i, n, options))(source, lengths))
+    assert_same_search(*plain, *searcher.search(source, lengths, options))  # eager
+    traced += traced_stacks(lambda: searcher.compiled_search(options, 0).get_concrete_function())[1]
     texts = [" ".join(WORDS_EN[i:] + WORDS_EN[:i]) for i in range(len(WORDS_EN))] * 4
     tokenizer = Tokenizer.load(train_tokenizer(texts, tmp_path / "sp", config.vocab_size))
     translator = Translator(model, config, tokenizer.model_bytes, logits_filter=probe)
     traced += traced_stacks(
-        lambda: tf.function(lambda t: translator.translate_graph(t, 2, 0.6, 6, 1))(tf.constant(texts[:2])))[1]
+        lambda: tf.function(lambda t: translator.translate_graph(t, options))(tf.constant(texts[:2])))[1]
     for stack in traced:
-        assert any(name.endswith("decoding.py") for name in stack), stack  # beam_search's own frame
+        assert any(name.endswith(os.path.join("decoding", "loops.py")) for name in stack), stack  # beam_search's own frame
         assert not rewritten_below_entry(stack), stack
 
 
-def test_search_options_and_buffers_search_as_the_former_arguments():
-    """`Searcher.search(ids, lengths, SearchOptions(...), buffer=...)` is the search of its
-    former positional form and booleans (`static_buffer=True`, `litert=True`): the same ids
-    and scores, bit for bit; a mix of the two forms is an error naming what was given."""
+def test_each_buffer_searches_as_the_request_sized_one():
+    """`Searcher.search(ids, lengths, SearchOptions(...), buffer=...)`: `STATIC_BUFFER` and
+    `LITERT_BATCH` find `REQUEST_SIZED`'s ids, and its scores to float32 rounding (n-best with
+    patience; the static buffer's ids are wider, PAD after);
+    anything but a `SearchOptions`, or a `RequestLoop` that cannot run, is an error naming
+    what was given."""
     config, model, source = tiny_model_and_sources(num_layers=1, seed=5, width=6)
     lengths = np.array([6, 6, 6], "int32")
     searcher = Searcher(model, config)
     options = SearchOptions(beam_size=3, alpha=0.6, num_results=2, extra_length=6, patience=1.0)
-    for buffer, former in ((REQUEST_SIZED, {}), (STATIC_BUFFER, {"static_buffer": True}),
-                           (LITERT_BATCH, {"litert": True})):
-        new = tf.function(lambda i, n: searcher.search(i, n, options, buffer=buffer))(source, lengths)
-        old = tf.function(lambda i, n: searcher.search(i, n, 3, 0.6, 6, 2, patience=1.0, **former))(source, lengths)
-        for got, want in zip(new, old):
-            np.testing.assert_array_equal(got.numpy(), want.numpy())
-        assert (new[0].numpy()[:, 0, 0] != PAD_ID).all()
-    with pytest.raises(TypeError, match="a SearchOptions and option values"):
-        searcher.search(source, lengths, options, 0.6)
-    with pytest.raises(TypeError, match="takes a SearchOptions, or beam_size, alpha, extra_length and num_results"):
-        searcher.search(source, lengths, 3, 0.6)
-    with pytest.raises(ValueError, match="exclude each other"):
-        searcher.search(source, lengths, options, static_buffer=True, buffer=LITERT_BATCH)
+    want = tf.function(lambda i, n: searcher.search(i, n, options, buffer=REQUEST_SIZED))(source, lengths)
+    assert (want[0].numpy()[:, 0, 0] != PAD_ID).all()
+    for buffer in (STATIC_BUFFER, LITERT_BATCH):
+        assert_same_search(*tf.function(lambda i, n: searcher.search(i, n, options, buffer=buffer))(source, lengths),
+                           *want)
+    with pytest.raises(TypeError, match="Searcher.search takes a SearchOptions, got 3"):
+        searcher.search(source, lengths, 3)
     with pytest.raises(ValueError, match="a single-threaded loop runs no cond"):
         RequestLoop("always", None, DropFinished(), single_threaded=True)
 

@@ -4,7 +4,8 @@
     python -m tools.reference --check   # exit 1 if a page is stale or a documented command is not real
 
 * `docs/reference/options.md`: `train.py`'s options, made from the option definitions on
-  the config fields (`keras_transformer.config.options_table`), and the fields `--set` takes.
+  the config fields (`keras_transformer.config.options_table`), the fields `--set` takes, and
+  the decoding options' table (`keras_transformer.decoding_options.markdown_table`).
 * `docs/reference/commands.md`: every command (`train.py`, `python -m export.*`,
   `python -m keras_transformer.parsing`, `python -m benchmarks.*`) from its argparse parser:
   the module's `build_parser()` where it has one, else the parser its `main` builds (caught
@@ -257,6 +258,7 @@ def benchmarks_page() -> str:
 
 
 def options_page() -> str:
+    from keras_transformer.decoding import options as decoding_options
     from keras_transformer.config import MODEL_OVERRIDE_FIELDS, options_table
 
     fields = ", ".join(f"`{name}`" for name in MODEL_OVERRIDE_FIELDS)
@@ -275,7 +277,14 @@ def options_page() -> str:
         "`--set dropout=0.3 --set num_layers=4`. The fields: " + fields + "; each is documented in "
         "[`TransformerConfig`](../api.md#keras_transformer.config.TransformerConfig). `num_decoder_layers` "
         "gives the decoder a depth of its own (unset, both stacks have `num_layers`).", "",
-        "The syntax options are explained in [Syntax-aware models](../syntax.md).", ""])
+        "The syntax options are explained in [Syntax-aware models](../syntax.md).", "",
+        "## Decoding options", "",
+        "Each decoding option is one row of `keras_transformer/decoding/options.py` (name, type, default, "
+        "the values Python and a served request take, CTranslate2's name, `export.translate`'s flag, the "
+        "signatures that take it): `SearchOptions` and `Translator.translate` raise on a bad value, "
+        "`translate_options` and `translate_advanced` clip it or answer the sentence with an error, "
+        "`export.translate` refuses its flag.", "",
+        "<!-- decoding-options:begin -->", decoding_options.markdown_table(), "<!-- decoding-options:end -->", ""])
 
 
 # -- the docs' commands ---------------------------------------------------------------------------

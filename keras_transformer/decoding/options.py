@@ -1,0 +1,279 @@
+"""The decoding options, each defined once: one row per option of the search.
+
+A row says what the option is (name, type, default), what values it takes from Python
+(`SearchOptions`, `Translator.translate`: a bad one raises) and from a served request
+(the SavedModel's signatures: clipped, or the sentence's error row), its name in
+CTranslate2's `translate_batch`, and its flag and help in `export.translate` (a bad value
+is a `parser.error`). Each surface is made from these rows:
+
+* `SearchOptions` validation (`keras_transformer.decoding`): `python_problem`;
+* the signatures' input specs, warm-up defaults and per-sentence checks
+  (`export.saved_model_graph`): `signature_options`, `served_defaults`, `tensor_problems`;
+* `export.translate`'s decoding flags and their checks: `add_flags`, `flag_problem`;
+* the CTranslate2 option mapping (`export.ctranslate2.translation_options`): `ctranslate2_options`;
+* the table in docs/reference (`python -m tools.reference`): `markdown_table`.
+
+This module imports neither TensorFlow nor Keras (importing `keras` loads TensorFlow), so
+that a command answers `--help` and its flag errors before TensorFlow loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import typing
+
+from keras_transformer.constants import MAX_BEAM_SIZE, MAX_NO_REPEAT_NGRAM_SIZE
+
+# The signatures that take the options (the names `export.saved_model` gives them).
+_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE = "translate_options", "translate_advanced"
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A numeric range: `low` and `high` (None: unbounded), each closed unless `*_open`, and
+    finite values only when `finite`."""
+
+    low: typing.Optional[float] = None
+    high: typing.Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+    finite: bool = False
+
+    def holds(self, value) -> bool:
+        """Whether the python number `value` is in the range (NaN never is, where bounded)."""
+        return bool(self._inside(value, math.isfinite))
+
+    def outside(self, value, is_finite, integral=False):
+        """The bool mask of the tensor `value`'s entries outside the range (NaN included, where
+        bounded), with the tensors' own operators and `is_finite` (the graph's op). An
+        `integral` value (no NaN) is outside where it breaks a bound (`v < low | v > high`);
+        a float one where it is not inside (`~(v > low & v <= high & finite)`)."""
+        if not integral:
+            return ~self._inside(value, is_finite)
+        masks = []
+        if self.low is not None:
+            masks.append(value <= self.low if self.low_open else value < self.low)
+        if self.high is not None:
+            masks.append(value >= self.high if self.high_open else value > self.high)
+        outside = masks[0]
+        for mask in masks[1:]:
+            outside = outside | mask
+        return outside
+
+    def _inside(self, value, is_finite):
+        conditions = []
+        if self.low is not None:
+            conditions.append(value > self.low if self.low_open else value >= self.low)
+        if self.high is not None:
+            conditions.append(value < self.high if self.high_open else value <= self.high)
+        if self.finite:
+            conditions.append(is_finite(value))
+        inside = conditions[0] if conditions else True
+        for condition in conditions[1:]:
+            inside = inside & condition
+        return inside
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingOption:
+    """One decoding option.
+
+    Args:
+        name: its name (`SearchOptions`' field, the signatures' input, the keyword of
+            `Translator.translate`).
+        kind: "int", "float" or "bool" (the signatures' int32, float32, bool).
+        default: its value when not given; None: the export's own (`config_field` of the
+            `TransformerConfig`, or the export's patience).
+        python: the values Python takes (`SearchOptions`), None: any of its kind.
+        python_text: those values in words, for `SearchOptions`' error
+            (`"{name} must be {python_text} or {tensor_text}, got ..."`).
+        tensor_text: what a run-time (tensor) value must be, in that error.
+        served: the values a served request takes per sentence (`translate_advanced`'s
+            error row), None: no check there (the signature clips it, `served_clip`).
+        served_message: the error row's words (`"{signature}: {served_message}"`).
+        served_clip: how the signatures clip a value (words for the docs), or None.
+        ctranslate2: its name in CTranslate2's `translate_batch` (None: no such option).
+        flag, help: `export.translate`'s flag and help (None: no flag of its own).
+        flag_range, flag_text: the values the flag takes and the words of its error
+            (`"{flag} must be {flag_text}, got ..."`), None: any of its kind.
+        signatures: the signatures that take it as an input.
+        config_field: with a None default, the `TransformerConfig` field that gives it.
+        integral: an "int" option's python value must be an integer (False: any number
+            in `python`, as `extra_length`, which the searcher casts).
+    """
+
+    name: str
+    kind: str
+    default: object
+    python: typing.Optional[Range]
+    python_text: str
+    tensor_text: str
+    served: typing.Optional[Range] = None
+    served_message: str = ""
+    served_clip: typing.Optional[str] = None
+    ctranslate2: typing.Optional[str] = None
+    flag: typing.Optional[str] = None
+    help: str = ""
+    flag_range: typing.Optional[Range] = None
+    flag_text: str = ""
+    signatures: typing.Tuple[str, ...] = (_ADVANCED_SIGNATURE,)
+    config_field: typing.Optional[str] = None
+    integral: bool = True
+
+    def python_problem(self, value) -> typing.Optional[str]:
+        """`SearchOptions`' error for the python `value` (None: it is good)."""
+        if self.kind == "bool":
+            good = isinstance(value, bool) or (type(value).__module__ == "numpy"  # (NumPy's bool)
+                                               and type(value).__name__ in ("bool", "bool_"))
+        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+            good = False
+        elif self.kind == "int":
+            good = ((isinstance(value, numbers.Integral) or not self.integral)
+                    and (self.python is None or self.python.holds(value)))
+        else:
+            good = self.python is None or self.python.holds(value)
+        if good:
+            return None
+        return f"{self.name} must be {self.python_text} or {self.tensor_text}, got {value!r}"
+
+    def flag_problem(self, value) -> typing.Optional[str]:
+        """`export.translate`'s error for the flag's parsed `value` (None: good or not given)."""
+        if value is None or self.flag_range is None or self.flag_range.holds(value):
+            return None
+        return f"{self.flag} must be {self.flag_text}, got {value}"
+
+    def given_default(self, config=None, patience: float = 0.0):
+        """The default: the row's, or the export's own (`config`, the export's `patience`)."""
+        if self.default is not None:
+            return self.default
+        if self.config_field is None:
+            return patience
+        return getattr(config, self.config_field)
+
+
+OPTIONS = (
+    DecodingOption(
+        "beam_size", "int", None, Range(1), "a python int >= 1", "an int32 scalar tensor",
+        served_clip=f"clipped to [1, {MAX_BEAM_SIZE}]", ctranslate2="beam_size", flag="--beam-size",
+        signatures=(_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE), config_field="beam_size"),
+    DecodingOption(
+        "alpha", "float", None, Range(finite=True), "a finite number", "a scalar tensor",
+        served_clip="NaN or infinite: the export's own", ctranslate2="length_penalty", flag="--alpha",
+        signatures=(_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE), config_field="length_penalty_alpha"),
+    DecodingOption(
+        "extra_length", "int", None, Range(finite=True), "a finite number", "a scalar tensor",
+        served_clip="clipped to [0, decode_extra_length]", ctranslate2="max_decoding_length",
+        signatures=(_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE), config_field="decode_extra_length", integral=False),
+    DecodingOption(
+        "num_results", "int", 1, Range(1), "a python int >= 1", "an int32 scalar tensor",
+        served_clip="clipped to [1, beam_size]", ctranslate2="num_hypotheses", flag="--n-best",
+        signatures=(_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE)),
+    DecodingOption(
+        "patience", "float", None, Range(finite=True), "a finite number", "a scalar tensor",
+        served_clip="NaN: 0 (off); above MAX_PATIENCE: that bound", ctranslate2="patience", flag="--patience",
+        signatures=(_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE)),
+    DecodingOption(
+        "min_length", "int", 0, Range(0), "an int >= 0 (0: off)", "a scalar tensor",
+        served=Range(0), served_message="min_length must be >= 0", ctranslate2="min_decoding_length",
+        flag="--min-length", help="the fewest target pieces before the end of a translation (default 0)",
+        flag_range=Range(0), flag_text=">= 0"),
+    DecodingOption(
+        "no_repeat_ngram_size", "int", 0, Range(0), "an int >= 0 (0: off)", "an int32 scalar tensor",
+        served=Range(0, MAX_NO_REPEAT_NGRAM_SIZE),
+        served_message=f"no_repeat_ngram_size must be in [0, {MAX_NO_REPEAT_NGRAM_SIZE}]",
+        ctranslate2="no_repeat_ngram_size", flag="--no-repeat-ngram-size",
+        help=f"no n-gram of this many pieces twice in a translation, 1..{MAX_NO_REPEAT_NGRAM_SIZE} (default 0: off)",
+        flag_range=Range(0, MAX_NO_REPEAT_NGRAM_SIZE),
+        flag_text=f"0..{MAX_NO_REPEAT_NGRAM_SIZE} (the export's largest)"),
+    DecodingOption(
+        "disallow_unk", "bool", False, None, "a bool", "a bool scalar tensor", ctranslate2="disable_unk",
+        flag="--disallow-unk", help="never generate the unknown piece"),
+    DecodingOption(
+        "sampling_topk", "int", 1, Range(0), "an int >= 0 (1: no sampling, 0: the whole vocabulary)",
+        "an int32 scalar tensor", served=Range(0),
+        served_message="sampling_topk must be >= 0 (1: no sampling, 0: the whole vocabulary)",
+        ctranslate2="sampling_topk", flag="--sampling-topk",
+        help="sample each piece among the K most likely (0: all) instead of searching; with one beam "
+             "(default 1: no sampling)",
+        flag_range=Range(0), flag_text=">= 0 (1: no sampling, 0: every piece)"),
+    DecodingOption(
+        "sampling_topp", "float", 1.0, Range(0, 1, low_open=True, finite=True), "a finite number in (0, 1]",
+        "a float scalar tensor", served=Range(0, 1, low_open=True), served_message="sampling_topp must be in (0, 1]",
+        ctranslate2="sampling_topp", flag="--sampling-topp",
+        help="with sampling, among the fewest most likely pieces whose probabilities reach P, in (0, 1] (default 1)",
+        flag_range=Range(0, 1, low_open=True), flag_text="in (0, 1]"),
+    DecodingOption(
+        "sampling_temperature", "float", 1.0, Range(0, low_open=True, finite=True), "a finite number in > 0",
+        "a float scalar tensor", served=Range(0, low_open=True, finite=True),
+        served_message="sampling_temperature must be a finite number > 0", ctranslate2="sampling_temperature",
+        flag="--sampling-temperature", help="with sampling, divide the log-probabilities by T > 0 first (default 1)",
+        flag_range=Range(0, low_open=True), flag_text="> 0"),
+    DecodingOption(
+        "seed", "int", 0, Range(0, 2 ** 31, high_open=True), "an int in [0, 2**31)", "an int scalar tensor",
+        served=Range(0), served_message="seed must be >= 0", flag="--seed",
+        help="with sampling, >= 0: the same seed and input lines give the same samples (default 0)",
+        flag_range=Range(0, 2 ** 31, high_open=True), flag_text="in [0, 2**31)"),
+)
+BY_NAME = {option.name: option for option in OPTIONS}
+# The options of `Translator.translate` and the flags of `export.translate` that call
+# `translate_advanced` (those the plain search of `translate_options` lacks).
+ADVANCED = tuple(option for option in OPTIONS if _OPTIONS_SIGNATURE not in option.signatures)
+SAMPLING = ("sampling_topk", "sampling_topp", "sampling_temperature", "seed")
+CONSTRAINTS = ("min_length", "no_repeat_ngram_size", "disallow_unk")
+
+
+def signature_options(signature: str) -> tuple:
+    """The rows of the options `signature` takes, in its inputs' order."""
+    return tuple(option for option in OPTIONS if signature in option.signatures)
+
+
+def served_defaults(signature: str, config, patience: float = 0.0) -> dict:
+    """`{name: default}` of `signature`'s options: the values that translate as `serving_default`
+    does (the export's beam size, alpha, extra length and patience, one result, no constraint,
+    no sampling)."""
+    return {option.name: option.given_default(config, patience) for option in signature_options(signature)}
+
+
+def tensor_problems(columns: dict, is_finite) -> list:
+    """The per-sentence checks of the served options in `columns` (`{name: [batch] tensor}`),
+    in their order: `[(bad mask, message)]` (the options with a `served` range)."""
+    return [(BY_NAME[name].served.outside(value, is_finite, integral=BY_NAME[name].kind == "int"),
+             BY_NAME[name].served_message)
+            for name, value in columns.items() if BY_NAME[name].served is not None]
+
+
+def add_flags(group, kinds: dict) -> None:
+    """`export.translate`'s flags of the `ADVANCED` options on the argparse `group`; `kinds`:
+    `{"int": type, "float": (type, action)}` of the command's parsers (bool: `store_true`)."""
+    for option in ADVANCED:
+        if option.kind == "bool":
+            group.add_argument(option.flag, action="store_true", help=option.help)
+            continue
+        parse, action = kinds[option.kind]
+        group.add_argument(option.flag, type=parse, default=None, help=option.help,
+                           **({"action": action} if action is not None else {}))
+
+
+def ctranslate2_options(**values) -> dict:
+    """CTranslate2's `translate_batch` keywords of the decoding options `values` (by our names;
+    those with a CTranslate2 name of the same meaning)."""
+    unknown = sorted(name for name in values if name not in BY_NAME or BY_NAME[name].ctranslate2 is None)
+    if unknown:
+        raise TypeError(f"no CTranslate2 option for: {', '.join(unknown)}")
+    return {BY_NAME[name].ctranslate2: value for name, value in values.items()}
+
+
+def markdown_table() -> str:
+    """The options as a Markdown table (docs/reference/options.md)."""
+    lines = ["| option | type | default | Python values | served values | CTranslate2 | `export.translate` | "
+             "signatures |", "|---|---|---|---|---|---|---|---|"]
+    for option in OPTIONS:
+        default = "the export's own" if option.default is None else f"`{option.default!r}`"
+        served = option.served_message.split(" must be ", 1)[-1] if option.served else (option.served_clip or "any")
+        flag = f"`{option.flag}`" if option.flag else ""
+        ct2 = f"`{option.ctranslate2}`" if option.ctranslate2 else ""
+        lines.append(f"| `{option.name}` | {option.kind} | {default} | {option.python_text} | {served} | {ct2} | "
+                     f"{flag} | {', '.join(option.signatures)} |")
+    return "\n".join(lines) + "\n"

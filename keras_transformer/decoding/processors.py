@@ -1,0 +1,160 @@
+"""The logits processors (CTranslate2's ``make_logits_processors``): each disallows tokens
+before the step's log-softmax, and joins the step only when its option is on."""
+
+import dataclasses
+
+from keras import ops
+
+from keras_transformer.constants import MAX_NO_REPEAT_NGRAM_SIZE, PAD_ID, UNK_ID
+from keras_transformer.decoding.tensors import _is_python, tile_beams
+
+
+def _repeated_ngram_ends(seqs, step, n):
+    """For each row, which tokens would end an n-gram already in it (`no_repeat_ngram_size`).
+
+    Args:
+        seqs: int32 ``[rows, L]``, the tokens generated so far (positions ``< step``).
+        step: int32 scalar, the position of the next token.
+        n: python int >= 1.
+
+    Returns:
+        ``(tokens, repeated)``: int32 ``[rows, L - n + 1]``, the last token of the n-gram
+        starting at each position, and bool ``[rows, L - n + 1]``, whether that n-gram
+        lies before ``step`` and its first ``n - 1`` tokens are the row's last ``n - 1``.
+    """
+    rows, length = ops.shape(seqs)[0], ops.shape(seqs)[1]
+    width = ops.maximum(length - n + 1, 0)  # the n-grams a buffer of L positions holds
+    starts = ops.arange(width, dtype="int32")  # [W]
+    repeated = ops.expand_dims(starts + n <= step, 0)  # [1, W]
+    for j in range(n - 1):  # the n-gram's j-th token equals the row's (n - 1 - j)-th last one
+        last = ops.take(seqs, ops.maximum(step - n + 1 + j, 0), axis=1)  # [rows]
+        window = ops.slice(seqs, (0, j), (rows, width))  # [rows, W]
+        repeated = ops.logical_and(repeated, window == ops.expand_dims(last, 1))
+    tokens = ops.slice(seqs, (0, n - 1), (rows, width))  # [rows, W]
+    return tokens, ops.logical_and(repeated, ops.ones_like(tokens, dtype="bool"))  # [rows, W] (n = 1: no loop)
+
+
+def _repeated_ngram_ends_at_run_time(seqs, step, n):
+    """`_repeated_ngram_ends` for a size `n` given at run time (an int32 scalar in
+    ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``; 0: nothing repeated): the n-gram starting at every
+    position of the buffer, its tokens compared in `MAX_NO_REPEAT_NGRAM_SIZE - 1` unrolled
+    steps, each masked off beyond the size asked. The same n-grams as the python size's.
+
+    Returns:
+        ``(tokens, repeated)``: int32 ``[rows, L]`` and bool ``[rows, L]``.
+    """
+    rows, length = ops.shape(seqs)[0], ops.shape(seqs)[1]
+    n = ops.cast(n, "int32")
+    padded = ops.pad(seqs, [[0, 0], [0, MAX_NO_REPEAT_NGRAM_SIZE]], constant_values=PAD_ID)  # [rows, L + M]
+    starts = ops.arange(length, dtype="int32")  # [L]
+    repeated = ops.expand_dims(ops.logical_and(starts + n <= step, n > 0), 0)  # [1, L]
+    for j in range(MAX_NO_REPEAT_NGRAM_SIZE - 1):
+        last = ops.take(seqs, ops.clip(step - n + 1 + j, 0, length - 1), axis=1)  # [rows]
+        window = ops.slice(padded, (0, j), (rows, length))  # [rows, L]
+        same = ops.logical_or(window == ops.expand_dims(last, 1), j >= n - 1)  # (beyond the size: any token)
+        repeated = ops.logical_and(repeated, same)
+    tokens = ops.take(padded, ops.maximum(starts + n - 1, 0), axis=1)  # [rows, L]
+    return tokens, ops.logical_and(repeated, ops.ones_like(tokens, dtype="bool"))
+
+
+# --------------------------------------------------------------------------
+# Logits processors: each disallows tokens (CTranslate2's ``make_logits_processors``)
+# --------------------------------------------------------------------------
+# A processor is ``processor(banned, vocab, logits, sentences, step, spec) -> banned``: ``banned``
+# bool ``[1 or b * k, V]`` (the tokens disallowed so far), ``vocab`` int32 ``[1, V]`` (each
+# column's id), ``logits`` float32 ``[b * k, V]``, the state's per-sentence entries, the step
+# (int32 scalar, the position of the token the logits score) and the `_SearchSpec`.
+@dataclasses.dataclass(frozen=True)
+class MinLength:
+    """EOS disallowed at the steps before ``length`` tokens (CTranslate2's
+    ``min_decoding_length``): a python int >= 1 or a scalar tensor."""
+
+    length: object
+    eos_id: int
+
+    def __call__(self, banned, vocab, logits, sentences, step, spec):
+        return ops.logical_or(banned, ops.logical_and(vocab == self.eos_id, step < self.length))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoRepeatNgram:
+    """A token that would repeat an n-gram of ``size`` tokens already in the hypothesis is
+    disallowed (CTranslate2's ``no_repeat_ngram_size``): a python int >= 1, or an int32
+    scalar tensor in ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``."""
+
+    size: object
+
+    def __call__(self, banned, vocab, logits, sentences, step, spec):
+        length = ops.shape(sentences["alive_seqs"])[-1]
+        seqs = ops.reshape(sentences["alive_seqs"], (-1, length))  # [b * k, L]
+        ngrams = _repeated_ngram_ends if _is_python(self.size) else _repeated_ngram_ends_at_run_time
+        tokens, repeated = ngrams(seqs, step, self.size)  # [b * k, W] x2
+        rows = ops.broadcast_to(ops.arange(ops.shape(seqs)[0], dtype="int32")[:, None], ops.shape(tokens))
+        hits = ops.scatter(ops.reshape(ops.stack([rows, tokens], axis=-1), (-1, 2)),
+                           ops.reshape(ops.cast(repeated, "float32"), (-1,)),
+                           ops.shape(logits))  # [b * k, V]: how often each token ends a repeat
+        return ops.logical_or(banned, hits > 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DisallowUnk:
+    """The unknown token (``UNK_ID``) is never generated (CTranslate2's ``disable_unk``):
+    ``on`` is True or a bool scalar tensor."""
+
+    on: object
+
+    def __call__(self, banned, vocab, logits, sentences, step, spec):
+        return ops.logical_or(banned, ops.logical_and(vocab == UNK_ID, self.on))
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetPrefix:
+    """Within its prefix (the state's ``prefix_ids``, ``prefix_lengths``) a sentence's next
+    token is the prefix's, whatever the other processors allow: the last processor
+    (CTranslate2's ``target_prefix``)."""
+
+    def __call__(self, banned, vocab, logits, sentences, step, spec):
+        prefix_ids = sentences["prefix_ids"]  # [b, P]
+        position = ops.minimum(step, ops.shape(prefix_ids)[1] - 1)
+        forced = tile_beams(ops.take(prefix_ids, ops.maximum(position, 0), axis=1), spec.beam_size)  # [b * k]
+        forcing = tile_beams(step < sentences["prefix_lengths"], spec.beam_size)  # [b * k]
+        return ops.where(ops.expand_dims(forcing, 1), vocab != ops.expand_dims(forced, 1), banned)  # [b * k, V]
+
+
+def _on(value):
+    """Whether an option may be on: a python value other than 0 / False, or a tensor (given
+    at run time). No processor, so no op at all, for an option that is off."""
+    return not _is_python(value) or bool(value)
+
+
+def make_logits_processors(options, eos_id, has_prefix=False):
+    """The logits processors of a search (CTranslate2's ``make_logits_processors``): one for
+    each option of `options` that is on (a python value other than 0 / False, or a tensor),
+    in order: `MinLength`, `NoRepeatNgram`, `DisallowUnk`, and `TargetPrefix` last (where the
+    search takes a prefix). A tuple; empty when none is on (the step then adds no op)."""
+    processors = []
+    if _on(options.min_length):
+        processors.append(MinLength(options.min_length, eos_id))
+    if _on(options.no_repeat_ngram_size):
+        processors.append(NoRepeatNgram(options.no_repeat_ngram_size))
+    if _on(options.disallow_unk):
+        processors.append(DisallowUnk(options.disallow_unk))
+    if has_prefix:
+        processors.append(TargetPrefix())
+    return tuple(processors)
+
+
+def _processed(logits, sentences, step, spec):
+    """`logits` with every token the processors disallow set to NEG_INF, as CTranslate2
+    applies its logits processors: before the step's log-softmax.
+
+    Args:
+        logits: float32 ``[b * k, V]``, batch-major.
+        sentences: the state's per-sentence entries (``alive_seqs`` ``[b, k, L]``).
+        step: int32 scalar, the position of the token the logits score.
+    """
+    vocab = ops.arange(ops.shape(logits)[-1], dtype="int32")[None, :]  # [1, V]
+    banned = ops.zeros_like(vocab, dtype="bool")  # [1, V]
+    for processor in spec.processors:
+        banned = processor(banned, vocab, logits, sentences, step, spec)
+    return ops.where(banned, spec.neg_inf, logits)

@@ -1,0 +1,110 @@
+"""Tests of keras_transformer.decoding.options: the one table of decoding options, and that
+each surface (SearchOptions, the signatures, export.translate, the CTranslate2 mapping, the
+docs) is made from it."""
+
+import ast
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from keras_transformer.decoding import options as decoding_options
+from keras_transformer.decoding.options import BY_NAME, OPTIONS, Range
+
+
+def test_the_table_imports_neither_tensorflow_nor_keras():
+    """A command's `--help` and flag errors come from the table before TensorFlow loads: it
+    imports the standard library and `keras_transformer.constants` alone (test_command_help
+    runs the commands)."""
+    tree = ast.parse(pathlib.Path(decoding_options.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"__future__", "dataclasses", "math", "numbers", "typing", "keras_transformer.constants"}
+    constants = (pathlib.Path(decoding_options.__file__).parents[1] / "constants.py").read_text(encoding="utf-8")
+    assert "import" not in constants
+
+
+@pytest.mark.parametrize("bound, inside, outside", [
+    (Range(0), [0, 3, 1e9], [-1, -0.5, float("nan")]),
+    (Range(0, 1, low_open=True), [1e-9, 0.5, 1], [0, 1.0001, -1, float("nan")]),
+    (Range(0, low_open=True, finite=True), [1e-9, 7], [0, float("inf"), float("nan")]),
+    (Range(0, 2 ** 31, high_open=True), [0, 2 ** 31 - 1], [2 ** 31, -1]),
+])
+def test_a_range_holds_the_same_values_in_python_and_as_a_tensor_mask(bound, inside, outside):
+    """`Range.holds` (python values) and `Range.outside` (a NumPy array, as a graph's tensor)
+    agree value by value, NaN outside any bounded range; the integral form (the bounds broken,
+    the ops `translate_advanced` had for its int options) agrees where there is no NaN."""
+    values = np.array(inside + outside, np.float64)
+    mask = bound.outside(values, np.isfinite)
+    assert [bool(m) for m in mask] == [False] * len(inside) + [True] * len(outside)
+    assert [bound.holds(v) for v in inside + outside] == [True] * len(inside) + [False] * len(outside)
+    numbers = ~np.isnan(values)  # an integral option's mask (no NaN): the bounds broken
+    np.testing.assert_array_equal(bound.outside(values[numbers], np.isfinite, integral=True) | ~np.isfinite(
+        values[numbers]) if bound.finite else bound.outside(values[numbers], np.isfinite, integral=True),
+        mask[numbers])
+
+
+def test_search_options_raise_the_rows_messages():
+    """`SearchOptions` checks each option by its row: the message names the value and the
+    python and tensor forms the row takes."""
+    from keras_transformer.decoding import SearchOptions
+
+    for name, bad in (("min_length", -1), ("min_length", 2.5), ("no_repeat_ngram_size", -2),
+                      ("disallow_unk", "yes"), ("sampling_topk", -1), ("sampling_topp", 1.5),
+                      ("sampling_temperature", 0.0), ("seed", 2 ** 31), ("alpha", float("nan")),
+                      ("patience", float("inf"))):
+        row = BY_NAME[name]
+        with pytest.raises(ValueError) as raised:
+            SearchOptions(beam_size=1, **{name: bad})
+        assert str(raised.value) == f"{name} must be {row.python_text} or {row.tensor_text}, got {bad!r}"
+    options = SearchOptions(beam_size=1, min_length=np.int64(3), disallow_unk=np.bool_(True), sampling_topp=1)
+    assert type(options.min_length) is int and options.disallow_unk is True and type(options.sampling_topp) is float
+
+
+def test_export_translate_has_a_flag_for_each_advanced_row_and_checks_it():
+    """`export.translate`'s decoding flags are the rows' (flag and help), and each flag's
+    error is its row's `flag_problem`."""
+    from export import translate
+
+    parser = translate.build_parser()
+    actions = {action.dest: action for action in parser._actions}
+    for row in decoding_options.ADVANCED:
+        assert actions[row.name].option_strings == [row.flag] and actions[row.name].help == row.help
+        if row.flag_range is not None:
+            bad = -1 if row.flag_range.low == 0 and not row.flag_range.low_open else (
+                row.flag_range.low if row.flag_range.low_open else row.flag_range.high + 1)
+            assert row.flag_problem(bad) == f"{row.flag} must be {row.flag_text}, got {bad}"
+
+
+def test_served_defaults_and_ctranslate2_names_come_from_the_rows():
+    """The signatures' defaults are the rows' (the export's own where the row has none), and
+    `translation_options` maps our names to the rows' CTranslate2 names."""
+    from export.ctranslate2 import translation_options
+    from keras_transformer import TransformerConfig
+
+    config = TransformerConfig(beam_size=3, length_penalty_alpha=0.7, decode_extra_length=9, max_length=20)
+    defaults = decoding_options.served_defaults("translate_advanced", config, patience=1.5)
+    assert list(defaults) == [row.name for row in OPTIONS]
+    assert {k: defaults[k] for k in ("beam_size", "alpha", "extra_length", "patience")} == {
+        "beam_size": 3, "alpha": 0.7, "extra_length": 9, "patience": 1.5}
+    assert all(defaults[row.name] == row.default for row in OPTIONS if row.default is not None)
+    assert list(decoding_options.served_defaults("translate_options", config)) == [
+        "beam_size", "alpha", "extra_length", "num_results", "patience"]
+    options = translation_options(config, 5, beam_size=2, no_repeat_ngram_size=2, sampling_topk=4)
+    assert {k: options[k] for k in ("beam_size", "patience", "min_decoding_length", "no_repeat_ngram_size",
+                                    "disable_unk", "sampling_topk")} == {
+        "beam_size": 2, "patience": 2.0, "min_decoding_length": 0, "no_repeat_ngram_size": 2, "disable_unk": False,
+        "sampling_topk": 4}
+    with pytest.raises(TypeError, match="seed"):
+        translation_options(config, 5, seed=3)  # (no CTranslate2 option of that name)
+    assert math.isfinite(options["length_penalty"])
+
+
+def test_the_reference_page_holds_the_table():
+    """docs/reference/options.md's decoding table is `markdown_table()` (`python -m tools.reference`)."""
+    from tools.reference import OPTIONS_PAGE
+
+    page = OPTIONS_PAGE.read_text(encoding="utf-8")
+    table = page.split("<!-- decoding-options:begin -->\n", 1)[1].split("<!-- decoding-options:end -->", 1)[0]
+    assert table == decoding_options.markdown_table() + "\n"  # (the page joins its parts by newlines)
