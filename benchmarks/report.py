@@ -139,9 +139,7 @@ def _placeholder_words(command: str) -> list:
 def validate(data, name: str, machines=None) -> dict:
     """Checks one result file's parsed JSON `data`; `name` is how errors name the file, and
     `machines` (the labels of machines.json, when given) the machines a row may name."""
-    def fail(message, row=None):
-        where = f"{name}: row {row}: " if row is not None else f"{name}: "
-        raise ResultError(_one_line(where + message))
+    fail = _failer(name)
 
     if not isinstance(data, dict):
         fail("the file must hold a JSON object")
@@ -158,7 +156,25 @@ def validate(data, name: str, machines=None) -> dict:
             fail(f"{key!r} names a path of the machine it was measured on ({match.group(0)!r}...): write "
                  f"one of the placeholders {', '.join(PLACEHOLDERS)} instead")
 
-    columns = data["columns"]
+    keys = _column_keys(data["columns"], fail)
+    rows = data["rows"]
+    if not isinstance(rows, list) or not rows:
+        fail("'rows' must be a non-empty list")
+    for number, row in enumerate(rows, 1):
+        _check_row(row, number, keys, machines, fail)
+    return data
+
+
+def _failer(name: str):
+    """`fail(message, row=None)`: raises the one-line `ResultError` naming the file (and row)."""
+    def fail(message, row=None):
+        where = f"{name}: row {row}: " if row is not None else f"{name}: "
+        raise ResultError(_one_line(where + message))
+    return fail
+
+
+def _column_keys(columns, fail) -> list[str]:
+    """The keys of a result file's checked `columns`."""
     if not isinstance(columns, list) or not columns:
         fail("'columns' must be a non-empty list")
     keys = []
@@ -172,71 +188,71 @@ def validate(data, name: str, machines=None) -> dict:
             fail(f"column key {column['key']!r} is one of every row's own fields {ROW_FIELDS}")
         keys.append(column["key"])
 
-    rows = data["rows"]
-    if not isinstance(rows, list) or not rows:
-        fail("'rows' must be a non-empty list")
-    for number, row in enumerate(rows, 1):
-        if not isinstance(row, dict):
-            fail("a row must be a JSON object", number)
-        missing = [key for key in ROW_KEYS if key not in row]
-        if missing:
-            fail(f"missing key(s) {', '.join(map(repr, missing))}", number)
-        unknown = [key for key in row if key not in ROW_KEYS + OPTIONAL_ROW_KEYS]
-        if unknown:
-            fail(f"unknown key(s) {', '.join(map(repr, unknown))}", number)
-        values = row["values"]
-        if not isinstance(values, dict):
-            fail("'values' must be a JSON object", number)
-        extra = [key for key in values if key not in keys]
-        if extra:
-            fail(f"value(s) for unknown column(s) {', '.join(map(repr, extra))}", number)
-        absent = [key for key in keys if key not in values]
-        if absent:
-            fail(f"no value for column(s) {', '.join(map(repr, absent))}", number)
-        for key, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-                fail(f"value of column {key!r} must be a string or a number, got {value!r}", number)
-            if isinstance(value, str) and (match := MACHINE_PATH.search(value)):
-                fail(f"value of column {key!r} names a path of the machine it ran on ({match.group(0)!r}...)",
-                     number)
-        for key in ("command", "machine"):
-            if not _nonempty_string(row[key]):
-                fail(f"{key!r} must be a non-empty string", number)
-        if (match := MACHINE_PATH.search(row["command"])):
-            fail(f"'command' names a path of the machine it ran on ({match.group(0)!r}...): write one of "
-                 f"the placeholders {', '.join(PLACEHOLDERS)} instead", number)
-        unknown = sorted({word for word in _placeholder_words(row["command"]) if word not in PLACEHOLDERS})
-        if unknown:
-            fail(f"'command' uses {', '.join(map(repr, unknown))} as a path: the placeholders are "
-                 f"{', '.join(PLACEHOLDERS)}", number)
-        if machines is not None and row["machine"] not in machines:
-            fail(f"'machine' {row['machine']!r} is not defined in benchmarks/results/{MACHINES_FILE}", number)
-        if row.get("notebook") is not None and not _nonempty_string(row["notebook"]):
-            fail("'notebook' must be a non-empty string, or null (measured after the notebook's archive)", number)
-        commit = row["commit"]
-        if not isinstance(commit, str) or not COMMIT_RE.fullmatch(commit):
-            fail(f"'commit' must be 7-40 lowercase hex digits, got {commit!r}", number)
-        if "commit_note" in row and row["commit_note"] not in COMMIT_NOTES:
-            fail(f"'commit_note' must be one of {COMMIT_NOTES}, got {row['commit_note']!r}", number)
-        if "readme" in row:
-            readme = row["readme"]
-            if (not isinstance(readme, dict) or set(readme) != {"what", "figure"}
-                    or not all(_nonempty_string(text) for text in readme.values())):
-                fail("'readme' must be {\"what\": non-empty string, \"figure\": non-empty string}", number)
-            try:
-                readme["figure"].format(**values)
-            except (KeyError, IndexError, ValueError) as error:
-                fail(f"'readme' figure {readme['figure']!r} names no column: {error}", number)
-        date = row["date"]
-        valid_date = isinstance(date, str) and DATE_RE.fullmatch(date)
-        if valid_date:
-            try:
-                datetime.date.fromisoformat(date)
-            except ValueError:
-                valid_date = False
-        if not valid_date:
-            fail(f"'date' must be a date YYYY-MM-DD, got {date!r}", number)
-    return data
+    return keys
+
+
+def _check_row(row, number: int, keys: list[str], machines, fail) -> None:
+    """Checks row `number` of a result file whose columns are `keys`."""
+    if not isinstance(row, dict):
+        fail("a row must be a JSON object", number)
+    missing = [key for key in ROW_KEYS if key not in row]
+    if missing:
+        fail(f"missing key(s) {', '.join(map(repr, missing))}", number)
+    unknown = [key for key in row if key not in ROW_KEYS + OPTIONAL_ROW_KEYS]
+    if unknown:
+        fail(f"unknown key(s) {', '.join(map(repr, unknown))}", number)
+    values = row["values"]
+    if not isinstance(values, dict):
+        fail("'values' must be a JSON object", number)
+    extra = [key for key in values if key not in keys]
+    if extra:
+        fail(f"value(s) for unknown column(s) {', '.join(map(repr, extra))}", number)
+    absent = [key for key in keys if key not in values]
+    if absent:
+        fail(f"no value for column(s) {', '.join(map(repr, absent))}", number)
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            fail(f"value of column {key!r} must be a string or a number, got {value!r}", number)
+        if isinstance(value, str) and (match := MACHINE_PATH.search(value)):
+            fail(f"value of column {key!r} names a path of the machine it ran on ({match.group(0)!r}...)",
+                 number)
+    for key in ("command", "machine"):
+        if not _nonempty_string(row[key]):
+            fail(f"{key!r} must be a non-empty string", number)
+    if (match := MACHINE_PATH.search(row["command"])):
+        fail(f"'command' names a path of the machine it ran on ({match.group(0)!r}...): write one of "
+             f"the placeholders {', '.join(PLACEHOLDERS)} instead", number)
+    unknown = sorted({word for word in _placeholder_words(row["command"]) if word not in PLACEHOLDERS})
+    if unknown:
+        fail(f"'command' uses {', '.join(map(repr, unknown))} as a path: the placeholders are "
+             f"{', '.join(PLACEHOLDERS)}", number)
+    if machines is not None and row["machine"] not in machines:
+        fail(f"'machine' {row['machine']!r} is not defined in benchmarks/results/{MACHINES_FILE}", number)
+    if row.get("notebook") is not None and not _nonempty_string(row["notebook"]):
+        fail("'notebook' must be a non-empty string, or null (measured after the notebook's archive)", number)
+    commit = row["commit"]
+    if not isinstance(commit, str) or not COMMIT_RE.fullmatch(commit):
+        fail(f"'commit' must be 7-40 lowercase hex digits, got {commit!r}", number)
+    if "commit_note" in row and row["commit_note"] not in COMMIT_NOTES:
+        fail(f"'commit_note' must be one of {COMMIT_NOTES}, got {row['commit_note']!r}", number)
+    if "readme" in row:
+        readme = row["readme"]
+        if (not isinstance(readme, dict) or set(readme) != {"what", "figure"}
+                or not all(_nonempty_string(text) for text in readme.values())):
+            fail("'readme' must be {\"what\": non-empty string, \"figure\": non-empty string}", number)
+        try:
+            readme["figure"].format(**values)
+        except (KeyError, IndexError, ValueError) as error:
+            fail(f"'readme' figure {readme['figure']!r} names no column: {error}", number)
+    date = row["date"]
+    valid_date = isinstance(date, str) and DATE_RE.fullmatch(date)
+    if valid_date:
+        try:
+            datetime.date.fromisoformat(date)
+        except ValueError:
+            valid_date = False
+    if not valid_date:
+        fail(f"'date' must be a date YYYY-MM-DD, got {date!r}", number)
 
 
 def _read_json(path: Path, name: str):
