@@ -18,7 +18,7 @@ from export.signatures import (ADVANCED_SIGNATURE, ALIGN_SIGNATURE, LITERT_MAX_B
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
-from keras_transformer.decoding.options import served_defaults, signature_options, tensor_problems
+from keras_transformer.decoding.options import CONSTRAINTS, served_defaults, signature_options, tensor_problems
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
 
@@ -154,8 +154,8 @@ class TranslationModule(tf.Module):
         return outputs
 
     def _serve_advanced(self, text, target_prefix, beam_size, alpha, extra_length, num_results, patience,
-                        min_length, no_repeat_ngram_size, disallow_unk, sampling_topk, sampling_topp,
-                        sampling_temperature, seed):
+                        min_length, no_repeat_ngram_size, disallow_unk, repetition_penalty, sampling_topk,
+                        sampling_topp, sampling_temperature, seed):
         """`translate_options` with every decoding option (`decoding_options.OPTIONS`) and a target
         prefix: each sentence's options checked (a bad value: the sentence is not searched,
         its translation is "", and `errors` says which value), then one search per distinct
@@ -165,8 +165,8 @@ class TranslationModule(tf.Module):
         batch = tf.shape(text)[0]
         given = {"beam_size": beam_size, "alpha": alpha, "extra_length": extra_length, "num_results": num_results,
                  "patience": patience, "min_length": min_length, "no_repeat_ngram_size": no_repeat_ngram_size,
-                 "disallow_unk": disallow_unk, "sampling_topk": sampling_topk, "sampling_topp": sampling_topp,
-                 "sampling_temperature": sampling_temperature, "seed": seed}
+                 "disallow_unk": disallow_unk, "repetition_penalty": repetition_penalty, "sampling_topk": sampling_topk,
+                 "sampling_topp": sampling_topp, "sampling_temperature": sampling_temperature, "seed": seed}
         requested = _requested_results(beam_size, num_results)
         columns = dict(zip(given, _search_columns(self._config, batch, ADVANCED_SIGNATURE, **given)))
         errors = _advanced_errors(columns)  # [batch]: "" or what is wrong
@@ -299,8 +299,8 @@ def _advanced_errors(columns):
 
 
 def _constraints(options):
-    """The group's disallowed-token options (run-time scalars) as `SearchOptions` fields."""
-    return {name: options[name] for name in ("min_length", "no_repeat_ngram_size", "disallow_unk")}
+    """The group's logits processors' options (run-time scalars) as `SearchOptions` fields."""
+    return {name: options[name] for name in CONSTRAINTS}
 
 
 def _result_slots(found, found_scores, beam, results):

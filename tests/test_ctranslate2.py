@@ -188,13 +188,69 @@ def test_disallow_unk_gives_ctranslate2s_disable_unk_ids(unk_lover):
     assert mine == theirs_ids and not any(UNK_ID in row for row in mine)
 
 
-def _prefixed(toy, beam_size, prefixes):
-    """Our search and CTranslate2's with `target_prefix` on the toy's sentences (one a call, each
-    with its prefix's pieces): `(our ids, their ids)`, EOS included, prefix included."""
+def _penalized(toy, beam_size, penalty):
+    """Our search (the plain graph's) and CTranslate2's with `repetition_penalty` on the toy's
+    sentences: `(our ids, our scores, their ids, their scores)`, the scores as each engine
+    reports them (its own length penalty)."""
+    translator, config = toy["translator"], toy["config"]
+    options = SearchOptions(beam_size=beam_size, alpha=config.length_penalty_alpha, num_results=1,
+                            extra_length=config.decode_extra_length, repetition_penalty=penalty)
+    search = tf.function(lambda ids, lengths: translator.searcher.search(ids, lengths, options), autograph=False)
+    ids, scores = search(tf.constant(toy["source_ids"]), tf.constant(toy["lengths"]))
+    theirs_ids, theirs_scores, _ = theirs(toy, beam_size, repetition_penalty=penalty)
+    return [until_eos(row) for row in ids.numpy()[:, 0]], scores.numpy()[:, 0], theirs_ids, theirs_scores
+
+
+@pytest.mark.parametrize("penalty", [1.5, 3.0, 0.7])
+def test_repetition_penalty_gives_ctranslate2s_greedy_ids(toy, penalty):
+    """Issue #91: `repetition_penalty` penalizes the logits of the pieces already generated as
+    CTranslate2's option of that name does (before the masks and the log-softmax): greedy ids
+    identical on every sentence of GOLDEN and REPEATING, log-probabilities within 1e-4 a piece
+    (each engine's score times its own length penalty); and the comparison is of searches the
+    penalty changes: with a penalty of 3, at least MIN_CHANGED translations differ from the
+    unpenalized ones (REPEATING's word-for-word translations repeat by construction; 1.5 and
+    0.7, which favours repeats, are compared whatever they change)."""
+    sentences = on(toy, GOLDEN + REPEATING)
+    mine, scores, theirs_ids, theirs_scores = _penalized(sentences, 1, penalty)
+    assert mine == theirs_ids
+    lengths = np.array([len(row) for row in mine], np.float32)
+    exponents = [translation_options(toy["config"], len(s))["length_penalty"] for s in sentences["sources"]]
+    penalties = keras.ops.convert_to_numpy(length_penalty(lengths, toy["config"].length_penalty_alpha))
+    gaps = np.abs(scores * penalties - theirs_scores * lengths ** np.array(exponents))
+    assert (gaps <= SCORE_ATOL * lengths).all(), gaps / lengths
+    plain = ours(sentences, 1)[0]
+    changed = sum(a != b for a, b in zip(mine, plain))
+    print(f"\nrepetition_penalty={penalty}: {changed} of {len(plain)} greedy translations changed")
+    if penalty >= 3:
+        assert changed >= MIN_CHANGED
+
+
+def test_repetition_penalty_with_beam_4_and_a_prefix_agrees_with_ctranslate2(toy):
+    """Issue #91: with `repetition_penalty` beam 4 agrees with CTranslate2 as the plain beam
+    search does (`MIN_BEAM_AGREEMENT`, the same scores where the ids agree); a forced prefix's
+    pieces count as generated (CTranslate2's history holds them): greedy ids identical."""
+    sentences = on(toy, GOLDEN + REPEATING)
+    config = toy["config"]
+    mine, scores, theirs_ids, theirs_scores = _penalized(sentences, config.beam_size, 2.0)
+    same = np.array([a == b for a, b in zip(mine, theirs_ids)])
+    print(f"\nbeam {config.beam_size}, repetition_penalty=2: CTranslate2 == ours on {same.sum()}/{len(same)}")
+    assert same.mean() >= MIN_BEAM_AGREEMENT
+    lengths = np.array([len(row) for row in theirs_ids], np.float32)
+    exponents = np.array([translation_options(config, len(s))["length_penalty"] for s in sentences["sources"]])
+    penalties = keras.ops.convert_to_numpy(length_penalty(lengths, config.length_penalty_alpha))
+    np.testing.assert_allclose((scores * penalties)[same], (theirs_scores * lengths ** exponents)[same],
+                               atol=SCORE_ATOL * 10)
+    prefixed, theirs_prefixed = _prefixed(toy, 1, PREFIXES, repetition_penalty=3.0)
+    assert prefixed == theirs_prefixed
+
+
+def _prefixed(toy, beam_size, prefixes, **constraints):
+    """Our search and CTranslate2's with `target_prefix` (and `constraints`) on the toy's sentences
+    (one a call, each with its prefix's pieces): `(our ids, their ids)`, EOS included, prefix included."""
     translator, config, pieces = toy["translator"], toy["config"], toy["pieces"]
     prefix_ids, prefix_lengths = translator.encode_text(tf.constant(prefixes))
     options = SearchOptions(beam_size=beam_size, alpha=config.length_penalty_alpha, num_results=1,
-                            extra_length=config.decode_extra_length)
+                            extra_length=config.decode_extra_length, **constraints)
     search = tf.function(lambda ids, lengths, p, n: translator.searcher.search(ids, lengths, options,
                                                                                target_prefix=(p, n)),
                          autograph=False)
@@ -202,7 +258,7 @@ def _prefixed(toy, beam_size, prefixes):
     mine = [until_eos(row) for row in ids.numpy()[:, 0]]
     theirs_ids = []
     for source, prefix in zip(toy["sources"], prefixes):
-        ct2 = translation_options(config, len(source), beam_size=beam_size)
+        ct2 = translation_options(config, len(source), beam_size=beam_size, **constraints)
         result = toy["ct2"].translate_batch([source], target_prefix=[pieces.encode(prefix, out_type=str)], **ct2,
                                             return_end_token=True)[0]
         theirs_ids.append([pieces.piece_to_id(p) for p in result.hypotheses[0]])

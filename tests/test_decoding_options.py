@@ -53,7 +53,8 @@ def test_search_options_raise_the_rows_messages():
     for name, bad in (("min_length", -1), ("min_length", 2.5), ("no_repeat_ngram_size", -2),
                       ("disallow_unk", "yes"), ("sampling_topk", -1), ("sampling_topp", 1.5),
                       ("sampling_temperature", 0.0), ("seed", 2 ** 31), ("alpha", float("nan")),
-                      ("patience", float("inf"))):
+                      ("patience", float("inf")), ("repetition_penalty", 0.0), ("repetition_penalty", float("nan")),
+                      ("repetition_penalty", -1.5)):
         row = BY_NAME[name]
         with pytest.raises(ValueError) as raised:
             SearchOptions(beam_size=1, **{name: bad})

@@ -892,7 +892,8 @@ def test_the_align_signature_aligns_as_the_in_process_translator(exported, loade
 
 ADVANCED_DEFAULTS = {"target_prefix": "", "beam_size": 4, "alpha": 0.6, "extra_length": 10, "num_results": 1,
                      "patience": 0.0, "min_length": 0, "no_repeat_ngram_size": 0, "disallow_unk": False,
-                     "sampling_topk": 1, "sampling_topp": 1.0, "sampling_temperature": 1.0, "seed": 0}
+                     "repetition_penalty": 1.0, "sampling_topk": 1, "sampling_topp": 1.0, "sampling_temperature": 1.0,
+                     "seed": 0}
 
 
 def advanced(loaded, texts, rows=None, **options):
@@ -900,8 +901,9 @@ def advanced(loaded, texts, rows=None, **options):
     of each sentence's own options (over `options` and the defaults), one value per sentence."""
     rows = rows or [{}] * len(texts)
     inputs = {name: [{**ADVANCED_DEFAULTS, **options, **row}[name] for row in rows] for name in ADVANCED_DEFAULTS}
-    dtypes = {"alpha": tf.float32, "patience": tf.float32, "sampling_topp": tf.float32,
-              "sampling_temperature": tf.float32, "disallow_unk": tf.bool, "target_prefix": tf.string}
+    dtypes = {"alpha": tf.float32, "patience": tf.float32, "repetition_penalty": tf.float32,
+              "sampling_topp": tf.float32, "sampling_temperature": tf.float32, "disallow_unk": tf.bool,
+              "target_prefix": tf.string}
     out = loaded.signatures["translate_advanced"](
         text=tf.constant(texts), **{name: tf.constant(values, dtypes.get(name, tf.int32))
                                     for name, values in inputs.items()})
@@ -933,9 +935,12 @@ def test_the_advanced_signature_gives_each_sentence_the_in_process_search_of_its
             {"no_repeat_ngram_size": 2, "disallow_unk": True, "beam_size": 2, "alpha": 0.0},
             {"beam_size": 1, "sampling_topk": 0, "sampling_temperature": 1.5, "seed": 5},
             {"beam_size": 1, "sampling_topk": 3, "sampling_topp": 0.7, "seed": 11, "target_prefix": "ein"},
-            {"num_results": 3, "min_length": 4}]
+            {"num_results": 3, "min_length": 4}, {"repetition_penalty": 3.0, "beam_size": 2, "num_results": 2},
+            {"repetition_penalty": 0.5, "beam_size": 1, "target_prefix": "der"},
+            {"repetition_penalty": 2.0, "beam_size": 1, "sampling_topk": 4, "seed": 3}]
     texts = ["the man sees the dog", "a red house today", "and the cat and the cat",
-             "the big cat buys a small book", "today the woman sees a small red cat", "book"]
+             "the big cat buys a small book", "today the woman sees a small red cat", "book",
+             "the dog the dog the dog", "red book red book", "a cat sees a cat"]
     strings, scores, errors = advanced(loaded, texts, rows)
     assert errors == [""] * len(texts)
     for text, row, got, got_scores in zip(texts, rows, strings, scores):
@@ -960,17 +965,20 @@ def test_the_advanced_signature_answers_bad_options_with_an_error_row(loaded):
     "" with score 0 and `errors` names the option and its range; the request's other
     sentences translate as they would without it."""
     texts = ["the man sees the dog", "a red house today", "book", "the dog", "a woman buys the house",
-             "the cat sees the man", "the house"]
+             "the cat sees the man", "the house", "a dog", "the red book"]
     bad = [{}, {"min_length": -1}, {"no_repeat_ngram_size": 9}, {"sampling_topk": 0},
            {"beam_size": 1, "sampling_topk": 0, "sampling_topp": 0.0},
-           {"beam_size": 1, "sampling_topk": 2, "sampling_temperature": float("nan")}, {"seed": -1, "sampling_topk": 0}]
+           {"beam_size": 1, "sampling_topk": 2, "sampling_temperature": float("nan")}, {"seed": -1, "sampling_topk": 0},
+           {"repetition_penalty": 0.0}, {"repetition_penalty": float("inf")}]
     strings, scores, errors = advanced(loaded, texts, bad)
     assert errors[0] == ""
     for error, words in zip(errors[1:], ["min_length must be >= 0", "no_repeat_ngram_size must be in [0, 8]",
                                          "it needs beam_size 1", "sampling_topp must be in (0, 1]",
-                                         "sampling_temperature must be a finite number > 0", "seed must be >= 0"]):
+                                         "sampling_temperature must be a finite number > 0", "seed must be >= 0",
+                                         "repetition_penalty must be a finite number > 0",
+                                         "repetition_penalty must be a finite number > 0"]):
         assert error.startswith("translate_advanced: ") and words in error and "\n" not in error
-    assert [row[0] for row in strings[1:]] == [""] * 6 and (scores[1:, 0] == 0).all()
+    assert [row[0] for row in strings[1:]] == [""] * 8 and (scores[1:, 0] == 0).all()
     alone, alone_scores, _ = advanced(loaded, texts[:1])
     assert strings[0] == alone[0] and scores[0, 0] == pytest.approx(alone_scores[0, 0], abs=1e-5)  # (batch 7 vs 1)
 

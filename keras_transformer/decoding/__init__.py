@@ -88,6 +88,7 @@ _MODULES = {
     "MinLength": "processors",
     "NoRepeatNgram": "processors",
     "RandomSampler": "samplers",
+    "RepetitionPenalty": "processors",
     "SearchLoop": "settings",
     "SearchOptions": "settings",
     "TargetPrefix": "processors",

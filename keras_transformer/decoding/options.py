@@ -191,6 +191,14 @@ OPTIONS = (
         "disallow_unk", "bool", False, None, "a bool", "a bool scalar tensor", ctranslate2="disable_unk",
         flag="--disallow-unk", help="never generate the unknown piece"),
     DecodingOption(
+        "repetition_penalty", "float", 1.0, Range(0, low_open=True, finite=True), "a finite number > 0 (1: off)",
+        "a float scalar tensor", served=Range(0, low_open=True, finite=True),
+        served_message="repetition_penalty must be a finite number > 0 (1: off)", ctranslate2="repetition_penalty",
+        flag="--repetition-penalty",
+        help="divide the positive logits of the pieces already in a translation by P > 0 and multiply the "
+             "negative ones by it, as CTranslate2 does (above 1: fewer repeats; default 1: off)",
+        flag_range=Range(0, low_open=True), flag_text="> 0"),
+    DecodingOption(
         "sampling_topk", "int", 1, Range(0), "an int >= 0 (1: no sampling, 0: the whole vocabulary)",
         "an int32 scalar tensor", served=Range(0),
         served_message="sampling_topk must be >= 0 (1: no sampling, 0: the whole vocabulary)",
@@ -221,7 +229,8 @@ BY_NAME = {option.name: option for option in OPTIONS}
 # `translate_advanced` (those the plain search of `translate_options` lacks).
 ADVANCED = tuple(option for option in OPTIONS if _OPTIONS_SIGNATURE not in option.signatures)
 SAMPLING = ("sampling_topk", "sampling_topp", "sampling_temperature", "seed")
-CONSTRAINTS = ("min_length", "no_repeat_ngram_size", "disallow_unk")
+# The options of the logits processors (`keras_transformer.decoding.processors`).
+CONSTRAINTS = ("min_length", "no_repeat_ngram_size", "disallow_unk", "repetition_penalty")
 
 
 def signature_options(signature: str) -> tuple:

@@ -15,7 +15,7 @@ from keras_transformer.decoding.tensors import _is_int, _is_python, keras_gather
 # `SearchOptions`' fields whose own values the options table checks (`keras_transformer.decoding.options`); beam
 # size, results and their relations are checked together by `_checked_options`.
 _TABLE_CHECKED = ("alpha", "patience", "extra_length", "min_length", "no_repeat_ngram_size", "disallow_unk",
-                  "sampling_topk", "sampling_topp", "sampling_temperature", "seed")
+                  "repetition_penalty", "sampling_topk", "sampling_topp", "sampling_temperature", "seed")
 # (alpha, patience and extra_length are stored as given: a python float or int, or a tensor)
 _STORED_AS_GIVEN = ("alpha", "patience", "extra_length")
 _AS_KIND = {"int": int, "float": float, "bool": bool}
@@ -76,6 +76,11 @@ class SearchOptions:
             twice); or an int32 scalar tensor in ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``.
         disallow_unk: python bool, or a bool scalar tensor: the unknown token
             (``UNK_ID``) is never generated (CTranslate2's ``disable_unk``).
+        repetition_penalty: python float > 0 (1.0: off), or a float scalar
+            tensor: the logits of the tokens already in the hypothesis (each
+            once) are divided by it where >= 0 and multiplied by it where < 0,
+            before the constraints' masks and the log-softmax (CTranslate2's
+            ``repetition_penalty``; `RepetitionPenalty`).
         sampling_topk: 1 (the default: the best token, no sampling), or with
             ``beam_size`` 1 the number of best tokens each step samples among
             (0: the whole vocabulary): random sampling, e.g. for
@@ -117,6 +122,7 @@ class SearchOptions:
     min_length: typing.Any = 0
     no_repeat_ngram_size: int = 0
     disallow_unk: bool = False
+    repetition_penalty: float = 1.0
     sampling_topk: int = 1
     sampling_topp: float = 1.0
     sampling_temperature: float = 1.0
