@@ -24,8 +24,9 @@ attention weights) over those sentences.
   penalty). The same with `min_length` (`--min-length`), `no_repeat_ngram_size` 2 and
   `disallow_unk` (CTranslate2's `min_decoding_length`, `no_repeat_ngram_size`,
   `disable_unk`, given by `translation_options`), and `repetition_penalty`
-  `REPETITION_PENALTY` (greedy and beam: CTranslate2's option of that name); `disallow_unk` on a copy of the model
-  that prefers the unknown token (its embedding row set to 1.5x that of the token the model
+  `REPETITION_PENALTY` (greedy and beam: CTranslate2's option of that name), and
+  `suppress_sequences` of the first two pieces of each greedy translation (greedy);
+  `disallow_unk` on a copy of the model that prefers the unknown token (its embedding row set to 1.5x that of the token the model
   most often outputs first, as the tests make it). Each note says how many greedy
   translations the option changed: an option that changes none compares nothing.
 * target_prefix: in turn the reference's first word, "heute" (a start the model would not
@@ -386,6 +387,14 @@ def search_figures(case: Case, directory: pathlib.Path, min_length: int) -> list
         figures.append(Figure(f"greedy, `{name}={value}`", theirs,
                               *compare_searches(ours, their_search(case, 1, **constraints)),
                               changed(ours[0], plain[0])))
+    # The first two pieces of each greedy translation of 3 or more (found here, so that each of
+    # those translations must change), as pieces for CTranslate2 and ids for us.
+    bigrams = sorted({tuple(row[:2]) for row in plain[0] if len(row) >= 3})
+    ours = our_search(case, greedy_options(case, suppress_sequences=bigrams))
+    figures.append(Figure("greedy, `suppress_sequences`", "`suppress_sequences`, the same pieces",
+                          *compare_searches(ours, their_search(case, 1, suppress_sequences=[
+                              [case.pieces.id_to_piece(int(i)) for i in bigram] for bigram in bigrams])),
+                          f"{len(bigrams)} bigrams (the translations' first); {changed(ours[0], plain[0])}"))
     lover = unk_lover(case, plain[0], directory)
     loved = our_search(lover, greedy_options(lover))
     ours = our_search(lover, greedy_options(lover, disallow_unk=True))

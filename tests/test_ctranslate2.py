@@ -1,5 +1,6 @@
 """CTranslate2 conversion: the converted model scores and decodes as the Keras model does."""
 
+import collections
 import os
 import pathlib
 import shutil
@@ -242,6 +243,83 @@ def test_repetition_penalty_with_beam_4_and_a_prefix_agrees_with_ctranslate2(toy
                                atol=SCORE_ATOL * 10)
     prefixed, theirs_prefixed = _prefixed(toy, 1, PREFIXES, repetition_penalty=3.0)
     assert prefixed == theirs_prefixed
+
+
+def _suppressed(toy, beam_size, sequences):
+    """Our search (ids) and CTranslate2's (pieces) with `suppress_sequences` on the toy's
+    sentences: `(our ids, our scores, their ids, their scores)`, as `_penalized`."""
+    translator, config, pieces = toy["translator"], toy["config"], toy["pieces"]
+    ids = tuple(tuple(pieces.piece_to_id(p) for p in sequence) for sequence in sequences)
+    options = SearchOptions(beam_size=beam_size, alpha=config.length_penalty_alpha, num_results=1,
+                            extra_length=config.decode_extra_length, suppress_sequences=ids)
+    search = tf.function(lambda i, n: translator.searcher.search(i, n, options), autograph=False)
+    found, scores = search(tf.constant(toy["source_ids"]), tf.constant(toy["lengths"]))
+    theirs_ids, theirs_scores, _ = theirs(toy, beam_size, suppress_sequences=[list(s) for s in sequences])
+    return [until_eos(row) for row in found.numpy()[:, 0]], scores.numpy()[:, 0], theirs_ids, theirs_scores
+
+
+def _holds(row, sequence):
+    """Whether the ids `row` hold `sequence` (ids) somewhere."""
+    n = len(sequence)
+    return any(tuple(row[i:i + n]) == tuple(sequence) for i in range(len(row) - n + 1))
+
+
+@pytest.mark.parametrize("kind", ["single", "bigrams", "trigrams", "mixed"])
+def test_suppress_sequences_give_ctranslate2s_greedy_ids(toy, kind):
+    """Issue #91: `suppress_sequences` disallows what CTranslate2's option of that name does (one
+    piece at every step, a longer sequence's last piece after its first ones): greedy ids
+    identical on every sentence of GOLDEN and REPEATING, log-probabilities within 1e-4 a piece.
+    The sequences are taken from the unconstrained greedy translations themselves (found at run
+    time: the most frequent piece; the first bigram / trigram of REPEATING's), so that at least
+    MIN_CHANGED translations held one and must change; none does after."""
+    sentences = on(toy, GOLDEN + REPEATING)
+    pieces = toy["pieces"]
+    plain = ours(sentences, 1)[0]
+    words = [row[:-1] if row[-1:] == [EOS_ID] else row for row in plain]
+    counts = collections.Counter(i for row in words for i in row)
+    single = [(counts.most_common(1)[0][0],)]
+    repeating = words[len(GOLDEN):]
+    bigrams = sorted({tuple(row[:2]) for row in repeating if len(row) >= 2})
+    trigrams = sorted({tuple(row[1:4]) for row in repeating if len(row) >= 4})
+    chosen = {"single": single, "bigrams": bigrams, "trigrams": trigrams,
+              "mixed": [single[0]] + bigrams[:2] + trigrams[:2]}[kind]
+    sequences = [[pieces.id_to_piece(int(i)) for i in sequence] for sequence in chosen]
+    mine, scores, theirs_ids, theirs_scores = _suppressed(sentences, 1, sequences)
+    assert mine == theirs_ids
+    lengths = np.array([len(row) for row in mine], np.float32)
+    exponents = [translation_options(toy["config"], len(s))["length_penalty"] for s in sentences["sources"]]
+    penalties = keras.ops.convert_to_numpy(length_penalty(lengths, toy["config"].length_penalty_alpha))
+    gaps = np.abs(scores * penalties - theirs_scores * lengths ** np.array(exponents))
+    assert (gaps <= SCORE_ATOL * lengths).all(), gaps / lengths
+    held = [i for i, row in enumerate(plain) if any(_holds(row, s) for s in chosen)]
+    print(f"\nsuppress {kind} {sequences}: {len(held)} of {len(plain)} greedy translations held one")
+    assert len(held) >= MIN_CHANGED
+    assert not [row for row in mine if any(_holds(row, s) for s in chosen)]
+
+
+def test_suppress_sequences_with_beam_4_agree_with_ctranslate2_and_name_an_unknown_piece(toy):
+    """Issue #91: with `suppress_sequences` (and a penalty) beam 4 agrees with CTranslate2 as the
+    plain beam search does (`MIN_BEAM_AGREEMENT`); `Translator.translate` takes the sequences
+    as pieces, as CTranslate2 does, and names a piece not in the target vocabulary."""
+    sentences = on(toy, GOLDEN + REPEATING)
+    pieces, config = toy["pieces"], toy["config"]
+    plain = ours(sentences, 1)[0]
+    chosen = sorted({tuple(row[:2]) for row in plain[len(GOLDEN):] if len(row) >= 3})
+    sequences = [[pieces.id_to_piece(int(i)) for i in sequence] for sequence in chosen]
+    mine, _, theirs_ids, _ = _suppressed(sentences, config.beam_size, sequences)
+    same = np.array([a == b for a, b in zip(mine, theirs_ids)])
+    print(f"\nbeam {config.beam_size}, suppress_sequences: CTranslate2 == ours on {same.sum()}/{len(same)}")
+    assert same.mean() >= MIN_BEAM_AGREEMENT
+    translator = toy["translator"]
+    texts = (GOLDEN + REPEATING)[len(GOLDEN):]
+    got = translator.translate(texts, beam_size=1, suppress_sequences=sequences)
+    want = translator.translate(texts, SearchOptions(beam_size=1, alpha=config.length_penalty_alpha,
+                                                     suppress_sequences=chosen))
+    assert got == want
+    with pytest.raises(ValueError, match="token 'zz' is not in the target vocabulary"):
+        translator.translate(texts[:1], suppress_sequences=[[sequences[0][0], "zz"]])
+    with pytest.raises(ValueError, match="Token zz is not in the vocabulary"):
+        toy["ct2"].translate_batch([sentences["sources"][0]], suppress_sequences=[["zz"]])
 
 
 def _prefixed(toy, beam_size, prefixes, **constraints):

@@ -1008,3 +1008,47 @@ def test_repetition_penalty_rescales_the_logits_of_each_generated_token_once():
     assert make_logits_processors(SearchOptions(repetition_penalty=1.0), EOS_ID) == ()
     processors = make_logits_processors(SearchOptions(repetition_penalty=2, min_length=2), EOS_ID)
     assert processors[0] == RepetitionPenalty(2.0) and len(processors) == 2
+
+
+def test_suppress_sequences_disallow_what_ctranslate2s_rule_does():
+    """`SuppressSequences` against CTranslate2's rule in NumPy, on hand-made histories: a
+    one-token sequence is disallowed at every step (step 0 too); the last token of a longer one
+    only where the hypothesis' last n - 1 tokens (before `step`) are its first n - 1, never
+    at a step with fewer tokens; each row (hypothesis) by its own history; and no processor
+    for no sequence."""
+    import types
+
+    from keras_transformer.decoding import SuppressSequences, make_logits_processors
+    from keras_transformer.decoding.processors import _processed
+
+    sequences = ((4,), (5, 6), (7, 5, 8), (6, 6, 6, 3))
+    seqs = np.full((2, 2, 6), PAD_ID, np.int32)
+    seqs[0, 0, :3] = [9, 7, 5]  # ends with (7, 5): 8 disallowed; with 5: 6 disallowed
+    seqs[0, 1, :3] = [5, 7, 9]  # (5, 6)'s head not last: nothing but 4
+    seqs[1, 0, :3] = [6, 6, 6]  # 3 disallowed (the 4-gram)
+    seqs[1, 1, :3] = [8, 6, 6]  # 3 not: its last 3 are (8, 6, 6)... (6, 6) is not (6, 6, 6)
+    logits = np.random.default_rng(1).normal(size=(4, 10)).astype("float32")
+    spec = types.SimpleNamespace(processors=(SuppressSequences(sequences),), neg_inf=np.float32(NEG_INF),
+                                 beam_size=2)
+
+    def reference(step):
+        banned = np.zeros_like(logits, bool)
+        for row, history in enumerate(seqs.reshape(4, -1)):
+            history = history[:step].tolist()
+            for sequence in sequences:
+                head = list(sequence[:-1])
+                if len(history) >= len(head) and (not head or history[len(history) - len(head):] == head):
+                    banned[row, sequence[-1]] = True
+        return np.where(banned, np.float32(NEG_INF), logits)
+
+    for step in (0, 1, 2, 3):
+        got = ops.convert_to_numpy(_processed(ops.convert_to_tensor(logits), {"alive_seqs": seqs}, step, spec))
+        np.testing.assert_array_equal(got, reference(step))
+    got = ops.convert_to_numpy(_processed(ops.convert_to_tensor(logits), {"alive_seqs": seqs}, 3, spec))
+    assert got[0, 8] == got[0, 6] == got[2, 3] == np.float32(NEG_INF) and got[3, 3] == logits[3, 3]
+    assert (got[:, 4] == np.float32(NEG_INF)).all() and got[1, 8] == logits[1, 8]
+    assert make_logits_processors(SearchOptions(suppress_sequences=[[], ()]), EOS_ID) == ()
+    assert make_logits_processors(SearchOptions(suppress_sequences=[[np.int64(4)], [5, 6]]), EOS_ID) == (
+        SuppressSequences(((4,), (5, 6))),)
+    with pytest.raises(ValueError, match="suppress_sequences must be"):
+        SearchOptions(suppress_sequences=[["a"]])

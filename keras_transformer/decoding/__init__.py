@@ -91,6 +91,7 @@ _MODULES = {
     "RepetitionPenalty": "processors",
     "SearchLoop": "settings",
     "SearchOptions": "settings",
+    "SuppressSequences": "processors",
     "TargetPrefix": "processors",
     "beam_search": "loops",
     "expand_to_beams": "tensors",

@@ -83,7 +83,8 @@ class DecodingOption:
     Args:
         name: its name (`SearchOptions`' field, the signatures' input, the keyword of
             `Translator.translate`).
-        kind: "int", "float" or "bool" (the signatures' int32, float32, bool).
+        kind: "int", "float" or "bool" (the signatures' int32, float32, bool), or "sequences"
+            (sequences of target ids, which no signature takes).
         default: its value when not given; None: the export's own (`config_field` of the
             `TransformerConfig`, or the export's patience).
         python: the values Python takes (`SearchOptions`), None: any of its kind.
@@ -124,7 +125,11 @@ class DecodingOption:
 
     def python_problem(self, value) -> typing.Optional[str]:
         """`SearchOptions`' error for the python `value` (None: it is good)."""
-        if self.kind == "bool":
+        if self.kind == "sequences":  # (ids: non-negative python ints, a sequence of them per sequence)
+            good = _is_sequence(value) and all(
+                _is_sequence(sequence) and all(isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0
+                                               for i in sequence) for sequence in value)
+        elif self.kind == "bool":
             good = isinstance(value, bool) or (type(value).__module__ == "numpy"  # (NumPy's bool)
                                                and type(value).__name__ in ("bool", "bool_"))
         elif isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -151,6 +156,11 @@ class DecodingOption:
         if self.config_field is None:
             return patience
         return getattr(config, self.config_field)
+
+
+def _is_sequence(value) -> bool:
+    """Whether `value` is a python sequence (a list, a tuple, ...) and not a string."""
+    return isinstance(value, typing.Sequence) and not isinstance(value, (str, bytes))
 
 
 OPTIONS = (
@@ -199,6 +209,11 @@ OPTIONS = (
              "negative ones by it, as CTranslate2 does (above 1: fewer repeats; default 1: off)",
         flag_range=Range(0, low_open=True), flag_text="> 0"),
     DecodingOption(
+        "suppress_sequences", "sequences", (), None,
+        "a list of lists of target ids >= 0 (`SearchOptions`; of pieces for `Translator.translate`)",
+        "an empty list (none: no tensor form)",
+        served_clip="not served yet (Python and CTranslate2)", ctranslate2="suppress_sequences", signatures=()),
+    DecodingOption(
         "sampling_topk", "int", 1, Range(0), "an int >= 0 (1: no sampling, 0: the whole vocabulary)",
         "an int32 scalar tensor", served=Range(0),
         served_message="sampling_topk must be >= 0 (1: no sampling, 0: the whole vocabulary)",
@@ -227,10 +242,14 @@ OPTIONS = (
 BY_NAME = {option.name: option for option in OPTIONS}
 # The options of `Translator.translate` and the flags of `export.translate` that call
 # `translate_advanced` (those the plain search of `translate_options` lacks).
-ADVANCED = tuple(option for option in OPTIONS if _OPTIONS_SIGNATURE not in option.signatures)
+ADVANCED = tuple(option for option in OPTIONS
+                 if _ADVANCED_SIGNATURE in option.signatures and _OPTIONS_SIGNATURE not in option.signatures)
+# The options that no signature takes (Python and CTranslate2 only).
+UNSERVED = tuple(option for option in OPTIONS if not option.signatures)
 SAMPLING = ("sampling_topk", "sampling_topp", "sampling_temperature", "seed")
 # The options of the logits processors (`keras_transformer.decoding.processors`).
 CONSTRAINTS = ("min_length", "no_repeat_ngram_size", "disallow_unk", "repetition_penalty")
+# (and `suppress_sequences`, which no signature takes yet)
 
 
 def signature_options(signature: str) -> tuple:

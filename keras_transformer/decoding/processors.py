@@ -3,6 +3,7 @@ before the step's log-softmax, and joins the step only when its option is on."""
 
 import dataclasses
 
+import numpy as np
 from keras import ops
 
 from keras_transformer.constants import MAX_NO_REPEAT_NGRAM_SIZE, PAD_ID, UNK_ID
@@ -133,6 +134,37 @@ class DisallowUnk:
 
 
 @dataclasses.dataclass(frozen=True)
+class SuppressSequences:
+    """Sequences of tokens never generated (CTranslate2's ``suppress_sequences``): a sequence
+    of one token disallows it at every step; one of ``n >= 2`` tokens disallows its last token
+    where the hypothesis' last ``n - 1`` tokens (a forced prefix's included, never BOS) are
+    its first ``n - 1``. ``sequences``: a tuple of non-empty tuples of python int ids."""
+
+    sequences: tuple
+
+    def __call__(self, banned, vocab, logits, sentences, step, spec):
+        width = max(len(sequence) for sequence in self.sequences) - 1  # M - 1: the longest prefix
+        # Each sequence's first n - 1 tokens, right-aligned in M - 1 slots; -1: any token (wild).
+        heads = np.full((len(self.sequences), max(width, 1)), -1, np.int32)  # [S, max(M - 1, 1)]
+        for row, sequence in enumerate(self.sequences):
+            if len(sequence) > 1:
+                heads[row, width - len(sequence) + 1:width] = sequence[:-1]
+        lasts = np.array([sequence[-1] for sequence in self.sequences], np.int32)  # [S]
+        needed = np.array([len(sequence) - 1 for sequence in self.sequences], np.int32)  # [S]
+        length = ops.shape(sentences["alive_seqs"])[-1]
+        seqs = ops.reshape(sentences["alive_seqs"], (-1, length))  # [b * k, L]
+        if width:  # the hypothesis' last M - 1 tokens (position step - M + 1 + j; before 0: wild)
+            positions = step - width + ops.arange(width, dtype="int32")  # [M - 1]
+            history = ops.take(seqs, ops.maximum(positions, 0), axis=1)  # [b * k, M - 1]
+            same = ops.logical_or(history[:, None, :] == heads[None, :, :width], heads[None, :, :width] < 0)
+            matched = ops.logical_and(ops.all(same, axis=-1), step >= needed[None, :])  # [b * k, S]
+        else:  # only single tokens: disallowed at every step
+            matched = ops.ones((1, len(self.sequences)), dtype="bool")  # [1, S]
+        hits = ops.matmul(ops.cast(matched, "float32"), ops.cast(lasts[:, None] == vocab, "float32"))  # [., V]
+        return ops.logical_or(banned, hits > 0)  # [b * k or 1, V]
+
+
+@dataclasses.dataclass(frozen=True)
 class TargetPrefix:
     """Within its prefix (the state's ``prefix_ids``, ``prefix_lengths``) a sentence's next
     token is the prefix's, whatever the other processors allow: the last processor
@@ -157,7 +189,7 @@ def make_logits_processors(options, eos_id, has_prefix=False):
     """The logits processors of a search (CTranslate2's ``make_logits_processors``): one for
     each option of `options` that is on (a python value other than 0 / False, 1 for the
     penalty, or a tensor), in order: `RepetitionPenalty` (CTranslate2's first), `MinLength`,
-    `NoRepeatNgram`, `DisallowUnk`, and `TargetPrefix` last (where the search takes a prefix).
+    `NoRepeatNgram`, `DisallowUnk`, `SuppressSequences`, and `TargetPrefix` last (where the search takes a prefix).
     A tuple; empty when none is on (the step then adds no op)."""
     processors = []
     if _on(options.repetition_penalty, off=1):
@@ -168,6 +200,8 @@ def make_logits_processors(options, eos_id, has_prefix=False):
         processors.append(NoRepeatNgram(options.no_repeat_ngram_size))
     if _on(options.disallow_unk):
         processors.append(DisallowUnk(options.disallow_unk))
+    if options.suppress_sequences:
+        processors.append(SuppressSequences(options.suppress_sequences))
     if has_prefix:
         processors.append(TargetPrefix())
     return tuple(processors)

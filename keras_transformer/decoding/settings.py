@@ -15,10 +15,13 @@ from keras_transformer.decoding.tensors import _is_int, _is_python, keras_gather
 # `SearchOptions`' fields whose own values the options table checks (`keras_transformer.decoding.options`); beam
 # size, results and their relations are checked together by `_checked_options`.
 _TABLE_CHECKED = ("alpha", "patience", "extra_length", "min_length", "no_repeat_ngram_size", "disallow_unk",
-                  "repetition_penalty", "sampling_topk", "sampling_topp", "sampling_temperature", "seed")
+                  "repetition_penalty", "suppress_sequences", "sampling_topk", "sampling_topp", "sampling_temperature",
+                  "seed")
 # (alpha, patience and extra_length are stored as given: a python float or int, or a tensor)
 _STORED_AS_GIVEN = ("alpha", "patience", "extra_length")
-_AS_KIND = {"int": int, "float": float, "bool": bool}
+_AS_KIND = {"int": int, "float": float, "bool": bool,
+            # (ids as python ints, the empty sequences dropped as CTranslate2 drops them)
+            "sequences": lambda value: tuple(tuple(int(i) for i in sequence) for sequence in value if len(sequence))}
 
 
 # --------------------------------------------------------------------------
@@ -81,6 +84,11 @@ class SearchOptions:
             once) are divided by it where >= 0 and multiplied by it where < 0,
             before the constraints' masks and the log-softmax (CTranslate2's
             ``repetition_penalty``; `RepetitionPenalty`).
+        suppress_sequences: sequences of target ids never generated
+            (CTranslate2's ``suppress_sequences``; `SuppressSequences`): one id
+            is disallowed at every step, a longer sequence's last id where the
+            hypothesis ends with the ids before it. Python ids only (stored as
+            a tuple of tuples of ints, empty ones dropped).
         sampling_topk: 1 (the default: the best token, no sampling), or with
             ``beam_size`` 1 the number of best tokens each step samples among
             (0: the whole vocabulary): random sampling, e.g. for
@@ -123,6 +131,7 @@ class SearchOptions:
     no_repeat_ngram_size: int = 0
     disallow_unk: bool = False
     repetition_penalty: float = 1.0
+    suppress_sequences: tuple = ()
     sampling_topk: int = 1
     sampling_topp: float = 1.0
     sampling_temperature: float = 1.0
