@@ -233,7 +233,7 @@ def translation_options(config: TransformerConfig, source_length: int, beam_size
     Returns:
         keyword arguments for `translate_batch`.
     """
-    unknown = sorted(set(options) - {option.name for option in decoding_options.ADVANCED + decoding_options.UNSERVED})
+    unknown = sorted(set(options) - {option.name for option in decoding_options.ADVANCED})
     if unknown:
         raise TypeError(f"translation_options: unknown decoding option(s) {', '.join(unknown)}")
     given = {**{name: decoding_options.BY_NAME[name].default for name in decoding_options.CONSTRAINTS}, **options}

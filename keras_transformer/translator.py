@@ -395,6 +395,10 @@ class Translator:
             raise ValueError(f"suppress_sequences: token {unknown[0]!r} is not in the target vocabulary")
         return tuple(tuple(ids[piece] for piece in sequence) for sequence in sequences)
 
+    def pieces(self):
+        """The target vocabulary's pieces in id order, string `[vocab]` (a graph constant)."""
+        return self._pieces()
+
     def _pieces(self):
         """The vocabulary's pieces in id order, string `[vocab]` (FastSentencepieceTokenizer has
         no id-to-piece op; the pieces become a constant of the graph that asks for them)."""

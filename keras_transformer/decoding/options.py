@@ -84,7 +84,8 @@ class DecodingOption:
         name: its name (`SearchOptions`' field, the signatures' input, the keyword of
             `Translator.translate`).
         kind: "int", "float" or "bool" (the signatures' int32, float32, bool), or "sequences"
-            (sequences of target ids, which no signature takes).
+            (sequences of target ids; served as a string of pieces, `SEQUENCE_SEPARATOR` between
+            sequences and `PIECE_SEPARATOR` between pieces: "" for none).
         default: its value when not given; None: the export's own (`config_field` of the
             `TransformerConfig`, or the export's patience).
         python: the values Python takes (`SearchOptions`), None: any of its kind.
@@ -211,8 +212,12 @@ OPTIONS = (
     DecodingOption(
         "suppress_sequences", "sequences", (), None,
         "a list of lists of target ids >= 0 (`SearchOptions`; of pieces for `Translator.translate`)",
-        "an empty list (none: no tensor form)",
-        served_clip="not served yet (Python and CTranslate2)", ctranslate2="suppress_sequences", signatures=()),
+        "(ids [S, M], lengths [S]) int32 tensors", served_message="suppress_sequences holds a piece that is not "
+        "in the target vocabulary", served_clip="a string: each line a sequence of pieces separated by spaces "
+        "(\"\": none)", ctranslate2="suppress_sequences", flag="--suppress-sequence",
+        help="never generate this sequence of target pieces, separated by spaces (a single piece: never; "
+             "longer: not its last piece after the others), as CTranslate2's suppress_sequences; repeat the flag "
+             "for more"),
     DecodingOption(
         "sampling_topk", "int", 1, Range(0), "an int >= 0 (1: no sampling, 0: the whole vocabulary)",
         "an int32 scalar tensor", served=Range(0),
@@ -242,14 +247,14 @@ OPTIONS = (
 BY_NAME = {option.name: option for option in OPTIONS}
 # The options of `Translator.translate` and the flags of `export.translate` that call
 # `translate_advanced` (those the plain search of `translate_options` lacks).
-ADVANCED = tuple(option for option in OPTIONS
-                 if _ADVANCED_SIGNATURE in option.signatures and _OPTIONS_SIGNATURE not in option.signatures)
-# The options that no signature takes (Python and CTranslate2 only).
-UNSERVED = tuple(option for option in OPTIONS if not option.signatures)
+ADVANCED = tuple(option for option in OPTIONS if _OPTIONS_SIGNATURE not in option.signatures)
+# A served `suppress_sequences`: one string, each line a sequence, its pieces separated by spaces
+# (SentencePiece pieces hold no whitespace).
+SEQUENCE_SEPARATOR, PIECE_SEPARATOR = "\n", " "
 SAMPLING = ("sampling_topk", "sampling_topp", "sampling_temperature", "seed")
 # The options of the logits processors (`keras_transformer.decoding.processors`).
 CONSTRAINTS = ("min_length", "no_repeat_ngram_size", "disallow_unk", "repetition_penalty")
-# (and `suppress_sequences`, which no signature takes yet)
+# (and `suppress_sequences`, whose served form is a string)
 
 
 def signature_options(signature: str) -> tuple:
@@ -261,7 +266,8 @@ def served_defaults(signature: str, config, patience: float = 0.0) -> dict:
     """`{name: default}` of `signature`'s options: the values that translate as `serving_default`
     does (the export's beam size, alpha, extra length and patience, one result, no constraint,
     no sampling)."""
-    return {option.name: option.given_default(config, patience) for option in signature_options(signature)}
+    return {option.name: "" if option.kind == "sequences" else option.given_default(config, patience)
+            for option in signature_options(signature)}
 
 
 def tensor_problems(columns: dict, is_finite) -> list:
@@ -279,9 +285,19 @@ def add_flags(group, kinds: dict) -> None:
         if option.kind == "bool":
             group.add_argument(option.flag, action="store_true", help=option.help)
             continue
+        if option.kind == "sequences":  # (one flag a sequence)
+            group.add_argument(option.flag, action="append", default=None, dest=option.name, metavar="PIECES",
+                               help=option.help)
+            continue
         parse, action = kinds[option.kind]
         group.add_argument(option.flag, type=parse, default=None, help=option.help,
                            **({"action": action} if action is not None else {}))
+
+
+def served_sequences(sequences) -> str:
+    """`suppress_sequences` (lists of pieces) as a served string (`SEQUENCE_SEPARATOR`,
+    `PIECE_SEPARATOR`)."""
+    return SEQUENCE_SEPARATOR.join(PIECE_SEPARATOR.join(sequence) for sequence in sequences)
 
 
 def ctranslate2_options(**values) -> dict:

@@ -138,30 +138,43 @@ class SuppressSequences:
     """Sequences of tokens never generated (CTranslate2's ``suppress_sequences``): a sequence
     of one token disallows it at every step; one of ``n >= 2`` tokens disallows its last token
     where the hypothesis' last ``n - 1`` tokens (a forced prefix's included, never BOS) are
-    its first ``n - 1``. ``sequences``: a tuple of non-empty tuples of python int ids."""
+    its first ``n - 1``. ``sequences``: a tuple of non-empty tuples of python int ids, or,
+    given at run time, ``(ids, lengths)``: int32 ``[S, M]`` tensors, each sequence's ids
+    (any id after its length) and its length ``[S]`` (>= 1; ``S`` may be 0: none)."""
 
     sequences: tuple
 
     def __call__(self, banned, vocab, logits, sentences, step, spec):
-        width = max(len(sequence) for sequence in self.sequences) - 1  # M - 1: the longest prefix
-        # Each sequence's first n - 1 tokens, right-aligned in M - 1 slots; -1: any token (wild).
-        heads = np.full((len(self.sequences), max(width, 1)), -1, np.int32)  # [S, max(M - 1, 1)]
-        for row, sequence in enumerate(self.sequences):
-            if len(sequence) > 1:
-                heads[row, width - len(sequence) + 1:width] = sequence[:-1]
-        lasts = np.array([sequence[-1] for sequence in self.sequences], np.int32)  # [S]
-        needed = np.array([len(sequence) - 1 for sequence in self.sequences], np.int32)  # [S]
+        ids, lengths = _padded_sequences(self.sequences)  # [S, M], [S]
+        width = ops.shape(ids)[1] - 1  # M - 1: the longest sequence's first tokens
+        slots = ops.arange(ops.maximum(width, 0), dtype="int32")  # [M - 1]
+        # Each sequence's first n - 1 tokens right-aligned in M - 1 slots (slot j: its token
+        # j - (M - 1) + (n - 1)); a slot before its first token matches any token.
+        index = slots[None, :] - width + ops.expand_dims(lengths, 1) - 1  # [S, M - 1]
+        flat = ops.reshape(ids, (-1,))  # [S * M] (gathered by flat index: S may be 0 at run time)
+        starts = ops.expand_dims(ops.arange(ops.shape(lengths)[0], dtype="int32") * ops.shape(ids)[1], 1)  # [S, 1]
+        heads = ops.take(flat, starts + ops.maximum(index, 0))  # [S, M - 1]
         length = ops.shape(sentences["alive_seqs"])[-1]
         seqs = ops.reshape(sentences["alive_seqs"], (-1, length))  # [b * k, L]
-        if width:  # the hypothesis' last M - 1 tokens (position step - M + 1 + j; before 0: wild)
-            positions = step - width + ops.arange(width, dtype="int32")  # [M - 1]
-            history = ops.take(seqs, ops.maximum(positions, 0), axis=1)  # [b * k, M - 1]
-            same = ops.logical_or(history[:, None, :] == heads[None, :, :width], heads[None, :, :width] < 0)
-            matched = ops.logical_and(ops.all(same, axis=-1), step >= needed[None, :])  # [b * k, S]
-        else:  # only single tokens: disallowed at every step
-            matched = ops.ones((1, len(self.sequences)), dtype="bool")  # [1, S]
-        hits = ops.matmul(ops.cast(matched, "float32"), ops.cast(lasts[:, None] == vocab, "float32"))  # [., V]
-        return ops.logical_or(banned, hits > 0)  # [b * k or 1, V]
+        # the hypothesis' last M - 1 tokens (position step - (M - 1) + j; before 0: matched by no head)
+        history = ops.take(seqs, ops.clip(step - width + slots, 0, length - 1), axis=1)  # [b * k, M - 1]
+        same = ops.logical_or(history[:, None, :] == heads[None, :, :], (index < 0)[None, :, :])  # [b * k, S, M - 1]
+        matched = ops.logical_and(ops.all(same, axis=-1), step >= lengths[None, :] - 1)  # [b * k, S]
+        lasts = ops.take(flat, starts + ops.expand_dims(lengths - 1, 1))  # [S, 1]
+        hits = ops.matmul(ops.cast(matched, "float32"), ops.cast(lasts == vocab, "float32"))  # [b * k, V]
+        return ops.logical_or(banned, hits > 0)
+
+
+def _padded_sequences(sequences):
+    """`SuppressSequences`' sequences as ``(ids [S, M], lengths [S])``: python ones padded
+    (NumPy constants), run-time ones as given."""
+    if not _is_python(sequences[0]):
+        return ops.cast(sequences[0], "int32"), ops.cast(sequences[1], "int32")
+    width = max(len(sequence) for sequence in sequences)
+    ids = np.zeros((len(sequences), width), np.int32)
+    for row, sequence in enumerate(sequences):
+        ids[row, :len(sequence)] = sequence
+    return ids, np.array([len(sequence) for sequence in sequences], np.int32)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,8 +87,9 @@ class SearchOptions:
         suppress_sequences: sequences of target ids never generated
             (CTranslate2's ``suppress_sequences``; `SuppressSequences`): one id
             is disallowed at every step, a longer sequence's last id where the
-            hypothesis ends with the ids before it. Python ids only (stored as
-            a tuple of tuples of ints, empty ones dropped).
+            hypothesis ends with the ids before it. Python ids (stored as a
+            tuple of tuples of ints, empty ones dropped), or at run time
+            ``(ids, lengths)``: int32 tensors ``[S, M]`` and ``[S]`` (>= 1).
         sampling_topk: 1 (the default: the best token, no sampling), or with
             ``beam_size`` 1 the number of best tokens each step samples among
             (0: the whole vocabulary): random sampling, e.g. for
@@ -176,7 +177,8 @@ def _checked_options(options):
     checked = {}
     for name in _TABLE_CHECKED:  # each option's own values: `decoding_options.OPTIONS`' rows
         value = getattr(options, name)
-        if not _is_python(value) or (value is None and name in ("patience", "extra_length")):
+        if (not _is_python(value) or (value is None and name in ("patience", "extra_length"))
+                or _is_run_time_pair(value)):
             checked[name] = value  # a run-time value: the caller's to keep in range
             continue
         problem = DECODING_OPTIONS[name].python_problem(value)
@@ -190,6 +192,11 @@ def _checked_options(options):
                          f"int), got {beam_size!r}")
     return {**checked, "beam_size": beam_size, "num_results": num_results, "max_beam_size": max_beam_size,
             "exact_results": exact_results}
+
+
+def _is_run_time_pair(value):
+    """Whether `value` is a run-time `suppress_sequences`: a pair of tensors (ids, lengths)."""
+    return isinstance(value, tuple) and len(value) == 2 and not any(_is_python(item) for item in value)
 
 
 def keras_nonzero(mask):
