@@ -23,8 +23,10 @@ attention weights) over those sentences.
   identical the translations' log-probabilities (each engine's score times its own length
   penalty). The same with `min_length` (`--min-length`), `no_repeat_ngram_size` 2 and
   `disallow_unk` (CTranslate2's `min_decoding_length`, `no_repeat_ngram_size`,
-  `disable_unk`, given by `translation_options`); `disallow_unk` on a copy of the model
-  that prefers the unknown token (its embedding row set to 1.5x that of the token the model
+  `disable_unk`, given by `translation_options`), and `repetition_penalty`
+  `REPETITION_PENALTY` (greedy and beam: CTranslate2's option of that name), and
+  `suppress_sequences` of the first two pieces of each greedy translation (greedy);
+  `disallow_unk` on a copy of the model that prefers the unknown token (its embedding row set to 1.5x that of the token the model
   most often outputs first, as the tests make it). Each note says how many greedy
   translations the option changed: an option that changes none compares nothing.
 * target_prefix: in turn the reference's first word, "heute" (a start the model would not
@@ -76,6 +78,8 @@ PROG = "benchmarks.ctranslate2_parity"
 # The tests' `min_length` (tests/test_ctranslate2.py): longer than most toy translations.
 DEFAULT_MIN_LENGTH = 9
 NO_REPEAT_NGRAM_SIZE = 2
+# A repetition penalty that changes translations (tests/test_ctranslate2.py compares 1.5, 3 and 0.7).
+REPETITION_PENALTY = 3.0
 # The unknown token's embedding row, as a multiple of the row of the model's most frequent
 # first token: the model then puts it in its translations (tests/test_ctranslate2.py).
 UNK_LOVE = 1.5
@@ -375,12 +379,22 @@ def search_figures(case: Case, directory: pathlib.Path, min_length: int) -> list
                       f"{sum(not row or row[-1] != EOS_ID for row in plain[0])} of {n} stopped at the length limit")]
     for constraints, theirs in (({"min_length": min_length}, f"`min_decoding_length={min_length}`"),
                                 ({"no_repeat_ngram_size": NO_REPEAT_NGRAM_SIZE},
-                                 f"`no_repeat_ngram_size={NO_REPEAT_NGRAM_SIZE}`")):
+                                 f"`no_repeat_ngram_size={NO_REPEAT_NGRAM_SIZE}`"),
+                                ({"repetition_penalty": REPETITION_PENALTY},
+                                 f"`repetition_penalty={REPETITION_PENALTY}`")):
         (name, value), = constraints.items()
         ours = our_search(case, greedy_options(case, **constraints))
         figures.append(Figure(f"greedy, `{name}={value}`", theirs,
                               *compare_searches(ours, their_search(case, 1, **constraints)),
                               changed(ours[0], plain[0])))
+    # The first two pieces of each greedy translation of 3 or more (found here, so that each of
+    # those translations must change), as pieces for CTranslate2 and ids for us.
+    bigrams = sorted({tuple(row[:2]) for row in plain[0] if len(row) >= 3})
+    ours = our_search(case, greedy_options(case, suppress_sequences=bigrams))
+    figures.append(Figure("greedy, `suppress_sequences`", "`suppress_sequences`, the same pieces",
+                          *compare_searches(ours, their_search(case, 1, suppress_sequences=[
+                              [case.pieces.id_to_piece(int(i)) for i in bigram] for bigram in bigrams])),
+                          f"{len(bigrams)} bigrams (the translations' first); {changed(ours[0], plain[0])}"))
     lover = unk_lover(case, plain[0], directory)
     loved = our_search(lover, greedy_options(lover))
     ours = our_search(lover, greedy_options(lover, disallow_unk=True))
@@ -398,6 +412,13 @@ def search_figures(case: Case, directory: pathlib.Path, min_length: int) -> list
                               *compare_searches(ours, their_search(case, beam, prefixes=prefixes)),
                               f"{sum(bool(p) for p in prefixes)} prefixes; "
                               + (changed(ours[0], plain[0]) if beam == 1 else "patience 2")))
+    penalized = SearchOptions(beam_size=config.beam_size, alpha=config.length_penalty_alpha, num_results=1,
+                              extra_length=config.decode_extra_length, repetition_penalty=REPETITION_PENALTY)
+    figures.append(Figure(f"beam {config.beam_size}, `repetition_penalty={REPETITION_PENALTY}`",
+                          f"`repetition_penalty={REPETITION_PENALTY}`, beam {config.beam_size}",
+                          *compare_searches(our_search(case, penalized), their_search(
+                              case, config.beam_size, repetition_penalty=REPETITION_PENALTY)),
+                          "patience 2"))
     options = SearchOptions(beam_size=config.beam_size, alpha=config.length_penalty_alpha, num_results=1,
                             extra_length=config.decode_extra_length)
     ours = our_search(case, options)

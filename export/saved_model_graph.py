@@ -18,7 +18,8 @@ from export.signatures import (ADVANCED_SIGNATURE, ALIGN_SIGNATURE, LITERT_MAX_B
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
-from keras_transformer.decoding.options import served_defaults, signature_options, tensor_problems
+from keras_transformer.decoding.options import (BY_NAME, CONSTRAINTS, PIECE_SEPARATOR, SEQUENCE_SEPARATOR,
+                                                served_defaults, signature_options, tensor_problems)
 from keras_transformer.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.translator import Translator
 
@@ -154,8 +155,8 @@ class TranslationModule(tf.Module):
         return outputs
 
     def _serve_advanced(self, text, target_prefix, beam_size, alpha, extra_length, num_results, patience,
-                        min_length, no_repeat_ngram_size, disallow_unk, sampling_topk, sampling_topp,
-                        sampling_temperature, seed):
+                        min_length, no_repeat_ngram_size, disallow_unk, repetition_penalty, suppress_sequences,
+                        sampling_topk, sampling_topp, sampling_temperature, seed):
         """`translate_options` with every decoding option (`decoding_options.OPTIONS`) and a target
         prefix: each sentence's options checked (a bad value: the sentence is not searched,
         its translation is "", and `errors` says which value), then one search per distinct
@@ -165,20 +166,25 @@ class TranslationModule(tf.Module):
         batch = tf.shape(text)[0]
         given = {"beam_size": beam_size, "alpha": alpha, "extra_length": extra_length, "num_results": num_results,
                  "patience": patience, "min_length": min_length, "no_repeat_ngram_size": no_repeat_ngram_size,
-                 "disallow_unk": disallow_unk, "sampling_topk": sampling_topk, "sampling_topp": sampling_topp,
-                 "sampling_temperature": sampling_temperature, "seed": seed}
+                 "disallow_unk": disallow_unk, "repetition_penalty": repetition_penalty,
+                 "suppress_sequences": suppress_sequences, "sampling_topk": sampling_topk,
+                 "sampling_topp": sampling_topp, "sampling_temperature": sampling_temperature, "seed": seed}
         requested = _requested_results(beam_size, num_results)
         columns = dict(zip(given, _search_columns(self._config, batch, ADVANCED_SIGNATURE, **given)))
-        errors = _advanced_errors(columns)  # [batch]: "" or what is wrong
+        vocabulary = self._translator.pieces()  # string [V]
+        errors = _advanced_errors(columns, vocabulary)  # [batch]: "" or what is wrong
         good = tf.equal(errors, "")
         # a sentence with a bad option: searched as an empty input with the defaults ("", score 0)
         text = tf.where(good, tf.reshape(text, [-1]), "")
         target_prefix = tf.where(good, _per_sentence(target_prefix, batch, "target_prefix", ADVANCED_SIGNATURE), "")
         defaults = served_defaults(ADVANCED_SIGNATURE, self._config, self._patience or 0.0)
         columns = {name: tf.where(good, value, defaults[name]) for name, value in columns.items()}
+        # (the sentences' distinct suppress_sequences strings, each sentence's as an int32 index: a group key)
+        sequences, columns["suppress_sequences"] = tf.unique(columns["suppress_sequences"], out_idx=tf.int32)
 
         def search_group(rows, options):
             options = dict(zip(columns, options))
+            options["suppress_sequences"] = _sequence_ids(sequences[options["suppress_sequences"]], vocabulary)
             found, found_scores = tf.cond(
                 tf.equal(options["sampling_topk"], 1),
                 lambda: self._search_advanced(tf.gather_nd(text, rows), tf.gather_nd(target_prefix, rows), options),
@@ -249,7 +255,7 @@ def _one_target_per_source(signature, text, target):
 
 
 # The signatures' input dtype of each kind of option (`keras_transformer.decoding.options.DecodingOption.kind`).
-DTYPES = {"int": tf.int32, "float": tf.float32, "bool": tf.bool}
+DTYPES = {"int": tf.int32, "float": tf.float32, "bool": tf.bool, "sequences": tf.string}
 
 
 def _option_specs(signature):
@@ -282,13 +288,15 @@ def _search_columns(config, batch, signature, **options):
     return tuple(columns.values())
 
 
-def _advanced_errors(columns):
+def _advanced_errors(columns, vocabulary):
     """`translate_advanced`'s check of each sentence's options: string `[batch]`, "" or what
     is wrong (the first bad value, named with the range it must be in: each option's served
     range in `decoding_options.OPTIONS`, then sampling's one beam)."""
     topk = columns["sampling_topk"]
     problems = (
         *tensor_problems(columns, tf.math.is_finite),
+        (tf.logical_not(_known_pieces(columns["suppress_sequences"], vocabulary)),
+         BY_NAME["suppress_sequences"].served_message),
         (tf.logical_and(tf.not_equal(topk, 1), columns["beam_size"] > 1),
          "sampling (sampling_topk other than 1) draws one token a step: it needs beam_size 1"),
     )
@@ -299,8 +307,35 @@ def _advanced_errors(columns):
 
 
 def _constraints(options):
-    """The group's disallowed-token options (run-time scalars) as `SearchOptions` fields."""
-    return {name: options[name] for name in ("min_length", "no_repeat_ngram_size", "disallow_unk")}
+    """The group's logits processors' options (run-time scalars; `suppress_sequences` as
+    `_sequence_ids`' pair) as `SearchOptions` fields."""
+    return {name: options[name] for name in CONSTRAINTS + ("suppress_sequences",)}
+
+
+def _split_sequences(text):
+    """Served `suppress_sequences` strings `[n]` as their pieces, ragged `[n, (S), (M)]`:
+    each line a sequence, its pieces separated by spaces (empty pieces and sequences dropped)."""
+    pieces = tf.strings.split(tf.strings.split(text, SEQUENCE_SEPARATOR), PIECE_SEPARATOR)  # [n, (S), (M)]
+    pieces = tf.ragged.boolean_mask(pieces, tf.not_equal(pieces, ""))
+    return tf.ragged.boolean_mask(pieces, pieces.row_lengths(axis=2) > 0)
+
+
+def _known_pieces(text, vocabulary):
+    """Whether every piece of each served `suppress_sequences` string (`[batch]`) is one of
+    the target `vocabulary`'s (string `[V]`): bool `[batch]`."""
+    pieces = _split_sequences(text)  # [batch, (S), (M)]
+    known = tf.reduce_any(tf.equal(pieces.flat_values[:, None], vocabulary[None, :]), axis=1)  # [N]
+    return tf.reduce_all(pieces.with_flat_values(known), axis=[1, 2])  # [batch]
+
+
+def _sequence_ids(text, vocabulary):
+    """One served `suppress_sequences` string (known pieces) as `SearchOptions`' run-time pair:
+    ids int32 `[S, M + 1]` (a column of 0 after: never empty) and lengths int32 `[S]`."""
+    pieces = _split_sequences(tf.reshape(text, [1])).values  # [S, (M)]
+    ids = tf.argmax(tf.cast(tf.equal(pieces.flat_values[:, None], vocabulary[None, :]), tf.int32), axis=1,
+                    output_type=tf.int32)  # [N]
+    padded = tf.pad(pieces.with_flat_values(ids).to_tensor(0), [[0, 0], [0, 1]])  # [S, M + 1]
+    return padded, tf.cast(pieces.row_lengths(), tf.int32)
 
 
 def _result_slots(found, found_scores, beam, results):
@@ -384,8 +419,9 @@ def options_warmup_inputs(config: TransformerConfig, patience: float = 0.0) -> d
 def advanced_warmup_inputs(config: TransformerConfig, patience: float = 0.0) -> dict:
     """The inputs of the `translate_advanced` warm-up request besides `text`: no prefix and
     the options that translate as `serving_default` does (`decoding_options.served_defaults`)."""
+    defaults = served_defaults(ADVANCED_SIGNATURE, config, patience)
     return {"target_prefix": tf.constant(""),
-            **{option.name: tf.constant(option.given_default(config, patience), DTYPES[option.kind])
+            **{option.name: tf.constant(defaults[option.name], DTYPES[option.kind])
                for option in signature_options(ADVANCED_SIGNATURE)}}
 
 

@@ -353,10 +353,12 @@ def _advanced_call(signature, args):
     the decoding flags (the table's defaults where not given), one value per sentence."""
     import tensorflow as tf
 
-    dtypes = {"int": tf.int32, "float": tf.float32, "bool": tf.bool}
+    dtypes = {"int": tf.int32, "float": tf.float32, "bool": tf.bool, "sequences": tf.string}
     values = {"target_prefix": (args.target_prefix or "", tf.string)}
     for option in decoding_options.ADVANCED:
         value = _flag_value(args, option)
+        if option.kind == "sequences":  # (a flag a sequence, its pieces separated by spaces)
+            value = decoding_options.served_sequences(pieces.split() for pieces in value or ())
         values[option.name] = (option.default if value is None else value, dtypes[option.kind])
 
     def call(**inputs):

@@ -347,6 +347,10 @@ def _xla_constraints(options):
                                                              options.disallow_unk)):
         raise ValueError("the XLA search takes min_length, no_repeat_ngram_size and disallow_unk as python values; "
                          "run-time ones are for the plain graph (translate_advanced)")
+    if not (isinstance(options.repetition_penalty, float) and options.repetition_penalty == 1.0):
+        raise ValueError("repetition_penalty runs in the plain graph (xla=False)")
+    if options.suppress_sequences:
+        raise ValueError("suppress_sequences runs in the plain graph (xla=False)")
     if options.exact_results is not None or options.max_beam_size is not None:
         raise ValueError("exact_results and a run-time beam size are for the plain graph's search "
                          "(translate_options); the XLA search's are python ints")

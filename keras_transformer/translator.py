@@ -380,6 +380,25 @@ class Translator:
         longest = self.config.max_length - 1 + self.config.decode_extra_length
         return self.encode_text(self.clean_text(target, max_tokens=longest), max_tokens=longest)
 
+    def _sequence_ids(self, sequences):
+        """`suppress_sequences` given as target pieces (CTranslate2's form) as ids; a `ValueError`
+        naming a piece that is not in the target vocabulary (the unknown piece is: its id)."""
+        if not isinstance(sequences, (list, tuple)) or not all(
+                isinstance(sequence, (list, tuple)) and all(isinstance(piece, str) for piece in sequence)
+                for sequence in sequences):
+            raise ValueError(f"suppress_sequences must be a list of lists of target pieces (strings), got "
+                             f"{sequences!r}")
+        self._pieces()
+        ids = {piece: i for i, piece in enumerate(self._piece_list)}
+        unknown = [piece for sequence in sequences for piece in sequence if piece not in ids]
+        if unknown:
+            raise ValueError(f"suppress_sequences: token {unknown[0]!r} is not in the target vocabulary")
+        return tuple(tuple(ids[piece] for piece in sequence) for sequence in sequences)
+
+    def pieces(self):
+        """The target vocabulary's pieces in id order, string `[vocab]` (a graph constant)."""
+        return self._pieces()
+
     def _pieces(self):
         """The vocabulary's pieces in id order, string `[vocab]` (FastSentencepieceTokenizer has
         no id-to-piece op; the pieces become a constant of the graph that asks for them)."""
@@ -451,7 +470,10 @@ class Translator:
 
         `min_length`, `no_repeat_ngram_size` and `disallow_unk` disallow tokens as
         CTranslate2's options of those names do (`SearchOptions`): EOS before `min_length`
-        tokens, a token that repeats an n-gram, the unknown token. `sampling_topk` other
+        tokens, a token that repeats an n-gram, the unknown token; `repetition_penalty`
+        penalizes the tokens already generated and `suppress_sequences` (lists of target
+        pieces, as CTranslate2 takes them) disallows sequences, as CTranslate2 does (plain
+        graph only). `sampling_topk` other
         than 1 draws each token at random (CTranslate2's random sampling, e.g. for
         back-translation: among the `sampling_topk` best, 0 for all, after
         `sampling_temperature`, within `sampling_topp`), reproducibly for a `seed`; it
@@ -492,6 +514,8 @@ class Translator:
             raise TypeError(f"translate() got unexpected keyword argument(s): {', '.join(unknown)} (the decoding "
                             f"options: {', '.join(decoding_options.BY_NAME)})")
         given = dict(options_by_name)
+        if options is None and given.get("suppress_sequences"):  # (by name: pieces, as CTranslate2 takes them)
+            given["suppress_sequences"] = self._sequence_ids(given["suppress_sequences"])
         # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
         if given.get("beam_size") is None:
             given["beam_size"] = 1 if given.get("sampling_topk", 1) != 1 else self.config.beam_size

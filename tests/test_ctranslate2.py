@@ -1,5 +1,6 @@
 """CTranslate2 conversion: the converted model scores and decodes as the Keras model does."""
 
+import collections
 import os
 import pathlib
 import shutil
@@ -188,13 +189,146 @@ def test_disallow_unk_gives_ctranslate2s_disable_unk_ids(unk_lover):
     assert mine == theirs_ids and not any(UNK_ID in row for row in mine)
 
 
-def _prefixed(toy, beam_size, prefixes):
-    """Our search and CTranslate2's with `target_prefix` on the toy's sentences (one a call, each
-    with its prefix's pieces): `(our ids, their ids)`, EOS included, prefix included."""
+def _penalized(toy, beam_size, penalty):
+    """Our search (the plain graph's) and CTranslate2's with `repetition_penalty` on the toy's
+    sentences: `(our ids, our scores, their ids, their scores)`, the scores as each engine
+    reports them (its own length penalty)."""
+    translator, config = toy["translator"], toy["config"]
+    options = SearchOptions(beam_size=beam_size, alpha=config.length_penalty_alpha, num_results=1,
+                            extra_length=config.decode_extra_length, repetition_penalty=penalty)
+    search = tf.function(lambda ids, lengths: translator.searcher.search(ids, lengths, options), autograph=False)
+    ids, scores = search(tf.constant(toy["source_ids"]), tf.constant(toy["lengths"]))
+    theirs_ids, theirs_scores, _ = theirs(toy, beam_size, repetition_penalty=penalty)
+    return [until_eos(row) for row in ids.numpy()[:, 0]], scores.numpy()[:, 0], theirs_ids, theirs_scores
+
+
+@pytest.mark.parametrize("penalty", [1.5, 3.0, 0.7])
+def test_repetition_penalty_gives_ctranslate2s_greedy_ids(toy, penalty):
+    """Issue #91: `repetition_penalty` penalizes the logits of the pieces already generated as
+    CTranslate2's option of that name does (before the masks and the log-softmax): greedy ids
+    identical on every sentence of GOLDEN and REPEATING, log-probabilities within 1e-4 a piece
+    (each engine's score times its own length penalty); and the comparison is of searches the
+    penalty changes: with a penalty of 3, at least MIN_CHANGED translations differ from the
+    unpenalized ones (REPEATING's word-for-word translations repeat by construction; 1.5 and
+    0.7, which favours repeats, are compared whatever they change)."""
+    sentences = on(toy, GOLDEN + REPEATING)
+    mine, scores, theirs_ids, theirs_scores = _penalized(sentences, 1, penalty)
+    assert mine == theirs_ids
+    lengths = np.array([len(row) for row in mine], np.float32)
+    exponents = [translation_options(toy["config"], len(s))["length_penalty"] for s in sentences["sources"]]
+    penalties = keras.ops.convert_to_numpy(length_penalty(lengths, toy["config"].length_penalty_alpha))
+    gaps = np.abs(scores * penalties - theirs_scores * lengths ** np.array(exponents))
+    assert (gaps <= SCORE_ATOL * lengths).all(), gaps / lengths
+    plain = ours(sentences, 1)[0]
+    changed = sum(a != b for a, b in zip(mine, plain))
+    print(f"\nrepetition_penalty={penalty}: {changed} of {len(plain)} greedy translations changed")
+    if penalty >= 3:
+        assert changed >= MIN_CHANGED
+
+
+def test_repetition_penalty_with_beam_4_and_a_prefix_agrees_with_ctranslate2(toy):
+    """Issue #91: with `repetition_penalty` beam 4 agrees with CTranslate2 as the plain beam
+    search does (`MIN_BEAM_AGREEMENT`, the same scores where the ids agree); a forced prefix's
+    pieces count as generated (CTranslate2's history holds them): greedy ids identical."""
+    sentences = on(toy, GOLDEN + REPEATING)
+    config = toy["config"]
+    mine, scores, theirs_ids, theirs_scores = _penalized(sentences, config.beam_size, 2.0)
+    same = np.array([a == b for a, b in zip(mine, theirs_ids)])
+    print(f"\nbeam {config.beam_size}, repetition_penalty=2: CTranslate2 == ours on {same.sum()}/{len(same)}")
+    assert same.mean() >= MIN_BEAM_AGREEMENT
+    lengths = np.array([len(row) for row in theirs_ids], np.float32)
+    exponents = np.array([translation_options(config, len(s))["length_penalty"] for s in sentences["sources"]])
+    penalties = keras.ops.convert_to_numpy(length_penalty(lengths, config.length_penalty_alpha))
+    np.testing.assert_allclose((scores * penalties)[same], (theirs_scores * lengths ** exponents)[same],
+                               atol=SCORE_ATOL * 10)
+    prefixed, theirs_prefixed = _prefixed(toy, 1, PREFIXES, repetition_penalty=3.0)
+    assert prefixed == theirs_prefixed
+
+
+def _suppressed(toy, beam_size, sequences):
+    """Our search (ids) and CTranslate2's (pieces) with `suppress_sequences` on the toy's
+    sentences: `(our ids, our scores, their ids, their scores)`, as `_penalized`."""
+    translator, config, pieces = toy["translator"], toy["config"], toy["pieces"]
+    ids = tuple(tuple(pieces.piece_to_id(p) for p in sequence) for sequence in sequences)
+    options = SearchOptions(beam_size=beam_size, alpha=config.length_penalty_alpha, num_results=1,
+                            extra_length=config.decode_extra_length, suppress_sequences=ids)
+    search = tf.function(lambda i, n: translator.searcher.search(i, n, options), autograph=False)
+    found, scores = search(tf.constant(toy["source_ids"]), tf.constant(toy["lengths"]))
+    theirs_ids, theirs_scores, _ = theirs(toy, beam_size, suppress_sequences=[list(s) for s in sequences])
+    return [until_eos(row) for row in found.numpy()[:, 0]], scores.numpy()[:, 0], theirs_ids, theirs_scores
+
+
+def _holds(row, sequence):
+    """Whether the ids `row` hold `sequence` (ids) somewhere."""
+    n = len(sequence)
+    return any(tuple(row[i:i + n]) == tuple(sequence) for i in range(len(row) - n + 1))
+
+
+@pytest.mark.parametrize("kind", ["single", "bigrams", "trigrams", "mixed"])
+def test_suppress_sequences_give_ctranslate2s_greedy_ids(toy, kind):
+    """Issue #91: `suppress_sequences` disallows what CTranslate2's option of that name does (one
+    piece at every step, a longer sequence's last piece after its first ones): greedy ids
+    identical on every sentence of GOLDEN and REPEATING, log-probabilities within 1e-4 a piece.
+    The sequences are taken from the unconstrained greedy translations themselves (found at run
+    time: the most frequent piece; the first bigram / trigram of REPEATING's), so that at least
+    MIN_CHANGED translations held one and must change; none does after."""
+    sentences = on(toy, GOLDEN + REPEATING)
+    pieces = toy["pieces"]
+    plain = ours(sentences, 1)[0]
+    words = [row[:-1] if row[-1:] == [EOS_ID] else row for row in plain]
+    counts = collections.Counter(i for row in words for i in row)
+    single = [(counts.most_common(1)[0][0],)]
+    repeating = words[len(GOLDEN):]
+    bigrams = sorted({tuple(row[:2]) for row in repeating if len(row) >= 2})
+    trigrams = sorted({tuple(row[1:4]) for row in repeating if len(row) >= 4})
+    chosen = {"single": single, "bigrams": bigrams, "trigrams": trigrams,
+              "mixed": [single[0]] + bigrams[:2] + trigrams[:2]}[kind]
+    sequences = [[pieces.id_to_piece(int(i)) for i in sequence] for sequence in chosen]
+    mine, scores, theirs_ids, theirs_scores = _suppressed(sentences, 1, sequences)
+    assert mine == theirs_ids
+    lengths = np.array([len(row) for row in mine], np.float32)
+    exponents = [translation_options(toy["config"], len(s))["length_penalty"] for s in sentences["sources"]]
+    penalties = keras.ops.convert_to_numpy(length_penalty(lengths, toy["config"].length_penalty_alpha))
+    gaps = np.abs(scores * penalties - theirs_scores * lengths ** np.array(exponents))
+    assert (gaps <= SCORE_ATOL * lengths).all(), gaps / lengths
+    held = [i for i, row in enumerate(plain) if any(_holds(row, s) for s in chosen)]
+    print(f"\nsuppress {kind} {sequences}: {len(held)} of {len(plain)} greedy translations held one")
+    assert len(held) >= MIN_CHANGED
+    assert not [row for row in mine if any(_holds(row, s) for s in chosen)]
+
+
+def test_suppress_sequences_with_beam_4_agree_with_ctranslate2_and_name_an_unknown_piece(toy):
+    """Issue #91: with `suppress_sequences` (and a penalty) beam 4 agrees with CTranslate2 as the
+    plain beam search does (`MIN_BEAM_AGREEMENT`); `Translator.translate` takes the sequences
+    as pieces, as CTranslate2 does, and names a piece not in the target vocabulary."""
+    sentences = on(toy, GOLDEN + REPEATING)
+    pieces, config = toy["pieces"], toy["config"]
+    plain = ours(sentences, 1)[0]
+    chosen = sorted({tuple(row[:2]) for row in plain[len(GOLDEN):] if len(row) >= 3})
+    sequences = [[pieces.id_to_piece(int(i)) for i in sequence] for sequence in chosen]
+    mine, _, theirs_ids, _ = _suppressed(sentences, config.beam_size, sequences)
+    same = np.array([a == b for a, b in zip(mine, theirs_ids)])
+    print(f"\nbeam {config.beam_size}, suppress_sequences: CTranslate2 == ours on {same.sum()}/{len(same)}")
+    assert same.mean() >= MIN_BEAM_AGREEMENT
+    translator = toy["translator"]
+    texts = (GOLDEN + REPEATING)[len(GOLDEN):]
+    got = translator.translate(texts, beam_size=1, suppress_sequences=sequences)
+    want = translator.translate(texts, SearchOptions(beam_size=1, alpha=config.length_penalty_alpha,
+                                                     suppress_sequences=chosen))
+    assert got == want
+    with pytest.raises(ValueError, match="token 'zz' is not in the target vocabulary"):
+        translator.translate(texts[:1], suppress_sequences=[[sequences[0][0], "zz"]])
+    with pytest.raises(ValueError, match="Token zz is not in the vocabulary"):
+        toy["ct2"].translate_batch([sentences["sources"][0]], suppress_sequences=[["zz"]])
+
+
+def _prefixed(toy, beam_size, prefixes, **constraints):
+    """Our search and CTranslate2's with `target_prefix` (and `constraints`) on the toy's sentences
+    (one a call, each with its prefix's pieces): `(our ids, their ids)`, EOS included, prefix included."""
     translator, config, pieces = toy["translator"], toy["config"], toy["pieces"]
     prefix_ids, prefix_lengths = translator.encode_text(tf.constant(prefixes))
     options = SearchOptions(beam_size=beam_size, alpha=config.length_penalty_alpha, num_results=1,
-                            extra_length=config.decode_extra_length)
+                            extra_length=config.decode_extra_length, **constraints)
     search = tf.function(lambda ids, lengths, p, n: translator.searcher.search(ids, lengths, options,
                                                                                target_prefix=(p, n)),
                          autograph=False)
@@ -202,7 +336,7 @@ def _prefixed(toy, beam_size, prefixes):
     mine = [until_eos(row) for row in ids.numpy()[:, 0]]
     theirs_ids = []
     for source, prefix in zip(toy["sources"], prefixes):
-        ct2 = translation_options(config, len(source), beam_size=beam_size)
+        ct2 = translation_options(config, len(source), beam_size=beam_size, **constraints)
         result = toy["ct2"].translate_batch([source], target_prefix=[pieces.encode(prefix, out_type=str)], **ct2,
                                             return_end_token=True)[0]
         theirs_ids.append([pieces.piece_to_id(p) for p in result.hypotheses[0]])

@@ -968,3 +968,87 @@ def test_a_processor_joins_the_search_only_when_its_option_is_on():
     assert make_sampler(SearchOptions(), KERAS_OPS) == BestSampler()
     sampler = make_sampler(SearchOptions(beam_size=1, sampling_topk=5, seed=3), KERAS_OPS)
     assert isinstance(sampler, RandomSampler) and (sampler.topk, sampler.seed) == (5, 3)
+
+
+def test_repetition_penalty_rescales_the_logits_of_each_generated_token_once():
+    """`RepetitionPenalty` against CTranslate2's formula in NumPy, on hand-made logits: each
+    distinct token among a hypothesis' tokens before `step` (a token twice is penalized once;
+    BOS, never in `alive_seqs`, is not; PAD after `step` is not) has its logit divided by the
+    penalty where >= 0, multiplied where < 0; the penalty comes before every mask (a masked
+    token stays NEG_INF); 1.0 adds no processor."""
+    import types
+
+    from keras_transformer.decoding import NoRepeatNgram, RepetitionPenalty, make_logits_processors
+    from keras_transformer.decoding.processors import _processed
+
+    rng = np.random.default_rng(0)
+    batch, beams, length, vocab, step = 2, 2, 6, 9, 4
+    seqs = rng.integers(3, vocab, size=(batch, beams, length)).astype("int32")
+    seqs[0, 0, :4] = [5, 5, 7, 5]  # a token three times
+    seqs[..., step:] = PAD_ID
+    logits = rng.normal(size=(batch * beams, vocab)).astype("float32")
+    logits[0, 7] = 0.0
+    for penalty in (1.8, 0.6):
+        want = logits.copy()
+        for row, history in enumerate(seqs.reshape(-1, length)):
+            for token in set(history[:step].tolist()):
+                want[row, token] = want[row, token] * penalty if want[row, token] < 0 else want[row, token] / penalty
+        spec = types.SimpleNamespace(processors=(RepetitionPenalty(penalty),), neg_inf=np.float32(NEG_INF),
+                                     beam_size=beams)
+        got = ops.convert_to_numpy(_processed(ops.convert_to_tensor(logits), {"alive_seqs": seqs}, step, spec))
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert (got != logits).sum() >= batch * beams  # (the precondition: some logits penalized)
+        run_time = RepetitionPenalty(tf.constant(penalty))  # a tensor penalty: the same logits
+        np.testing.assert_allclose(ops.convert_to_numpy(run_time.rescaled(logits, {"alive_seqs": seqs}, step, spec)),
+                                   want, rtol=1e-6)
+    spec = types.SimpleNamespace(processors=(RepetitionPenalty(0.5), NoRepeatNgram(1)), neg_inf=np.float32(NEG_INF),
+                                 beam_size=beams)
+    got = ops.convert_to_numpy(_processed(ops.convert_to_tensor(logits), {"alive_seqs": seqs}, step, spec))
+    assert got[0, 5] == got[0, 7] == np.float32(NEG_INF)  # (masked after the penalty: 0.5 would lift them)
+    assert make_logits_processors(SearchOptions(repetition_penalty=1.0), EOS_ID) == ()
+    processors = make_logits_processors(SearchOptions(repetition_penalty=2, min_length=2), EOS_ID)
+    assert processors[0] == RepetitionPenalty(2.0) and len(processors) == 2
+
+
+def test_suppress_sequences_disallow_what_ctranslate2s_rule_does():
+    """`SuppressSequences` against CTranslate2's rule in NumPy, on hand-made histories: a
+    one-token sequence is disallowed at every step (step 0 too); the last token of a longer one
+    only where the hypothesis' last n - 1 tokens (before `step`) are its first n - 1, never
+    at a step with fewer tokens; each row (hypothesis) by its own history; and no processor
+    for no sequence."""
+    import types
+
+    from keras_transformer.decoding import SuppressSequences, make_logits_processors
+    from keras_transformer.decoding.processors import _processed
+
+    sequences = ((4,), (5, 6), (7, 5, 8), (6, 6, 6, 3))
+    seqs = np.full((2, 2, 6), PAD_ID, np.int32)
+    seqs[0, 0, :3] = [9, 7, 5]  # ends with (7, 5): 8 disallowed; with 5: 6 disallowed
+    seqs[0, 1, :3] = [5, 7, 9]  # (5, 6)'s head not last: nothing but 4
+    seqs[1, 0, :3] = [6, 6, 6]  # 3 disallowed (the 4-gram)
+    seqs[1, 1, :3] = [8, 6, 6]  # 3 not: its last 3 are (8, 6, 6)... (6, 6) is not (6, 6, 6)
+    logits = np.random.default_rng(1).normal(size=(4, 10)).astype("float32")
+    spec = types.SimpleNamespace(processors=(SuppressSequences(sequences),), neg_inf=np.float32(NEG_INF),
+                                 beam_size=2)
+
+    def reference(step):
+        banned = np.zeros_like(logits, bool)
+        for row, history in enumerate(seqs.reshape(4, -1)):
+            history = history[:step].tolist()
+            for sequence in sequences:
+                head = list(sequence[:-1])
+                if len(history) >= len(head) and (not head or history[len(history) - len(head):] == head):
+                    banned[row, sequence[-1]] = True
+        return np.where(banned, np.float32(NEG_INF), logits)
+
+    for step in (0, 1, 2, 3):
+        got = ops.convert_to_numpy(_processed(ops.convert_to_tensor(logits), {"alive_seqs": seqs}, step, spec))
+        np.testing.assert_array_equal(got, reference(step))
+    got = ops.convert_to_numpy(_processed(ops.convert_to_tensor(logits), {"alive_seqs": seqs}, 3, spec))
+    assert got[0, 8] == got[0, 6] == got[2, 3] == np.float32(NEG_INF) and got[3, 3] == logits[3, 3]
+    assert (got[:, 4] == np.float32(NEG_INF)).all() and got[1, 8] == logits[1, 8]
+    assert make_logits_processors(SearchOptions(suppress_sequences=[[], ()]), EOS_ID) == ()
+    assert make_logits_processors(SearchOptions(suppress_sequences=[[np.int64(4)], [5, 6]]), EOS_ID) == (
+        SuppressSequences(((4,), (5, 6))),)
+    with pytest.raises(ValueError, match="suppress_sequences must be"):
+        SearchOptions(suppress_sequences=[["a"]])

@@ -53,7 +53,9 @@ def test_search_options_raise_the_rows_messages():
     for name, bad in (("min_length", -1), ("min_length", 2.5), ("no_repeat_ngram_size", -2),
                       ("disallow_unk", "yes"), ("sampling_topk", -1), ("sampling_topp", 1.5),
                       ("sampling_temperature", 0.0), ("seed", 2 ** 31), ("alpha", float("nan")),
-                      ("patience", float("inf"))):
+                      ("patience", float("inf")), ("repetition_penalty", 0.0), ("repetition_penalty", float("nan")),
+                      ("repetition_penalty", -1.5), ("suppress_sequences", [["a"]]), ("suppress_sequences", [[-1]]),
+                      ("suppress_sequences", "ab")):
         row = BY_NAME[name]
         with pytest.raises(ValueError) as raised:
             SearchOptions(beam_size=1, **{name: bad})
@@ -88,7 +90,9 @@ def test_served_defaults_and_ctranslate2_names_come_from_the_rows():
     assert list(defaults) == [row.name for row in OPTIONS]
     assert {k: defaults[k] for k in ("beam_size", "alpha", "extra_length", "patience")} == {
         "beam_size": 3, "alpha": 0.7, "extra_length": 9, "patience": 1.5}
-    assert all(defaults[row.name] == row.default for row in OPTIONS if row.default is not None)
+    assert all(defaults[row.name] == row.default for row in OPTIONS
+               if row.default is not None and row.kind != "sequences")
+    assert defaults["suppress_sequences"] == ""  # (served: a string of pieces, "" for none)
     assert list(decoding_options.served_defaults("translate_options", config)) == [
         "beam_size", "alpha", "extra_length", "num_results", "patience"]
     options = translation_options(config, 5, beam_size=2, no_repeat_ngram_size=2, sampling_topk=4)

@@ -335,6 +335,7 @@ def test_the_advanced_signatures_warmup_request_translates_as_serving_default(ex
     assert name == "translate_advanced"
     assert {key: value.numpy().tolist() for key, value in inputs.items() if key != "text"} == {
         **{key: [value] * 3 for key, value in ADVANCED_DEFAULTS.items()}, "target_prefix": [b""] * 3,
+        "suppress_sequences": [b""] * 3,
         "beam_size": [config.beam_size] * 3, "alpha": [pytest.approx(config.length_penalty_alpha)] * 3,
         "extra_length": [config.decode_extra_length] * 3}
     assert all(value.shape == (3,) for value in inputs.values())
@@ -520,7 +521,9 @@ def test_translate_info_on_an_older_export_names_what_it_does_not_record(exporte
     (["--no-repeat-ngram-size", "1", "--disallow-unk", "--n-best", "2"],
      {"no_repeat_ngram_size": 1, "disallow_unk": True, "num_results": 2}),
     (["--sampling-topk", "0", "--sampling-temperature", "1.5", "--sampling-topp", "0.9", "--seed", "4"],
-     {"sampling_topk": 0, "sampling_temperature": 1.5, "sampling_topp": 0.9, "seed": 4, "beam_size": 1})])
+     {"sampling_topk": 0, "sampling_temperature": 1.5, "sampling_topp": 0.9, "seed": 4, "beam_size": 1}),
+    (["--repetition-penalty", "2.5", "--suppress-sequence", "▁der ▁Hund", "--suppress-sequence", "▁Katze"],
+     {"repetition_penalty": 2.5, "suppress_sequences": "▁der ▁Hund\n▁Katze"})])
 def test_translate_command_passes_the_decoding_flags_to_translate_advanced(exported, loaded, monkeypatch, capsys,
                                                                           flags, options):
     """Issue #86: `export.translate`'s decoding flags call `translate_advanced` with them (one
@@ -894,7 +897,8 @@ def test_the_align_signature_aligns_as_the_in_process_translator(exported, loade
 
 ADVANCED_DEFAULTS = {"target_prefix": "", "beam_size": 4, "alpha": 0.6, "extra_length": 10, "num_results": 1,
                      "patience": 0.0, "min_length": 0, "no_repeat_ngram_size": 0, "disallow_unk": False,
-                     "sampling_topk": 1, "sampling_topp": 1.0, "sampling_temperature": 1.0, "seed": 0}
+                     "repetition_penalty": 1.0, "suppress_sequences": "", "sampling_topk": 1, "sampling_topp": 1.0,
+                     "sampling_temperature": 1.0, "seed": 0}
 
 
 def advanced(loaded, texts, rows=None, **options):
@@ -902,8 +906,9 @@ def advanced(loaded, texts, rows=None, **options):
     of each sentence's own options (over `options` and the defaults), one value per sentence."""
     rows = rows or [{}] * len(texts)
     inputs = {name: [{**ADVANCED_DEFAULTS, **options, **row}[name] for row in rows] for name in ADVANCED_DEFAULTS}
-    dtypes = {"alpha": tf.float32, "patience": tf.float32, "sampling_topp": tf.float32,
-              "sampling_temperature": tf.float32, "disallow_unk": tf.bool, "target_prefix": tf.string}
+    dtypes = {"alpha": tf.float32, "patience": tf.float32, "repetition_penalty": tf.float32,
+              "sampling_topp": tf.float32, "sampling_temperature": tf.float32, "disallow_unk": tf.bool,
+              "target_prefix": tf.string, "suppress_sequences": tf.string}
     out = loaded.signatures["translate_advanced"](
         text=tf.constant(texts), **{name: tf.constant(values, dtypes.get(name, tf.int32))
                                     for name, values in inputs.items()})
@@ -935,14 +940,22 @@ def test_the_advanced_signature_gives_each_sentence_the_in_process_search_of_its
             {"no_repeat_ngram_size": 2, "disallow_unk": True, "beam_size": 2, "alpha": 0.0},
             {"beam_size": 1, "sampling_topk": 0, "sampling_temperature": 1.5, "seed": 5},
             {"beam_size": 1, "sampling_topk": 3, "sampling_topp": 0.7, "seed": 11, "target_prefix": "ein"},
-            {"num_results": 3, "min_length": 4}]
+            {"num_results": 3, "min_length": 4}, {"repetition_penalty": 3.0, "beam_size": 2, "num_results": 2},
+            {"repetition_penalty": 0.5, "beam_size": 1, "target_prefix": "der"},
+            {"repetition_penalty": 2.0, "beam_size": 1, "sampling_topk": 4, "seed": 3},
+            {"suppress_sequences": "▁der ▁Hund\n▁Katze", "beam_size": 2, "num_results": 2},
+            {"suppress_sequences": "▁Hund", "beam_size": 1, "target_prefix": "der Hund"}]
     texts = ["the man sees the dog", "a red house today", "and the cat and the cat",
-             "the big cat buys a small book", "today the woman sees a small red cat", "book"]
+             "the big cat buys a small book", "today the woman sees a small red cat", "book",
+             "the dog the dog the dog", "red book red book", "a cat sees a cat", "the dog sees the cat",
+             "the dog"]
     strings, scores, errors = advanced(loaded, texts, rows)
     assert errors == [""] * len(texts)
     for text, row, got, got_scores in zip(texts, rows, strings, scores):
         options = {**ADVANCED_DEFAULTS, **row}
         prefix = options.pop("target_prefix")
+        options["suppress_sequences"] = translator._sequence_ids(  # (served: pieces by line; here: ids)
+            [line.split() for line in options["suppress_sequences"].splitlines()])
         options["extra_length"] = exported["config"].decode_extra_length
         if options["sampling_topk"] == 1:
             options.update(num_results=options["beam_size"], exact_results=options.pop("num_results"))
@@ -954,6 +967,7 @@ def test_the_advanced_signature_gives_each_sentence_the_in_process_search_of_its
         np.testing.assert_allclose(got_scores[:count], want_scores.numpy()[0, :count], rtol=1e-6)
         assert got[count:] == [""] * (len(got) - count)
     assert strings[0][0].startswith("der Hund") and strings[4][0].startswith("ein")
+    assert strings[-1][0].startswith("der Hund") and strings[-1][0].split().count("Hund") == 1
     assert len(strings[1][0].split()) >= 4 and len(set(strings[1][0].split())) == len(strings[1][0].split())
 
 
@@ -962,17 +976,21 @@ def test_the_advanced_signature_answers_bad_options_with_an_error_row(loaded):
     "" with score 0 and `errors` names the option and its range; the request's other
     sentences translate as they would without it."""
     texts = ["the man sees the dog", "a red house today", "book", "the dog", "a woman buys the house",
-             "the cat sees the man", "the house"]
+             "the cat sees the man", "the house", "a dog", "the red book", "the dog"]
     bad = [{}, {"min_length": -1}, {"no_repeat_ngram_size": 9}, {"sampling_topk": 0},
            {"beam_size": 1, "sampling_topk": 0, "sampling_topp": 0.0},
-           {"beam_size": 1, "sampling_topk": 2, "sampling_temperature": float("nan")}, {"seed": -1, "sampling_topk": 0}]
+           {"beam_size": 1, "sampling_topk": 2, "sampling_temperature": float("nan")}, {"seed": -1, "sampling_topk": 0},
+           {"repetition_penalty": 0.0}, {"repetition_penalty": float("inf")}, {"suppress_sequences": "▁Hund zz"}]
     strings, scores, errors = advanced(loaded, texts, bad)
     assert errors[0] == ""
     for error, words in zip(errors[1:], ["min_length must be >= 0", "no_repeat_ngram_size must be in [0, 8]",
                                          "it needs beam_size 1", "sampling_topp must be in (0, 1]",
-                                         "sampling_temperature must be a finite number > 0", "seed must be >= 0"]):
+                                         "sampling_temperature must be a finite number > 0", "seed must be >= 0",
+                                         "repetition_penalty must be a finite number > 0",
+                                         "repetition_penalty must be a finite number > 0",
+                                         "suppress_sequences holds a piece that is not in the target vocabulary"]):
         assert error.startswith("translate_advanced: ") and words in error and "\n" not in error
-    assert [row[0] for row in strings[1:]] == [""] * 6 and (scores[1:, 0] == 0).all()
+    assert [row[0] for row in strings[1:]] == [""] * 9 and (scores[1:, 0] == 0).all()
     alone, alone_scores, _ = advanced(loaded, texts[:1])
     assert strings[0] == alone[0] and scores[0, 0] == pytest.approx(alone_scores[0, 0], abs=1e-5)  # (batch 7 vs 1)
 

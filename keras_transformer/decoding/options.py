@@ -83,7 +83,9 @@ class DecodingOption:
     Args:
         name: its name (`SearchOptions`' field, the signatures' input, the keyword of
             `Translator.translate`).
-        kind: "int", "float" or "bool" (the signatures' int32, float32, bool).
+        kind: "int", "float" or "bool" (the signatures' int32, float32, bool), or "sequences"
+            (sequences of target ids; served as a string of pieces, `SEQUENCE_SEPARATOR` between
+            sequences and `PIECE_SEPARATOR` between pieces: "" for none).
         default: its value when not given; None: the export's own (`config_field` of the
             `TransformerConfig`, or the export's patience).
         python: the values Python takes (`SearchOptions`), None: any of its kind.
@@ -124,7 +126,11 @@ class DecodingOption:
 
     def python_problem(self, value) -> typing.Optional[str]:
         """`SearchOptions`' error for the python `value` (None: it is good)."""
-        if self.kind == "bool":
+        if self.kind == "sequences":  # (ids: non-negative python ints, a sequence of them per sequence)
+            good = _is_sequence(value) and all(
+                _is_sequence(sequence) and all(isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0
+                                               for i in sequence) for sequence in value)
+        elif self.kind == "bool":
             good = isinstance(value, bool) or (type(value).__module__ == "numpy"  # (NumPy's bool)
                                                and type(value).__name__ in ("bool", "bool_"))
         elif isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -151,6 +157,11 @@ class DecodingOption:
         if self.config_field is None:
             return patience
         return getattr(config, self.config_field)
+
+
+def _is_sequence(value) -> bool:
+    """Whether `value` is a python sequence (a list, a tuple, ...) and not a string."""
+    return isinstance(value, typing.Sequence) and not isinstance(value, (str, bytes))
 
 
 OPTIONS = (
@@ -191,6 +202,23 @@ OPTIONS = (
         "disallow_unk", "bool", False, None, "a bool", "a bool scalar tensor", ctranslate2="disable_unk",
         flag="--disallow-unk", help="never generate the unknown piece"),
     DecodingOption(
+        "repetition_penalty", "float", 1.0, Range(0, low_open=True, finite=True), "a finite number > 0 (1: off)",
+        "a float scalar tensor", served=Range(0, low_open=True, finite=True),
+        served_message="repetition_penalty must be a finite number > 0 (1: off)", ctranslate2="repetition_penalty",
+        flag="--repetition-penalty",
+        help="divide the positive logits of the pieces already in a translation by P > 0 and multiply the "
+             "negative ones by it, as CTranslate2 does (above 1: fewer repeats; default 1: off)",
+        flag_range=Range(0, low_open=True), flag_text="> 0"),
+    DecodingOption(
+        "suppress_sequences", "sequences", (), None,
+        "a list of lists of target ids >= 0 (`SearchOptions`; of pieces for `Translator.translate`)",
+        "(ids [S, M], lengths [S]) int32 tensors", served_message="suppress_sequences holds a piece that is not "
+        "in the target vocabulary", served_clip="a string: each line a sequence of pieces separated by spaces "
+        "(\"\": none)", ctranslate2="suppress_sequences", flag="--suppress-sequence",
+        help="never generate this sequence of target pieces, separated by spaces (a single piece: never; "
+             "longer: not its last piece after the others), as CTranslate2's suppress_sequences; repeat the flag "
+             "for more"),
+    DecodingOption(
         "sampling_topk", "int", 1, Range(0), "an int >= 0 (1: no sampling, 0: the whole vocabulary)",
         "an int32 scalar tensor", served=Range(0),
         served_message="sampling_topk must be >= 0 (1: no sampling, 0: the whole vocabulary)",
@@ -220,8 +248,13 @@ BY_NAME = {option.name: option for option in OPTIONS}
 # The options of `Translator.translate` and the flags of `export.translate` that call
 # `translate_advanced` (those the plain search of `translate_options` lacks).
 ADVANCED = tuple(option for option in OPTIONS if _OPTIONS_SIGNATURE not in option.signatures)
+# A served `suppress_sequences`: one string, each line a sequence, its pieces separated by spaces
+# (SentencePiece pieces hold no whitespace).
+SEQUENCE_SEPARATOR, PIECE_SEPARATOR = "\n", " "
 SAMPLING = ("sampling_topk", "sampling_topp", "sampling_temperature", "seed")
-CONSTRAINTS = ("min_length", "no_repeat_ngram_size", "disallow_unk")
+# The options of the logits processors (`keras_transformer.decoding.processors`).
+CONSTRAINTS = ("min_length", "no_repeat_ngram_size", "disallow_unk", "repetition_penalty")
+# (and `suppress_sequences`, whose served form is a string)
 
 
 def signature_options(signature: str) -> tuple:
@@ -233,7 +266,8 @@ def served_defaults(signature: str, config, patience: float = 0.0) -> dict:
     """`{name: default}` of `signature`'s options: the values that translate as `serving_default`
     does (the export's beam size, alpha, extra length and patience, one result, no constraint,
     no sampling)."""
-    return {option.name: option.given_default(config, patience) for option in signature_options(signature)}
+    return {option.name: "" if option.kind == "sequences" else option.given_default(config, patience)
+            for option in signature_options(signature)}
 
 
 def tensor_problems(columns: dict, is_finite) -> list:
@@ -251,9 +285,19 @@ def add_flags(group, kinds: dict) -> None:
         if option.kind == "bool":
             group.add_argument(option.flag, action="store_true", help=option.help)
             continue
+        if option.kind == "sequences":  # (one flag a sequence)
+            group.add_argument(option.flag, action="append", default=None, dest=option.name, metavar="PIECES",
+                               help=option.help)
+            continue
         parse, action = kinds[option.kind]
         group.add_argument(option.flag, type=parse, default=None, help=option.help,
                            **({"action": action} if action is not None else {}))
+
+
+def served_sequences(sequences) -> str:
+    """`suppress_sequences` (lists of pieces) as a served string (`SEQUENCE_SEPARATOR`,
+    `PIECE_SEPARATOR`)."""
+    return SEQUENCE_SEPARATOR.join(PIECE_SEPARATOR.join(sequence) for sequence in sequences)
 
 
 def ctranslate2_options(**values) -> dict:

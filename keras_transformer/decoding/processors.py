@@ -3,6 +3,7 @@ before the step's log-softmax, and joins the step only when its option is on."""
 
 import dataclasses
 
+import numpy as np
 from keras import ops
 
 from keras_transformer.constants import MAX_NO_REPEAT_NGRAM_SIZE, PAD_ID, UNK_ID
@@ -65,6 +66,31 @@ def _repeated_ngram_ends_at_run_time(seqs, step, n):
 # column's id), ``logits`` float32 ``[b * k, V]``, the state's per-sentence entries, the step
 # (int32 scalar, the position of the token the logits score) and the `_SearchSpec`.
 @dataclasses.dataclass(frozen=True)
+class RepetitionPenalty:
+    """The logits of the tokens already in the hypothesis (its generated tokens, a forced
+    prefix's included, not BOS), each distinct token once, divided by ``penalty`` where
+    >= 0 and multiplied by it where < 0 (CTranslate2's ``repetition_penalty``, CTRL's
+    penalty, arXiv 1909.05858): a python float > 0 other than 1, or a float scalar tensor
+    (1: no change). It changes the logits instead of disallowing tokens: `_processed`
+    applies it before every processor's mask, as CTranslate2 does."""
+
+    penalty: object
+    rescales = True  # (a class attribute, not a field: `_processed` calls `rescaled`)
+
+    def rescaled(self, logits, sentences, step, spec):
+        length = ops.shape(sentences["alive_seqs"])[-1]
+        seqs = ops.reshape(sentences["alive_seqs"], (-1, length))  # [b * k, L]
+        rows = ops.broadcast_to(ops.arange(ops.shape(seqs)[0], dtype="int32")[:, None], ops.shape(seqs))
+        generated = ops.broadcast_to(ops.arange(length, dtype="int32")[None, :] < step, ops.shape(seqs))  # [b * k, L]
+        hits = ops.scatter(ops.reshape(ops.stack([rows, seqs], axis=-1), (-1, 2)),
+                           ops.reshape(ops.cast(generated, "float32"), (-1,)),
+                           ops.shape(logits))  # [b * k, V]: how often each token was generated
+        penalty = ops.cast(self.penalty, logits.dtype)
+        penalized = ops.where(logits < 0, logits * penalty, logits / penalty)  # [b * k, V]
+        return ops.where(hits > 0, penalized, logits)
+
+
+@dataclasses.dataclass(frozen=True)
 class MinLength:
     """EOS disallowed at the steps before ``length`` tokens (CTranslate2's
     ``min_decoding_length``): a python int >= 1 or a scalar tensor."""
@@ -108,6 +134,50 @@ class DisallowUnk:
 
 
 @dataclasses.dataclass(frozen=True)
+class SuppressSequences:
+    """Sequences of tokens never generated (CTranslate2's ``suppress_sequences``): a sequence
+    of one token disallows it at every step; one of ``n >= 2`` tokens disallows its last token
+    where the hypothesis' last ``n - 1`` tokens (a forced prefix's included, never BOS) are
+    its first ``n - 1``. ``sequences``: a tuple of non-empty tuples of python int ids, or,
+    given at run time, ``(ids, lengths)``: int32 ``[S, M]`` tensors, each sequence's ids
+    (any id after its length) and its length ``[S]`` (>= 1; ``S`` may be 0: none)."""
+
+    sequences: tuple
+
+    def __call__(self, banned, vocab, logits, sentences, step, spec):
+        ids, lengths = _padded_sequences(self.sequences)  # [S, M], [S]
+        width = ops.shape(ids)[1] - 1  # M - 1: the longest sequence's first tokens
+        slots = ops.arange(ops.maximum(width, 0), dtype="int32")  # [M - 1]
+        # Each sequence's first n - 1 tokens right-aligned in M - 1 slots (slot j: its token
+        # j - (M - 1) + (n - 1)); a slot before its first token matches any token.
+        index = slots[None, :] - width + ops.expand_dims(lengths, 1) - 1  # [S, M - 1]
+        flat = ops.reshape(ids, (-1,))  # [S * M] (gathered by flat index: S may be 0 at run time)
+        starts = ops.expand_dims(ops.arange(ops.shape(lengths)[0], dtype="int32") * ops.shape(ids)[1], 1)  # [S, 1]
+        heads = ops.take(flat, starts + ops.maximum(index, 0))  # [S, M - 1]
+        length = ops.shape(sentences["alive_seqs"])[-1]
+        seqs = ops.reshape(sentences["alive_seqs"], (-1, length))  # [b * k, L]
+        # the hypothesis' last M - 1 tokens (position step - (M - 1) + j; before 0: matched by no head)
+        history = ops.take(seqs, ops.clip(step - width + slots, 0, length - 1), axis=1)  # [b * k, M - 1]
+        same = ops.logical_or(history[:, None, :] == heads[None, :, :], (index < 0)[None, :, :])  # [b * k, S, M - 1]
+        matched = ops.logical_and(ops.all(same, axis=-1), step >= lengths[None, :] - 1)  # [b * k, S]
+        lasts = ops.take(flat, starts + ops.expand_dims(lengths - 1, 1))  # [S, 1]
+        hits = ops.matmul(ops.cast(matched, "float32"), ops.cast(lasts == vocab, "float32"))  # [b * k, V]
+        return ops.logical_or(banned, hits > 0)
+
+
+def _padded_sequences(sequences):
+    """`SuppressSequences`' sequences as ``(ids [S, M], lengths [S])``: python ones padded
+    (NumPy constants), run-time ones as given."""
+    if not _is_python(sequences[0]):
+        return ops.cast(sequences[0], "int32"), ops.cast(sequences[1], "int32")
+    width = max(len(sequence) for sequence in sequences)
+    ids = np.zeros((len(sequences), width), np.int32)
+    for row, sequence in enumerate(sequences):
+        ids[row, :len(sequence)] = sequence
+    return ids, np.array([len(sequence) for sequence in sequences], np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
 class TargetPrefix:
     """Within its prefix (the state's ``prefix_ids``, ``prefix_lengths``) a sentence's next
     token is the prefix's, whatever the other processors allow: the last processor
@@ -121,32 +191,38 @@ class TargetPrefix:
         return ops.where(ops.expand_dims(forcing, 1), vocab != ops.expand_dims(forced, 1), banned)  # [b * k, V]
 
 
-def _on(value):
-    """Whether an option may be on: a python value other than 0 / False, or a tensor (given
-    at run time). No processor, so no op at all, for an option that is off."""
-    return not _is_python(value) or bool(value)
+def _on(value, off=0):
+    """Whether an option may be on: a python value other than `off` (0 / False; 1 for a
+    penalty), or a tensor (given at run time). No processor, so no op at all, for an option
+    that is off."""
+    return not _is_python(value) or value != off
 
 
 def make_logits_processors(options, eos_id, has_prefix=False):
     """The logits processors of a search (CTranslate2's ``make_logits_processors``): one for
-    each option of `options` that is on (a python value other than 0 / False, or a tensor),
-    in order: `MinLength`, `NoRepeatNgram`, `DisallowUnk`, and `TargetPrefix` last (where the
-    search takes a prefix). A tuple; empty when none is on (the step then adds no op)."""
+    each option of `options` that is on (a python value other than 0 / False, 1 for the
+    penalty, or a tensor), in order: `RepetitionPenalty` (CTranslate2's first), `MinLength`,
+    `NoRepeatNgram`, `DisallowUnk`, `SuppressSequences`, and `TargetPrefix` last (where the search takes a prefix).
+    A tuple; empty when none is on (the step then adds no op)."""
     processors = []
+    if _on(options.repetition_penalty, off=1):
+        processors.append(RepetitionPenalty(options.repetition_penalty))
     if _on(options.min_length):
         processors.append(MinLength(options.min_length, eos_id))
     if _on(options.no_repeat_ngram_size):
         processors.append(NoRepeatNgram(options.no_repeat_ngram_size))
     if _on(options.disallow_unk):
         processors.append(DisallowUnk(options.disallow_unk))
+    if options.suppress_sequences:
+        processors.append(SuppressSequences(options.suppress_sequences))
     if has_prefix:
         processors.append(TargetPrefix())
     return tuple(processors)
 
 
 def _processed(logits, sentences, step, spec):
-    """`logits` with every token the processors disallow set to NEG_INF, as CTranslate2
-    applies its logits processors: before the step's log-softmax.
+    """`logits` penalized (`RepetitionPenalty`) and with every token the processors disallow
+    set to NEG_INF, as CTranslate2 applies its logits processors: before the step's log-softmax.
 
     Args:
         logits: float32 ``[b * k, V]``, batch-major.
@@ -155,6 +231,9 @@ def _processed(logits, sentences, step, spec):
     """
     vocab = ops.arange(ops.shape(logits)[-1], dtype="int32")[None, :]  # [1, V]
     banned = ops.zeros_like(vocab, dtype="bool")  # [1, V]
-    for processor in spec.processors:
-        banned = processor(banned, vocab, logits, sentences, step, spec)
+    for processor in spec.processors:  # (a penalty first: no penalty lifts a masked token)
+        if getattr(processor, "rescales", False):
+            logits = processor.rescaled(logits, sentences, step, spec)
+        else:
+            banned = processor(banned, vocab, logits, sentences, step, spec)
     return ops.where(banned, spec.neg_inf, logits)

@@ -15,10 +15,13 @@ from keras_transformer.decoding.tensors import _is_int, _is_python, keras_gather
 # `SearchOptions`' fields whose own values the options table checks (`keras_transformer.decoding.options`); beam
 # size, results and their relations are checked together by `_checked_options`.
 _TABLE_CHECKED = ("alpha", "patience", "extra_length", "min_length", "no_repeat_ngram_size", "disallow_unk",
-                  "sampling_topk", "sampling_topp", "sampling_temperature", "seed")
+                  "repetition_penalty", "suppress_sequences", "sampling_topk", "sampling_topp", "sampling_temperature",
+                  "seed")
 # (alpha, patience and extra_length are stored as given: a python float or int, or a tensor)
 _STORED_AS_GIVEN = ("alpha", "patience", "extra_length")
-_AS_KIND = {"int": int, "float": float, "bool": bool}
+_AS_KIND = {"int": int, "float": float, "bool": bool,
+            # (ids as python ints, the empty sequences dropped as CTranslate2 drops them)
+            "sequences": lambda value: tuple(tuple(int(i) for i in sequence) for sequence in value if len(sequence))}
 
 
 # --------------------------------------------------------------------------
@@ -76,6 +79,17 @@ class SearchOptions:
             twice); or an int32 scalar tensor in ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``.
         disallow_unk: python bool, or a bool scalar tensor: the unknown token
             (``UNK_ID``) is never generated (CTranslate2's ``disable_unk``).
+        repetition_penalty: python float > 0 (1.0: off), or a float scalar
+            tensor: the logits of the tokens already in the hypothesis (each
+            once) are divided by it where >= 0 and multiplied by it where < 0,
+            before the constraints' masks and the log-softmax (CTranslate2's
+            ``repetition_penalty``; `RepetitionPenalty`).
+        suppress_sequences: sequences of target ids never generated
+            (CTranslate2's ``suppress_sequences``; `SuppressSequences`): one id
+            is disallowed at every step, a longer sequence's last id where the
+            hypothesis ends with the ids before it. Python ids (stored as a
+            tuple of tuples of ints, empty ones dropped), or at run time
+            ``(ids, lengths)``: int32 tensors ``[S, M]`` and ``[S]`` (>= 1).
         sampling_topk: 1 (the default: the best token, no sampling), or with
             ``beam_size`` 1 the number of best tokens each step samples among
             (0: the whole vocabulary): random sampling, e.g. for
@@ -117,6 +131,8 @@ class SearchOptions:
     min_length: typing.Any = 0
     no_repeat_ngram_size: int = 0
     disallow_unk: bool = False
+    repetition_penalty: float = 1.0
+    suppress_sequences: tuple = ()
     sampling_topk: int = 1
     sampling_topp: float = 1.0
     sampling_temperature: float = 1.0
@@ -161,7 +177,8 @@ def _checked_options(options):
     checked = {}
     for name in _TABLE_CHECKED:  # each option's own values: `decoding_options.OPTIONS`' rows
         value = getattr(options, name)
-        if not _is_python(value) or (value is None and name in ("patience", "extra_length")):
+        if (not _is_python(value) or (value is None and name in ("patience", "extra_length"))
+                or _is_run_time_pair(value)):
             checked[name] = value  # a run-time value: the caller's to keep in range
             continue
         problem = DECODING_OPTIONS[name].python_problem(value)
@@ -175,6 +192,11 @@ def _checked_options(options):
                          f"int), got {beam_size!r}")
     return {**checked, "beam_size": beam_size, "num_results": num_results, "max_beam_size": max_beam_size,
             "exact_results": exact_results}
+
+
+def _is_run_time_pair(value):
+    """Whether `value` is a run-time `suppress_sequences`: a pair of tensors (ids, lengths)."""
+    return isinstance(value, tuple) and len(value) == 2 and not any(_is_python(item) for item in value)
 
 
 def keras_nonzero(mask):
