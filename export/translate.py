@@ -114,91 +114,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.info:
         return _print_info(args.saved_model)
-    # translate_options clips what it cannot run (a server must answer): here the user hears it.
-    # (--beam-size 0 had translated with beam 1, --beam-size 20 with 8, --n-best 9 printed 4.)
-    if args.beam_size is not None and not 1 <= args.beam_size <= MAX_BEAM_SIZE:
-        parser.error(f"--beam-size must be 1..{MAX_BEAM_SIZE} (the beams the export's translate_options "
-                     f"runs), got {args.beam_size}")
-    if args.n_best > MAX_BEAM_SIZE:
-        parser.error(f"--n-best must be 1..{MAX_BEAM_SIZE} (the results of the export's largest beam), "
-                     f"got {args.n_best}")
-    if args.beam_size is not None and args.n_best > args.beam_size:
-        parser.error(f"--n-best {args.n_best} asks for more results than --beam-size {args.beam_size} keeps; "
-                     f"give a larger beam or fewer results")
-
+    _check_ranges(parser, args)
     advanced = _advanced_problem(parser, args)  # (a bad value: parser.error, before TensorFlow loads)
 
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
 
-    args.saved_model = newest_version(args.saved_model) or args.saved_model
-    missing = missing_saved_model(args.saved_model)
-    if missing:
-        print(f"export.translate: error: {missing}", file=sys.stderr)
+    try:
+        export = _open_export(args, advanced)
+    except _Refused as refused:
+        print(f"export.translate: error: {refused}", file=sys.stderr)
         return 2
-    from export.saved_model import read_export_signatures
-
-    loaded = tf.saved_model.load(args.saved_model)
-    # An export that records its signatures (`export.saved_model --signatures`) is ours with any
-    # of them; an older one, or a foreign SavedModel, must have both that every export had.
-    chosen = read_export_signatures(args.saved_model)
-    if not ({SERVING_DEFAULT} if chosen else {SERVING_DEFAULT, OPTIONS_SIGNATURE}) <= set(loaded.signatures):
-        print(f"export.translate: error: {args.saved_model} is not an export of this project (its signatures "
-              f"are {sorted(loaded.signatures)}; export.saved_model writes serving_default and "
-              f"translate_options)", file=sys.stderr)
-        return 2
-    if args.xla and XLA_SIGNATURE not in loaded.signatures:
-        print(f"export.translate: error: --xla: {args.saved_model} has no translate_xla signature (a "
-              f"syntax-aware export, one older than that signature, or one exported without it by "
-              f"--signatures); translate without --xla", file=sys.stderr)
-        return 2
-    default = loaded.signatures[XLA_SIGNATURE if args.xla else SERVING_DEFAULT]
-    xla_flags = os.environ.get("TF_XLA_FLAGS", "")
-    problem = args.xla and _xla_cache_problem(xla_flags)
-    if problem:  # (TensorFlow would fail the first request with a graph traceback)
-        print(f"export.translate: error: {problem}", file=sys.stderr)
-        return 2
-    # Without options every request goes to `default`; with any, to translate_options.
-    plain_request = (args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None
-                     and not advanced)
-    if not plain_request and not advanced and OPTIONS_SIGNATURE not in loaded.signatures:
-        print(f"export.translate: error: --beam-size, --n-best, --alpha and --patience call translate_options, "
-              f"which {args.saved_model} leaves out (export.saved_model --signatures); export it with "
-              f"translate_options", file=sys.stderr)
-        return 2
-    options = loaded.signatures.get(OPTIONS_SIGNATURE, default)
-    if advanced and ADVANCED_SIGNATURE not in loaded.signatures:
-        print(f"export.translate: error: {', '.join(advanced)}: {args.saved_model} has no translate_advanced "
-              f"signature (a syntax-aware export, one older than that signature, or one exported without it "
-              f"by --signatures)", file=sys.stderr)
-        return 2
-
-    # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
-    # sentences separated by blank lines, one translation printed per sentence.
-    source = "conllu" if "conllu" in default.structured_input_signature[1] else "text"
-    # Exports older than the patience input have none (and only the exact search).
-    has_patience = "patience" in options.structured_input_signature[1]
-    # Lines TensorFlow logs as errors that ask nothing of the user (console.HARMLESS_LINES): each
-    # hit of the persistent XLA cache, and with oneDNN on (this command's default) on a CPU
-    # without AVX-512, its fallback to TensorFlow's own kernels in the plain searches.
-    default, options = _without_harmless_lines(default), _without_harmless_lines(options)
-    if advanced:
-        options = _advanced_call(_without_harmless_lines(loaded.signatures[ADVANCED_SIGNATURE]), args)
-    if args.patience is not None and not has_patience:
-        print(f"export.translate: error: {args.saved_model} predates --patience (its translate_options "
-              f"has no patience input); export the model again", file=sys.stderr)
-        return 2
-    from export.saved_model import read_export_config
-
-    recorded = read_export_config(args.saved_model)
-    defaults, default_patience = recorded or (PAPER, 0.0)
-    if args.beam_size is None and args.n_best > defaults.beam_size:  # (n_best <= MAX_BEAM_SIZE: checked above)
-        print(f"export.translate: error: --n-best {args.n_best} asks for more results than the export's beam "
-              f"of {defaults.beam_size} keeps; give --beam-size {args.n_best} (at most {MAX_BEAM_SIZE}) or "
-              f"fewer results", file=sys.stderr)
-        return 2
-    patience_value = default_patience if args.patience is None else args.patience
-    patience = {"patience": tf.constant(patience_value, tf.float32)} if has_patience else {}
+    default, options, source, plain_request = export.default, export.options, export.source, export.plain_request
+    defaults, patience = export.defaults, export.patience
 
     if advanced and args.sampling_topk not in (None, 1) and args.beam_size is None:
         args.beam_size = 1  # (sampling draws one piece a step: one beam)
@@ -277,6 +205,99 @@ def main(argv=None) -> int:
               f"(named above); the others were translated", file=sys.stderr)
         return 1
     return 0
+
+
+class _Refused(Exception):
+    """What `_open_export` finds wrong with the export or the flags for it: printed as
+    `export.translate: error: ...`, exit status 2."""
+
+
+def _check_ranges(parser, args) -> None:
+    """The beam and result counts translate_options would clip: a `parser.error` instead."""
+    # translate_options clips what it cannot run (a server must answer): here the user hears it.
+    # (--beam-size 0 had translated with beam 1, --beam-size 20 with 8, --n-best 9 printed 4.)
+    if args.beam_size is not None and not 1 <= args.beam_size <= MAX_BEAM_SIZE:
+        parser.error(f"--beam-size must be 1..{MAX_BEAM_SIZE} (the beams the export's translate_options "
+                     f"runs), got {args.beam_size}")
+    if args.n_best > MAX_BEAM_SIZE:
+        parser.error(f"--n-best must be 1..{MAX_BEAM_SIZE} (the results of the export's largest beam), "
+                     f"got {args.n_best}")
+    if args.beam_size is not None and args.n_best > args.beam_size:
+        parser.error(f"--n-best {args.n_best} asks for more results than --beam-size {args.beam_size} keeps; "
+                     f"give a larger beam or fewer results")
+
+
+def _open_export(args, advanced):
+    """Loads the export (`args.saved_model`, its newest version) and picks its signatures for
+    the flags: a namespace of `default`, `options` (the signature a request with options goes
+    to), `source` (`text` or `conllu`), `plain_request`, `defaults` (the recorded config) and
+    `patience` (the input, if the export takes it); `_Refused` names what does not fit."""
+    import types
+
+    import tensorflow as tf
+
+    args.saved_model = newest_version(args.saved_model) or args.saved_model
+    missing = missing_saved_model(args.saved_model)
+    if missing:
+        raise _Refused(missing)
+    from export.saved_model import read_export_signatures
+
+    loaded = tf.saved_model.load(args.saved_model)
+    # An export that records its signatures (`export.saved_model --signatures`) is ours with any
+    # of them; an older one, or a foreign SavedModel, must have both that every export had.
+    chosen = read_export_signatures(args.saved_model)
+    if not ({SERVING_DEFAULT} if chosen else {SERVING_DEFAULT, OPTIONS_SIGNATURE}) <= set(loaded.signatures):
+        raise _Refused(f"{args.saved_model} is not an export of this project (its signatures "
+                       f"are {sorted(loaded.signatures)}; export.saved_model writes serving_default and "
+                       f"translate_options)")
+    if args.xla and XLA_SIGNATURE not in loaded.signatures:
+        raise _Refused(f"--xla: {args.saved_model} has no translate_xla signature (a "
+                       f"syntax-aware export, one older than that signature, or one exported without it by "
+                       f"--signatures); translate without --xla")
+    default = loaded.signatures[XLA_SIGNATURE if args.xla else SERVING_DEFAULT]
+    xla_flags = os.environ.get("TF_XLA_FLAGS", "")
+    problem = args.xla and _xla_cache_problem(xla_flags)
+    if problem:  # (TensorFlow would fail the first request with a graph traceback)
+        raise _Refused(problem)
+    # Without options every request goes to `default`; with any, to translate_options.
+    plain_request = (args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None
+                     and not advanced)
+    if not plain_request and not advanced and OPTIONS_SIGNATURE not in loaded.signatures:
+        raise _Refused(f"--beam-size, --n-best, --alpha and --patience call translate_options, "
+                       f"which {args.saved_model} leaves out (export.saved_model --signatures); export it with "
+                       f"translate_options")
+    options = loaded.signatures.get(OPTIONS_SIGNATURE, default)
+    if advanced and ADVANCED_SIGNATURE not in loaded.signatures:
+        raise _Refused(f"{', '.join(advanced)}: {args.saved_model} has no translate_advanced "
+                       f"signature (a syntax-aware export, one older than that signature, or one exported without it "
+                       f"by --signatures)")
+
+    # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
+    # sentences separated by blank lines, one translation printed per sentence.
+    source = "conllu" if "conllu" in default.structured_input_signature[1] else "text"
+    # Exports older than the patience input have none (and only the exact search).
+    has_patience = "patience" in options.structured_input_signature[1]
+    # Lines TensorFlow logs as errors that ask nothing of the user (console.HARMLESS_LINES): each
+    # hit of the persistent XLA cache, and with oneDNN on (this command's default) on a CPU
+    # without AVX-512, its fallback to TensorFlow's own kernels in the plain searches.
+    default, options = _without_harmless_lines(default), _without_harmless_lines(options)
+    if advanced:
+        options = _advanced_call(_without_harmless_lines(loaded.signatures[ADVANCED_SIGNATURE]), args)
+    if args.patience is not None and not has_patience:
+        raise _Refused(f"{args.saved_model} predates --patience (its translate_options "
+                       f"has no patience input); export the model again")
+    from export.saved_model import read_export_config
+
+    recorded = read_export_config(args.saved_model)
+    defaults, default_patience = recorded or (PAPER, 0.0)
+    if args.beam_size is None and args.n_best > defaults.beam_size:  # (n_best <= MAX_BEAM_SIZE: checked above)
+        raise _Refused(f"--n-best {args.n_best} asks for more results than the export's beam "
+                       f"of {defaults.beam_size} keeps; give --beam-size {args.n_best} (at most {MAX_BEAM_SIZE}) or "
+                       f"fewer results")
+    patience_value = default_patience if args.patience is None else args.patience
+    patience = {"patience": tf.constant(patience_value, tf.float32)} if has_patience else {}
+    return types.SimpleNamespace(default=default, options=options, source=source, plain_request=plain_request,
+                                 defaults=defaults, patience=patience)
 
 
 def _print_info(path) -> int:
