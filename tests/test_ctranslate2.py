@@ -189,6 +189,17 @@ def test_disallow_unk_gives_ctranslate2s_disable_unk_ids(unk_lover):
     assert mine == theirs_ids and not any(UNK_ID in row for row in mine)
 
 
+def _log_prob_sums(toy, ids, scores, their_scores):
+    """Each engine's scores of the translations `ids` times its own length penalty (GNMT's for
+    ours, `length ** length_penalty` for CTranslate2's), so the sums of their token log-probs,
+    EOS included: `(ours, theirs, lengths)`."""
+    config = toy["config"]
+    lengths = np.array([len(row) for row in ids], np.float32)
+    exponents = np.array([translation_options(config, len(s))["length_penalty"] for s in toy["sources"]])
+    penalties = keras.ops.convert_to_numpy(length_penalty(lengths, config.length_penalty_alpha))
+    return scores * penalties, their_scores * lengths ** exponents, lengths
+
+
 def _penalized(toy, beam_size, penalty):
     """Our search (the plain graph's) and CTranslate2's with `repetition_penalty` on the toy's
     sentences: `(our ids, our scores, their ids, their scores)`, the scores as each engine
@@ -214,10 +225,8 @@ def test_repetition_penalty_gives_ctranslate2s_greedy_ids(toy, penalty):
     sentences = on(toy, GOLDEN + REPEATING)
     mine, scores, theirs_ids, theirs_scores = _penalized(sentences, 1, penalty)
     assert mine == theirs_ids
-    lengths = np.array([len(row) for row in mine], np.float32)
-    exponents = [translation_options(toy["config"], len(s))["length_penalty"] for s in sentences["sources"]]
-    penalties = keras.ops.convert_to_numpy(length_penalty(lengths, toy["config"].length_penalty_alpha))
-    gaps = np.abs(scores * penalties - theirs_scores * lengths ** np.array(exponents))
+    our_sums, their_sums, lengths = _log_prob_sums(sentences, mine, scores, theirs_scores)
+    gaps = np.abs(our_sums - their_sums)
     assert (gaps <= SCORE_ATOL * lengths).all(), gaps / lengths
     plain = ours(sentences, 1)[0]
     changed = sum(a != b for a, b in zip(mine, plain))
@@ -236,11 +245,8 @@ def test_repetition_penalty_with_beam_4_and_a_prefix_agrees_with_ctranslate2(toy
     same = np.array([a == b for a, b in zip(mine, theirs_ids)])
     print(f"\nbeam {config.beam_size}, repetition_penalty=2: CTranslate2 == ours on {same.sum()}/{len(same)}")
     assert same.mean() >= MIN_BEAM_AGREEMENT
-    lengths = np.array([len(row) for row in theirs_ids], np.float32)
-    exponents = np.array([translation_options(config, len(s))["length_penalty"] for s in sentences["sources"]])
-    penalties = keras.ops.convert_to_numpy(length_penalty(lengths, config.length_penalty_alpha))
-    np.testing.assert_allclose((scores * penalties)[same], (theirs_scores * lengths ** exponents)[same],
-                               atol=SCORE_ATOL * 10)
+    our_sums, their_sums, _ = _log_prob_sums(sentences, theirs_ids, scores, theirs_scores)
+    np.testing.assert_allclose(our_sums[same], their_sums[same], atol=SCORE_ATOL * 10)
     prefixed, theirs_prefixed = _prefixed(toy, 1, PREFIXES, repetition_penalty=3.0)
     assert prefixed == theirs_prefixed
 
@@ -286,10 +292,8 @@ def test_suppress_sequences_give_ctranslate2s_greedy_ids(toy, kind):
     sequences = [[pieces.id_to_piece(int(i)) for i in sequence] for sequence in chosen]
     mine, scores, theirs_ids, theirs_scores = _suppressed(sentences, 1, sequences)
     assert mine == theirs_ids
-    lengths = np.array([len(row) for row in mine], np.float32)
-    exponents = [translation_options(toy["config"], len(s))["length_penalty"] for s in sentences["sources"]]
-    penalties = keras.ops.convert_to_numpy(length_penalty(lengths, toy["config"].length_penalty_alpha))
-    gaps = np.abs(scores * penalties - theirs_scores * lengths ** np.array(exponents))
+    our_sums, their_sums, lengths = _log_prob_sums(sentences, mine, scores, theirs_scores)
+    gaps = np.abs(our_sums - their_sums)
     assert (gaps <= SCORE_ATOL * lengths).all(), gaps / lengths
     held = [i for i, row in enumerate(plain) if any(_holds(row, s) for s in chosen)]
     print(f"\nsuppress {kind} {sequences}: {len(held)} of {len(plain)} greedy translations held one")
