@@ -248,7 +248,7 @@ def prepare(case: Case, directory: pathlib.Path, name: str) -> Case:
     import tensorflow as tf
 
     from export.ctranslate2 import convert
-    from keras_transformer.translator import Translator
+    from keras_transformer.inference.translator import Translator
 
     case.translator = Translator(case.model, case.config, case.tokenizer.model_bytes)
     output = convert(case.model, case.config, case.tokenizer, directory / name)

@@ -171,8 +171,8 @@ class Variants:
         import tensorflow as tf
 
         from keras_transformer.decoding import SearchOptions
-        from keras_transformer.searcher import STATIC_BUFFER
-        from keras_transformer.translator import Translator
+        from keras_transformer.inference.searcher import STATIC_BUFFER
+        from keras_transformer.inference.translator import Translator
 
         self.config = config
         self.translator = translator = Translator(model, config, tokenizer.model_bytes)

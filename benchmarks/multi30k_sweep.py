@@ -174,7 +174,7 @@ def decode_choice(data, model_dir, test="test2016") -> dict:
     from keras_transformer.data import Tokenizer, tokenizer_path
     from keras_transformer.training.evaluation import corpus_bleu
     from keras_transformer.run_dir import CHECKPOINT_DIR, load_config
-    from keras_transformer.translator import Translator
+    from keras_transformer.inference.translator import Translator
 
     model_dir = pathlib.Path(model_dir)
     cache = model_dir / "decode.json"

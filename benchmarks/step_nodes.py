@@ -109,7 +109,7 @@ def save_search(model, config, beam_size, path, options=False):
     import tensorflow as tf
 
     from keras_transformer.decoding import SearchOptions
-    from keras_transformer.searcher import Searcher
+    from keras_transformer.inference.searcher import Searcher
 
     # The small-request loop lowered into the graph as the other is (`single_threaded_loop=False`):
     # run by the single-threaded executor, as serving runs it, the session's step stats show

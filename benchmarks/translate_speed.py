@@ -423,8 +423,8 @@ class SearchProfile:
         import tensorflow as tf
 
         from keras_transformer.decoding import SearchOptions
-        from keras_transformer.searcher import CACHE_STAGES
-        from keras_transformer.translator import Translator
+        from keras_transformer.inference.searcher import CACHE_STAGES
+        from keras_transformer.inference.translator import Translator
 
         beam_size = config.beam_size
         # steps by stage (row 0: `translate_xla`'s first cache stage, which runs on the whole
@@ -462,7 +462,7 @@ class SearchProfile:
         batch padded to `padded`: in its first cache stage the whole batch, later the
         smallest of its halving sizes that holds them."""
         from keras_transformer.decoding import halving_sizes
-        from keras_transformer.searcher import XLA_BATCH_HALVINGS
+        from keras_transformer.inference.searcher import XLA_BATCH_HALVINGS
 
         sizes = [padded] if first_stage else halving_sizes(padded, XLA_BATCH_HALVINGS)
         return min(size for size in sizes if size >= alive) * self.beam_size

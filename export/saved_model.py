@@ -137,7 +137,7 @@ def bucket_warmup_texts(tokenizer_model: bytes, config: TransformerConfig) -> li
     one's (its EOS included), so that it is compiled for exactly that bucket."""
     import sentencepiece as spm
 
-    from keras_transformer.searcher import length_buckets
+    from keras_transformer.inference.searcher import length_buckets
 
     processor = spm.SentencePieceProcessor(model_proto=tokenizer_model)
     texts, smaller = [], 0

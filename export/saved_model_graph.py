@@ -20,8 +20,8 @@ from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
 from keras_transformer.decoding.options import (BY_NAME, CONSTRAINTS, PIECE_SEPARATOR, SEQUENCE_SEPARATOR,
                                                 served_defaults, signature_options, tensor_problems)
-from keras_transformer.searcher import XLA_BATCH_BUCKETS
-from keras_transformer.translator import Translator
+from keras_transformer.inference.searcher import XLA_BATCH_BUCKETS
+from keras_transformer.inference.translator import Translator
 
 import tensorflow as tf
 

@@ -15,7 +15,7 @@ _MODULES = {
     "TransformerConfig": "config", "PRESETS": "config",
     "PAD_ID": "constants", "UNK_ID": "constants", "BOS_ID": "constants", "EOS_ID": "constants",
     "NEG_INF": "constants",
-    "IncrementalDecoder": "incremental",
+    "IncrementalDecoder": "inference.incremental",
     "DecoderBlock": "layers", "EncoderBlock": "layers", "FeedForward": "layers", "MultiHeadAttention": "layers",
     "PositionalEmbedding": "layers", "ResidualConnection": "layers",
     "LabelSmoothedCrossEntropy": "training.losses", "MaskedAccuracy": "training.losses",
@@ -28,7 +28,7 @@ if _typing.TYPE_CHECKING or not _console.running_command():
     # `keras.saving.load_model` finds them.
     from keras_transformer.config import PRESETS, TransformerConfig
     from keras_transformer.constants import BOS_ID, EOS_ID, NEG_INF, PAD_ID, UNK_ID
-    from keras_transformer.incremental import IncrementalDecoder
+    from keras_transformer.inference.incremental import IncrementalDecoder
     from keras_transformer.layers import (DecoderBlock, EncoderBlock, FeedForward, MultiHeadAttention,
                                           PositionalEmbedding, ResidualConnection)
     from keras_transformer.model import Transformer, build_transformer

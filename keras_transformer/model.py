@@ -4,7 +4,7 @@
 `keras.Model` (`[source_ids, target_ids] -> logits`, the product's shape:
 `fit`, `evaluate`, `save`, `.keras` files all work as for any functional
 model). Its graph is traced from two methods, `encode` and `decode`, and the
-cached decoder (`keras_transformer.incremental`) calls the very same methods
+cached decoder (`keras_transformer.inference.incremental`) calls the very same methods
 with key/value caches, so training and beam search share one wiring and the
 same layer objects: a change to the model cannot silently diverge from
 decoding (as keras-hub's `call_decoder_with_cache` or Flax's `decode=True`).

@@ -170,7 +170,7 @@ def search_runner(searcher):
     import tensorflow as tf
 
     from keras_transformer.decoding import SearchOptions
-    from keras_transformer.searcher import STATIC_BUFFER
+    from keras_transformer.inference.searcher import STATIC_BUFFER
 
     source, lengths = tf.constant(SOURCE, tf.int32), tf.constant(LENGTHS, tf.int32)
     prefix, prefix_lengths = tf.constant(PREFIX, tf.int32), tf.constant(PREFIX_LENGTHS, tf.int32)
@@ -365,7 +365,7 @@ def step_nodes_goldens(model, directory):
 
 def compute(directory):
     """Every golden but `step_nodes`: `(goldens, searcher)`."""
-    from keras_transformer.searcher import Searcher
+    from keras_transformer.inference.searcher import Searcher
 
     model, digest = build_model()
     searcher = Searcher(model, config())
@@ -381,7 +381,7 @@ def check_margins(model, searches):
     change some result of their case against the unconstrained one's."""
     import tensorflow as tf
 
-    from keras_transformer.searcher import Searcher
+    from keras_transformer.inference.searcher import Searcher
 
     for name in searches:
         loop, _, case = name.rpartition("/")

@@ -1,4 +1,4 @@
-"""Alignments (`keras_transformer.alignment`): attention rows that are distributions over the
+"""Alignments (`keras_transformer.inference.alignment`): attention rows that are distributions over the
 real source, the decoder layer chosen by index, and word pairs made from piece attention.
 CTranslate2 parity and the toy language's diagonal are in test_ctranslate2.py."""
 
@@ -8,7 +8,7 @@ import pytest
 from helpers import fixture_seed
 
 from keras_transformer import TransformerConfig, build_transformer
-from keras_transformer.alignment import attention_alignments, word_alignments
+from keras_transformer.inference.alignment import attention_alignments, word_alignments
 from keras_transformer.constants import EOS_ID, PAD_ID
 
 CONFIG = TransformerConfig(vocab_size=30, num_layers=2, d_model=32, d_ff=64, num_heads=4, dropout=0.0,

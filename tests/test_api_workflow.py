@@ -18,7 +18,7 @@ from helpers import write_corpus
 
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.decoding import SearchOptions
-from keras_transformer.translator import Translator
+from keras_transformer.inference.translator import Translator
 
 API_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md"
 SECTION = "## From text to a served model with your own `fit`"

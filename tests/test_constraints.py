@@ -13,7 +13,7 @@ from keras_transformer import TransformerConfig, build_transformer
 from keras_transformer.constants import EOS_ID, MAX_NO_REPEAT_NGRAM_SIZE, PAD_ID, UNK_ID
 from keras_transformer.decoding import SearchOptions
 from keras_transformer.decoding.processors import _repeated_ngram_ends, _repeated_ngram_ends_at_run_time
-from keras_transformer.searcher import STATIC_BUFFER, Searcher
+from keras_transformer.inference.searcher import STATIC_BUFFER, Searcher
 
 CONFIG = TransformerConfig(vocab_size=24, num_layers=1, d_model=32, d_ff=64, num_heads=4, dropout=0.0,
                            max_length=12, decode_extra_length=10)
@@ -146,7 +146,7 @@ def test_a_prefix_the_model_would_choose_keeps_the_translation_and_drops_only_it
     kept fewer of them: where it finds another translation, that one scores at least as
     high (one the unprefixed beam dropped, which weights drawn from other seeds show), and
     every translation's score is its forced-decoding log-probability less the prefix's."""
-    from keras_transformer.scoring import score_tokens
+    from keras_transformer.inference.scoring import score_tokens
 
     rng = np.random.default_rng(5)
     source = np.full((12, 5), PAD_ID, np.int32)

@@ -22,7 +22,7 @@ from keras_transformer import TransformerConfig, build_transformer
 from keras_transformer.constants import EOS_ID, PAD_ID, UNK_ID
 from keras_transformer.decoding import SearchOptions, length_penalty
 from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
-from keras_transformer.translator import Translator
+from keras_transformer.inference.translator import Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Beam-search translations that must agree with `translation_options`

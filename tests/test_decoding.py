@@ -206,7 +206,7 @@ def test_keras_gather_has_tf_gathers_meaning():
     """`keras_gather` (keras.ops) and `tf_gather` (one tf.gather node, what the
     plain graph's loop uses) give the rows and the per-sentence beams NumPy
     indexing gives, on float and bool values, eagerly and in a graph."""
-    from keras_transformer.searcher import tf_gather
+    from keras_transformer.inference.searcher import tf_gather
 
     y = np.arange(3 * 4 * 2, dtype="float32").reshape(3, 4, 2)
     beams = np.array([[3, 0, 3], [1, 1, 2], [0, 2, 1]], "int32")  # [3, 3]: each sentence's own beams
@@ -279,7 +279,7 @@ def test_top_k_blockwise_equals_top_k_eager_graph_xla_and_litert():
     masked = rng.normal(size=(4, 700))
     masked[:, rng.integers(0, 700, size=650)] = NEG_INF  # a few real entries left per row
     cases.append((masked, 8, None))
-    from keras_transformer.searcher import tf_gather
+    from keras_transformer.inference.searcher import tf_gather
 
     for x, k, block in cases:
         x = x.astype("float32")
@@ -359,7 +359,7 @@ def test_normalizing_after_the_top_k_finds_the_reference_hypotheses(vocab, beam_
     before_seqs, before_scores = run(model, max_lengths, options)
     np.testing.assert_array_equal(seqs, before_seqs)
     np.testing.assert_allclose(scores, before_scores, rtol=1e-5)  # float32 sums of other roundings
-    from keras_transformer.searcher import tf_gather
+    from keras_transformer.inference.searcher import tf_gather
 
     @tf.function(jit_compile=True, autograph=False)
     def compiled(normalize_after_top_k):
@@ -576,7 +576,7 @@ def test_drop_finished_equals_the_full_batch_loop(beam_size, num_results):
     same sequences and scores as the loop that keeps every sentence, eagerly
     and in a graph (a while_loop whose shapes change), with the sentence id
     in a static cache that must follow the kept sentences."""
-    from keras_transformer.searcher import relaxed_while_loop, tf_gather
+    from keras_transformer.inference.searcher import relaxed_while_loop, tf_gather
 
     model = ToyModel(seed=41, vocab=9, batch=12, eos_bias=0.5)
     max_lengths = np.array([1, 3, 12, 7, 5, 9, 2, 12, 4, 6, 8, 10], "int32")
@@ -675,7 +675,7 @@ def test_run_time_beam_size_equals_each_static_beam_size(vocab, max_beam, drop_f
     all k slots (k = 1: exactly greedy, one candidate a step), with the stop exact for
     one result or for all of them, and with patience; at vocab 300 and at most 3 beams
     the candidates' top-k runs in blocks sized for 6 candidates (exact for fewer)."""
-    from keras_transformer.searcher import relaxed_while_loop, tf_gather
+    from keras_transformer.inference.searcher import relaxed_while_loop, tf_gather
 
     model = ToyModel(seed=44, vocab=vocab, batch=8, eos_bias=0.5)
     max_lengths = np.array([1, 3, 12, 7, 5, 9, 2, 12], "int32")

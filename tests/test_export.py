@@ -23,7 +23,7 @@ from helpers import (CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, assert_served_
 from export.saved_model import export_model, next_version
 from keras_transformer.constants import MAX_BEAM_SIZE
 from keras_transformer.decoding import SearchOptions
-from keras_transformer.translator import CHARS_PER_TOKEN_BOUND, Translator
+from keras_transformer.inference.translator import CHARS_PER_TOKEN_BOUND, Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The tests whose checks FRESH_AND_TF1 runs (`export_processes`' key of that process)
@@ -276,7 +276,7 @@ def test_single_request_loops_keep_the_single_threaded_executor_in_the_saved_mod
     and holds no branch or loop (that executor runs no control-flow frames); every other
     loop (the large-request, XLA and LiteRT searches) is lowered as before, with no executor
     of its own. The TF1 session test runs single sentences through it."""
-    from keras_transformer.searcher import SINGLE_THREADED_EXECUTOR
+    from keras_transformer.inference.searcher import SINGLE_THREADED_EXECUTOR
 
     nodes, loops, serving = saved_functions(exported["path"])
     control_flow = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase", "Switch", "Merge")
@@ -306,7 +306,7 @@ def test_litert_searches_drop_sentences_or_run_in_cache_stages(exported):
     in 0.87x). The translations are the SavedModel's (`test_litert_translates_like_the_saved_model`,
     batches and single sentences) and the request-sized search's
     (`test_request_sized_buffer_equals_the_static_buffer`)."""
-    from keras_transformer.searcher import CACHE_STAGES
+    from keras_transformer.inference.searcher import CACHE_STAGES
 
     config = exported["config"]
     _, loops, serving = saved_functions(exported["path"])
@@ -1337,7 +1337,7 @@ def test_export_stores_the_output_projection_and_every_search_reads_it(exported,
 
 
 def test_xla_buckets():
-    from keras_transformer.searcher import bucketed_shape, length_buckets
+    from keras_transformer.inference.searcher import bucketed_shape, length_buckets
 
     assert length_buckets(256) == (16, 32, 64, 128, 256)
     assert length_buckets(100) == (16, 32, 64, 100)
@@ -1351,7 +1351,7 @@ def test_xla_warmup_requests_cover_every_bucket(exported, loaded, tmp_path):
     """--xla-warmup: one translate_xla request per (length bucket, batch bucket), each
     padded to exactly its bucket; the serving_default request stays first."""
     from export.saved_model import bucket_warmup_texts, write_warmup_requests
-    from keras_transformer.searcher import XLA_BATCH_BUCKETS
+    from keras_transformer.inference.searcher import XLA_BATCH_BUCKETS
 
     translator, config = exported["translator"], exported["config"]
     texts = bucket_warmup_texts(exported["tokenizer"].model_bytes, config)
@@ -2009,8 +2009,8 @@ def test_output_without_eos_stops_at_source_length_plus_extra(exported):
     and scores: with extra 10 the second sentence's 19 steps cross its first cache stage (16
     positions), where no trained output of the toy model reaches (its outputs end by 8 tokens)."""
     from keras_transformer.constants import EOS_ID, NEG_INF, PAD_ID
-    from keras_transformer.searcher import REQUEST_SIZED, STATIC_BUFFER
-    from keras_transformer.translator import Translator
+    from keras_transformer.inference.searcher import REQUEST_SIZED, STATIC_BUFFER
+    from keras_transformer.inference.translator import Translator
 
     trained = exported["translator"]
 
@@ -2048,7 +2048,7 @@ def test_request_sized_buffer_equals_the_static_buffer(exported, beam_size, num_
     (-4.0787725 and -4.078772), whose order the single-threaded loop's other rounding
     swaps (test_searcher.py compares the two executors)."""
     from keras_transformer.constants import PAD_ID
-    from keras_transformer.searcher import STATIC_BUFFER, Searcher
+    from keras_transformer.inference.searcher import STATIC_BUFFER, Searcher
 
     translator = exported["translator"]
     searcher = Searcher(exported["model"], exported["config"], single_threaded_loop=False)

@@ -197,7 +197,7 @@ def code_lines(lines, node):
 
 def test_the_decoding_package_imports_no_tensorflow():
     """`keras_transformer/decoding/` is written in keras.ops (every backend, LiteRT's builtins);
-    TensorFlow-only code is `keras_transformer.searcher`'s and `translator`'s."""
+    TensorFlow-only code is `keras_transformer.inference.searcher`'s and `translator`'s."""
     found = []
     for path in sorted((PACKAGE / "decoding").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -207,6 +207,28 @@ def test_the_decoding_package_imports_no_tensorflow():
             found += [f"{path.name}: {name}" for name in names if name.split(".")[0] in ("tensorflow", "tensorflow_text")]
     assert not found, found
     assert len(list((PACKAGE / "decoding").glob("*.py"))) >= 8  # (the rule is checked on the package's modules)
+
+
+# Where `keras_transformer` may import TensorFlow: its TensorFlow-only subpackages, and two
+# modules that import it inside a function (the quiet console's import of it; run_dir's
+# reading of a checkpoint's state).
+TENSORFLOW_PACKAGES = ("data", "training", "inference")
+TENSORFLOW_MODULES_ALLOWED = {"console.py", "run_dir.py"}
+
+
+def test_tensorflow_is_imported_only_by_the_tensorflow_subpackages():
+    """The layers, the model, the config and `decoding/` are keras.ops (every backend); the
+    TensorFlow-only code is `data/`, `training/` and `inference/` (docs/development.md)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[0] in TENSORFLOW_PACKAGES or str(relative) in TENSORFLOW_MODULES_ALLOWED:
+            continue
+        found += [f"{relative}: {module}" for module in imports(path)
+                  if module.split(".")[0] in ("tensorflow", "tensorflow_text")]
+    assert not found, found
+    # (the rule reads real imports: the TensorFlow-only subpackages do import it)
+    assert any(module.split(".")[0] == "tensorflow" for module in imports(PACKAGE / "inference" / "searcher.py"))
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda path: str(path.relative_to(PACKAGE.parent)))

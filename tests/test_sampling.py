@@ -12,8 +12,8 @@ import tensorflow as tf
 from keras_transformer import TransformerConfig, build_transformer
 from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.decoding import SearchOptions, length_penalty
-from keras_transformer.scoring import score_tokens
-from keras_transformer.searcher import STATIC_BUFFER, Searcher
+from keras_transformer.inference.scoring import score_tokens
+from keras_transformer.inference.searcher import STATIC_BUFFER, Searcher
 
 CONFIG = TransformerConfig(vocab_size=24, num_layers=1, d_model=32, d_ff=64, num_heads=4, dropout=0.0,
                            max_length=12, decode_extra_length=8)

@@ -1,4 +1,4 @@
-"""Forced decoding (`keras_transformer.scoring`, `Translator.score`): the log-probability the
+"""Forced decoding (`keras_transformer.inference.scoring`, `Translator.score`): the log-probability the
 model gives a target, checked against a NumPy reference of the full forward pass, against the
 beam search's own score of its best hypothesis, and row by row against the batch."""
 
@@ -11,8 +11,8 @@ import tensorflow as tf
 from keras_transformer import TransformerConfig, build_transformer
 from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.decoding import SearchOptions, length_penalty
-from keras_transformer.scoring import forced_decoding_ids, score_tokens
-from keras_transformer.translator import Translator
+from keras_transformer.inference.scoring import forced_decoding_ids, score_tokens
+from keras_transformer.inference.translator import Translator
 
 CONFIG = TransformerConfig(vocab_size=40, num_layers=2, d_model=32, d_ff=64, num_heads=4, dropout=0.0,
                            max_length=16, decode_extra_length=6)

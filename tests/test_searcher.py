@@ -10,14 +10,14 @@ import tensorflow as tf
 from helpers import WORDS_EN
 
 from keras_transformer import TransformerConfig, build_transformer
-from keras_transformer import searcher as searcher_module
+from keras_transformer.inference import searcher as searcher_module
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.layers import attention as attention_module
 from keras_transformer.layers.attention import SMALL_ATTENTION
 from keras_transformer.decoding import DropFinished, SearchOptions
-from keras_transformer.searcher import (LITERT_BATCH, REQUEST_SIZED, STATIC_BUFFER, RequestLoop, Searcher,
+from keras_transformer.inference.searcher import (LITERT_BATCH, REQUEST_SIZED, STATIC_BUFFER, RequestLoop, Searcher,
                                         broadcast_products_suffice)
-from keras_transformer.translator import Translator
+from keras_transformer.inference.translator import Translator
 
 
 def tiny_model_and_sources(num_layers, seed, width):

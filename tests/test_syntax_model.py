@@ -517,7 +517,7 @@ def syntax_served(syntax_run):
     """`(loaded, translator)`: `syntax_run`'s export loaded once, and one in-process
     `Translator` of its model, for the tests that compare the two (each loaded and traced
     its own before: a load, and a first call of the 8-branch options signature, each)."""
-    from keras_transformer.translator import Translator
+    from keras_transformer.inference.translator import Translator
 
     trained, export, _ = syntax_run
     return (tf.saved_model.load(str(export)),

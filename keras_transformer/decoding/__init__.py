@@ -46,7 +46,7 @@ Two frozen objects set a search: `SearchOptions` says what it finds (beam
 size, alpha, results, the exact stop's count, CTranslate2's patience rule),
 `SearchLoop` how its loop runs, with the same results: its `LoopOps` (the
 ops it is written with: `KERAS_OPS`, or a TensorFlow graph's and XLA's in
-`keras_transformer.searcher`), what happens to finished sentences
+`keras_transformer.inference.searcher`), what happens to finished sentences
 (`KeepAll`, `DropFinished`, `Halvings`) and `CacheStages`. `beam_search`
 checks them, then runs the fixed-shape loop (`_fixed_shape_loop`, in
 stages or not) or the shrinking one (`_shrinking_loop`).

@@ -64,7 +64,7 @@ class SearchOptions:
         max_beam_size: with a tensor `beam_size`, the largest it may be
             (python int): the candidates' top-k sizes its blocks for it.
             Ignored (None) with a python int `beam_size`.
-        extra_length: for `keras_transformer.searcher.Searcher` (which makes
+        extra_length: for `keras_transformer.inference.searcher.Searcher` (which makes
             ``max_lengths = source_lengths + extra_length``, clipped to the
             buffers' ``decode_extra_length``): None (the config's), a python
             int or an int32 scalar tensor. `beam_search` takes `max_lengths`
@@ -208,10 +208,10 @@ def keras_nonzero(mask):
 def keras_uniform(shape, seed, step):
     """`LoopOps`' default noise: ``keras.random.uniform`` from the seed ``(seed, step)``
     (python ints: an eager or traced-per-step search; a loop's tensor step needs a
-    backend's stateless generator, as `keras_transformer.searcher`'s presets give)."""
+    backend's stateless generator, as `keras_transformer.inference.searcher`'s presets give)."""
     if not _is_int(step):
         raise ValueError("sampling inside a compiled loop needs LoopOps.uniform of the backend's stateless "
-                         "generator (keras_transformer.searcher's presets)")
+                         "generator (keras_transformer.inference.searcher's presets)")
     return keras.random.uniform(shape, minval=1e-7, maxval=1.0, seed=keras.random.SeedGenerator(seed * 100003 + step))
 
 
@@ -225,7 +225,7 @@ class LoopOps:
         while_loop: ``(cond, body, loop_vars, maximum_iterations) -> loop_vars``
             (``keras.ops.while_loop``'s signature); for `DropFinished` in a
             TensorFlow graph one that relaxes the loop's shape invariants
-            (`keras_transformer.searcher.relaxed_while_loop`), which LiteRT's
+            (`keras_transformer.inference.searcher.relaxed_while_loop`), which LiteRT's
             WHILE runs too once converted.
         gather: `keras_gather`, or a function with its meaning, for the loop's
             gathers (beam reorders, the candidates' top-k, the dropped
@@ -259,7 +259,7 @@ class LoopOps:
             default; a TensorFlow graph's: ``tf.random.stateless_uniform``).
 
     Presets: `KERAS_OPS` (every backend, LiteRT's builtins); the TensorFlow
-    graph's and XLA's are `keras_transformer.searcher`'s.
+    graph's and XLA's are `keras_transformer.inference.searcher`'s.
     """
 
     while_loop: typing.Callable = ops.while_loop

@@ -401,7 +401,7 @@ class MultiHeadAttention(keras.layers.Layer):
     def attention_weights(self, query, value, attention_mask=None):
         """The attention weights of whole sequences, `softmax(Q K^T / sqrt(d_k))` masked as
         `call` masks them (no bias, scale or dropout): what each query position attends to,
-        for alignments (`keras_transformer.alignment`).
+        for alignments (`keras_transformer.inference.alignment`).
 
         Args:
             query: `[batch, T_q, d_model]`.

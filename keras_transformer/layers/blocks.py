@@ -211,7 +211,7 @@ class DecoderBlock(_BlockBase):
     def cross_attention_weights(self, inputs, encoder_output, encoder_padding_mask=None):
         """This block's encoder-decoder attention weights for whole target sequences (no
         cache, inference): float32 `[batch, heads, T, S]`, what each target position
-        attends to in the source (`keras_transformer.alignment`)."""
+        attends to in the source (`keras_transformer.inference.alignment`)."""
         x, _ = self._self_attended(inputs)
         cross_mask = None if encoder_padding_mask is None else ops.expand_dims(encoder_padding_mask, 1)
         return self.cross_attention.attention_weights(self.cross_attention_residual.normalize_input(x),

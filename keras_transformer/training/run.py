@@ -37,7 +37,7 @@ from keras_transformer.training.distribute import (any_worker, cluster_tasks, en
 from keras_transformer.training.evaluation import compute_bleu, plot_curves
 from keras_transformer.training.losses import TargetTokens
 from keras_transformer.training.stop_signals import Interrupted, StopSignals
-from keras_transformer.translator import Translator
+from keras_transformer.inference.translator import Translator
 
 log = logging.getLogger("keras_transformer.training")
 

@@ -1,7 +1,7 @@
 """Alignments: which source tokens each target token attends to, and word alignments on top.
 
 `attention_alignments(model, source_ids, target_ids, target_lengths, layer=-1)` runs the model
-once over a given translation (forced decoding, as `keras_transformer.scoring`) and returns one
+once over a given translation (forced decoding, as `keras_transformer.inference.scoring`) and returns one
 decoder layer's encoder-decoder attention averaged over its heads: for each target token (and
 the final EOS), a distribution over the source tokens (and the source's EOS). The decoder is
 causal, so for a translation the search produced these are the weights the search saw when it
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from keras import ops
 
-from keras_transformer.scoring import forced_decoding_ids
+from keras_transformer.inference.scoring import forced_decoding_ids
 
 WORD_START = "\u2581"  # SentencePiece's marker of a piece that starts a word
 

@@ -14,7 +14,7 @@ does; the search is the plain-graph one (the XLA variant is for plain text).
 Training (`keras_transformer.training`) computes its BLEU through the same `Translator` that the
 SavedModel exports, so evaluation and serving cannot drift apart.
 
-The ids-to-ids search is `keras_transformer.searcher.Searcher`
+The ids-to-ids search is `keras_transformer.inference.searcher.Searcher`
 (`Translator.searcher`), in two ways (same translations): the plain
 TensorFlow graph (`xla=False`), what TF Serving runs by default, and the
 XLA-compiled search (`xla=True`), with the string ops outside it since they
@@ -40,9 +40,9 @@ from keras_transformer.data.annotated import annotated_features
 from keras_transformer.decoding import options as decoding_options
 from keras_transformer.decoding import SearchOptions
 from keras_transformer.model import source_feature_names
-from keras_transformer.alignment import attention_alignments, word_alignments
-from keras_transformer.scoring import score_tokens
-from keras_transformer.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted
+from keras_transformer.inference.alignment import attention_alignments, word_alignments
+from keras_transformer.inference.scoring import score_tokens
+from keras_transformer.inference.searcher import XLA_BATCH_HALVINGS, Searcher, not_converted
 
 # `Translator.translate(xla=True)` (in our own process) runs a few batches per
 # shape, not a server's many: the branches' compile time (13.6 s instead of
@@ -291,7 +291,7 @@ class Translator:
     @not_converted
     def score_graph(self, text, target):
         """Forced decoding as graph ops: how likely the model finds each `target` as the
-        translation of its `text` (`keras_transformer.scoring`).
+        translation of its `text` (`keras_transformer.inference.scoring`).
 
         Args:
             text: string `[batch]`, the sources, cleaned and cut as `translate_graph` does
@@ -315,7 +315,7 @@ class Translator:
     @not_converted
     def align_graph(self, text, target, layer=-1):
         """Alignments as graph ops: one decoder layer's attention over each given
-        translation, heads averaged (`keras_transformer.alignment`).
+        translation, heads averaged (`keras_transformer.inference.alignment`).
 
         Args:
             text: string `[batch]`, the sources (as `score_graph` reads them).

@@ -8,7 +8,7 @@ predicted token. Their sum is the target's log-probability, what CTranslate2's
 length penalty it is the score the beam search gives that translation
 (`decoding.length_penalty`).
 
-Written in `keras.ops` (any backend); `keras_transformer.translator.Translator.score_graph`
+Written in `keras.ops` (any backend); `keras_transformer.inference.translator.Translator.score_graph`
 puts the tokenizer around it, and the SavedModel's `score` signature serves it.
 """
 

@@ -21,7 +21,7 @@ The LiteRT signature's search (`search_litert`) is the plain graph's for a batch
 and the static buffer's (`search(buffer=STATIC_BUFFER)`: cache stages, no dropped
 sentences) for one sentence; both convert to LiteRT builtins.
 
-Strings (tokenizer, detokenizer, CoNLL-U) are `keras_transformer.translator`'s
+Strings (tokenizer, detokenizer, CoNLL-U) are `keras_transformer.inference.translator`'s
 concern: `Translator` wraps one `Searcher`.
 """
 
@@ -38,7 +38,7 @@ from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.decoding import (CacheStages, DropFinished, Halvings, KeepAll, LoopOps, SearchLoop,
                                          SearchOptions, beam_search)
-from keras_transformer.incremental import IncrementalDecoder
+from keras_transformer.inference.incremental import IncrementalDecoder
 from keras_transformer.layers.attention import SMALL_ATTENTION
 from keras_transformer.layers.step_kernels import StepKernels
 
