@@ -116,14 +116,14 @@ class TranslationModule(tf.Module):
     def _serve_score(self, text, target):
         """Forced decoding (`Translator.score_graph`): each target's log-probability as the
         translation of its text, and of each of its pieces."""
-        with tf.control_dependencies([_one_target_per_source("score", text, target)]):
+        with tf.control_dependencies([_one_target_per_source(SCORE_SIGNATURE, text, target)]):
             score, tokens, token_scores = self._translator.score_graph(text, target)
         return {"score": score, "tokens": tokens, "token_scores": token_scores}
 
     def _serve_align(self, text, target):
         """Alignments (`Translator.align_graph`): what each target piece attends to in its
         source, the last decoder layer's heads averaged."""
-        with tf.control_dependencies([_one_target_per_source("align", text, target)]):
+        with tf.control_dependencies([_one_target_per_source(ALIGN_SIGNATURE, text, target)]):
             source_tokens, target_tokens, attention = self._translator.align_graph(text, target)
         return {"source_tokens": source_tokens, "target_tokens": target_tokens, "attention": attention}
 
@@ -131,7 +131,7 @@ class TranslationModule(tf.Module):
         batch = tf.shape(text)[0]
         requested = _requested_results(beam_size, num_results)
         beam_size, alpha, extra_length, num_results, patience = _search_columns(
-            self._config, batch, "translate_options", beam_size=beam_size, alpha=alpha, extra_length=extra_length,
+            self._config, batch, OPTIONS_SIGNATURE, beam_size=beam_size, alpha=alpha, extra_length=extra_length,
             num_results=num_results, patience=patience)
 
         def search_group(rows, options):
@@ -390,7 +390,7 @@ def _from_int32(value, dtype):
     return tf.cast(value, dtype)
 
 
-def _per_sentence(value, batch, name, signature="translate_options"):
+def _per_sentence(value, batch, name, signature=OPTIONS_SIGNATURE):
     """A `translate_options` option as one value per sentence, `[batch]`: given as a scalar
     (the whole request's), or as `[batch]`, one value per sentence of `text`, which TF
     Serving's server-side batching needs (`--enable_batching` concatenates the requests

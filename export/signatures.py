@@ -1,6 +1,7 @@
-"""The exported signatures' names, limits and warm-up texts: what the export command
-(`export.saved_model`), its graph (`export.saved_model_graph`), the LiteRT converter
-(`export.tflite`) and the translation command (`export.translate`) agree on.
+"""The exported signatures (their names are `keras_transformer.constants`'), limits and
+warm-up texts: what the export command (`export.saved_model`), its graph
+(`export.saved_model_graph`), the LiteRT converter (`export.tflite`) and the translation
+command (`export.translate`) agree on.
 
 A leaf module: the standard library only (no TensorFlow, no Keras), so that each command's
 `--help` and flag errors answer without loading them, and no module imports a name back
@@ -12,16 +13,14 @@ from __future__ import annotations
 import argparse
 import typing
 
+from keras_transformer.constants import (ADVANCED_SIGNATURE, ALIGN_SIGNATURE, LITERT_SIGNATURE, OPTIONS_SIGNATURE,
+                                         SCORE_SIGNATURE, SERVING_DEFAULT, XLA_SIGNATURE)
+
 if typing.TYPE_CHECKING:
     from keras_transformer.config import TransformerConfig
 
-SERVING_DEFAULT = "serving_default"
-OPTIONS_SIGNATURE = "translate_options"
-LITERT_SIGNATURE = "translate_litert"
-XLA_SIGNATURE = "translate_xla"
-SCORE_SIGNATURE = "score"
-ALIGN_SIGNATURE = "align"
-ADVANCED_SIGNATURE = "translate_advanced"
+# (The names themselves are `keras_transformer.constants`', which the decoding options table
+# reads too: the package imports nothing from export/.)
 # Every signature of a plain-text model's export, in the order the module builds them, and
 # those of a syntax-aware model (CoNLL-U in: no LiteRT, XLA or advanced variant).
 # `serving_default` is always exported: TF Serving's default and the first warm-up request.

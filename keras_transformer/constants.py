@@ -15,6 +15,17 @@ EOS_ID = 3
 # of text (corpora, CoNLL-U, export.translate's stdin) skip it.
 UTF8_BOM = b"\xef\xbb\xbf"
 
+# The SavedModel's signatures, by name: the export (`export.signatures`, which groups them by
+# kind of model) and the decoding options table (`keras_transformer.decoding.options`, which
+# says which signatures take each option) name them from here.
+SERVING_DEFAULT = "serving_default"
+OPTIONS_SIGNATURE = "translate_options"
+LITERT_SIGNATURE = "translate_litert"
+XLA_SIGNATURE = "translate_xla"
+SCORE_SIGNATURE = "score"
+ALIGN_SIGNATURE = "align"
+ADVANCED_SIGNATURE = "translate_advanced"
+
 # The largest beam of an export's `translate_options` signature: one search takes the beam
 # size at run time (`beam_search(max_beam_size=...)`), larger requests are clipped to it, and
 # `export.translate` refuses them.

@@ -24,10 +24,8 @@ import math
 import numbers
 import typing
 
-from keras_transformer.constants import MAX_BEAM_SIZE, MAX_NO_REPEAT_NGRAM_SIZE
-
-# The signatures that take the options (the names `export.saved_model` gives them).
-_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE = "translate_options", "translate_advanced"
+from keras_transformer.constants import (ADVANCED_SIGNATURE, MAX_BEAM_SIZE, MAX_NO_REPEAT_NGRAM_SIZE,
+                                         OPTIONS_SIGNATURE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +118,7 @@ class DecodingOption:
     help: str = ""
     flag_range: typing.Optional[Range] = None
     flag_text: str = ""
-    signatures: typing.Tuple[str, ...] = (_ADVANCED_SIGNATURE,)
+    signatures: typing.Tuple[str, ...] = (ADVANCED_SIGNATURE,)
     config_field: typing.Optional[str] = None
     integral: bool = True
 
@@ -168,23 +166,23 @@ OPTIONS = (
     DecodingOption(
         "beam_size", "int", None, Range(1), "a python int >= 1", "an int32 scalar tensor",
         served_clip=f"clipped to [1, {MAX_BEAM_SIZE}]", ctranslate2="beam_size", flag="--beam-size",
-        signatures=(_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE), config_field="beam_size"),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="beam_size"),
     DecodingOption(
         "alpha", "float", None, Range(finite=True), "a finite number", "a scalar tensor",
         served_clip="NaN or infinite: the export's own", ctranslate2="length_penalty", flag="--alpha",
-        signatures=(_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE), config_field="length_penalty_alpha"),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="length_penalty_alpha"),
     DecodingOption(
         "extra_length", "int", None, Range(finite=True), "a finite number", "a scalar tensor",
         served_clip="clipped to [0, decode_extra_length]", ctranslate2="max_decoding_length",
-        signatures=(_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE), config_field="decode_extra_length", integral=False),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="decode_extra_length", integral=False),
     DecodingOption(
         "num_results", "int", 1, Range(1), "a python int >= 1", "an int32 scalar tensor",
         served_clip="clipped to [1, beam_size]", ctranslate2="num_hypotheses", flag="--n-best",
-        signatures=(_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE)),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE)),
     DecodingOption(
         "patience", "float", None, Range(finite=True), "a finite number", "a scalar tensor",
         served_clip="NaN: 0 (off); above MAX_PATIENCE: that bound", ctranslate2="patience", flag="--patience",
-        signatures=(_OPTIONS_SIGNATURE, _ADVANCED_SIGNATURE)),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE)),
     DecodingOption(
         "min_length", "int", 0, Range(0), "an int >= 0 (0: off)", "a scalar tensor",
         served=Range(0), served_message="min_length must be >= 0", ctranslate2="min_decoding_length",
@@ -247,7 +245,7 @@ OPTIONS = (
 BY_NAME = {option.name: option for option in OPTIONS}
 # The options of `Translator.translate` and the flags of `export.translate` that call
 # `translate_advanced` (those the plain search of `translate_options` lacks).
-ADVANCED = tuple(option for option in OPTIONS if _OPTIONS_SIGNATURE not in option.signatures)
+ADVANCED = tuple(option for option in OPTIONS if OPTIONS_SIGNATURE not in option.signatures)
 # A served `suppress_sequences`: one string, each line a sequence, its pieces separated by spaces
 # (SentencePiece pieces hold no whitespace).
 SEQUENCE_SEPARATOR, PIECE_SEPARATOR = "\n", " "
