@@ -3,6 +3,7 @@ each surface (SearchOptions, the signatures, export.translate, the CTranslate2 m
 docs) is made from it."""
 
 import ast
+import dataclasses
 import math
 import pathlib
 
@@ -64,6 +65,31 @@ def test_search_options_raise_the_rows_messages():
     assert type(options.min_length) is int and options.disallow_unk is True and type(options.sampling_topp) is float
 
 
+def test_search_options_fields_defaults_and_docstring_are_the_rows():
+    """`SearchOptions` is made from the table: one keyword-only field per row, in its order, with
+    the row's python default (then the loop's own fields), and each row's words in its
+    docstring; a new row is a new field with nothing else to edit."""
+    from keras_transformer.decoding import SearchOptions
+
+    fields = dataclasses.fields(SearchOptions)
+    assert [field.name for field in fields] == [row.name for row in OPTIONS] + ["exact_results", "max_beam_size"]
+    assert all(field.kw_only for field in fields)
+    made = SearchOptions()
+    assert [getattr(made, row.name) for row in OPTIONS] == [row.search_default for row in OPTIONS]
+    # (a python search's own: the paper's beam and alpha, the exact search, the config's extra length)
+    assert (made.beam_size, made.alpha, made.patience, made.extra_length, made.num_results) == (4, 0.6, None, None, 1)
+    assert made.suppress_sequences == () and made.repetition_penalty == 1.0 and made.seed == 0
+    words = " ".join(SearchOptions.__doc__.split())
+    for row in OPTIONS:
+        assert f"{row.name}: {' '.join(row.doc.split())}" in words, row.name
+    with pytest.raises(TypeError, match="positional"):
+        SearchOptions(4)
+    # python values stored as the row's kind, or as given (`as_given`: alpha 1 stays the int 1)
+    made = SearchOptions(beam_size=np.int64(2), num_results=2, alpha=1, sampling_temperature=2, extra_length=3.0)
+    assert (type(made.beam_size), made.alpha, type(made.alpha), type(made.sampling_temperature),
+            made.extra_length) == (int, 1, int, float, 3.0)
+
+
 def test_export_translate_has_a_flag_for_each_advanced_row_and_checks_it():
     """`export.translate`'s decoding flags are the rows' (flag and help), and each flag's
     error is its row's `flag_problem`."""
@@ -112,3 +138,7 @@ def test_the_reference_page_holds_the_table():
     page = OPTIONS_PAGE.read_text(encoding="utf-8")
     table = page.split("<!-- decoding-options:begin -->\n", 1)[1].split("<!-- decoding-options:end -->", 1)[0]
     assert table == decoding_options.markdown_table() + "\n"  # (the page joins its parts by newlines)
+    details = page.split("## What each decoding option does\n", 1)[1]
+    assert details.endswith(decoding_options.markdown_details())
+    assert [line[len("### `"):-1] for line in details.splitlines() if line.startswith("### ")] == [
+        row.name for row in OPTIONS]

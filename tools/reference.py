@@ -5,7 +5,8 @@
 
 * `docs/reference/options.md`: `train.py`'s options, made from the option definitions on
   the config fields (`keras_transformer.config.options_table`), the fields `--set` takes, and
-  the decoding options' table (`keras_transformer.decoding_options.markdown_table`).
+  the decoding options' table and what each does (`keras_transformer.decoding.options.markdown_table`,
+  `markdown_details`).
 * `docs/reference/commands.md`: every command (`train.py`, `python -m export.*`,
   `python -m keras_transformer.parsing`, `python -m benchmarks.*`) from its argparse parser:
   the module's `build_parser()` where it has one, else the parser its `main` builds (caught
@@ -284,7 +285,12 @@ def options_page() -> str:
         "signatures that take it): `SearchOptions` and `Translator.translate` raise on a bad value, "
         "`translate_options` and `translate_advanced` clip it or answer the sentence with an error, "
         "`export.translate` refuses its flag.", "",
-        "<!-- decoding-options:begin -->", decoding_options.markdown_table(), "<!-- decoding-options:end -->", ""])
+        "<!-- decoding-options:begin -->", decoding_options.markdown_table(), "<!-- decoding-options:end -->", "",
+        "## What each decoding option does", "",
+        "In `SearchOptions`' words (its docstring's Args are made from the same rows); "
+        "`Translator.translate` takes the same names, and the signatures and `export.translate` the "
+        "served forms above.", "",
+        decoding_options.markdown_details()])
 
 
 # -- the docs' commands ---------------------------------------------------------------------------

@@ -28,6 +28,10 @@ from keras_transformer.constants import (ADVANCED_SIGNATURE, MAX_BEAM_SIZE, MAX_
                                          OPTIONS_SIGNATURE)
 
 
+# `DecodingOption.python_default` when `SearchOptions`' default is the row's `default`.
+_ROW_DEFAULT = object()
+
+
 @dataclasses.dataclass(frozen=True)
 class Range:
     """A numeric range: `low` and `high` (None: unbounded), each closed unless `*_open`, and
@@ -102,6 +106,13 @@ class DecodingOption:
         config_field: with a None default, the `TransformerConfig` field that gives it.
         integral: an "int" option's python value must be an integer (False: any number
             in `python`, as `extra_length`, which the searcher casts).
+        python_default: `SearchOptions`' default, where it is not `default` (a python search
+            has no export: the paper's beam size and alpha, no patience, the config's extra
+            length as None).
+        as_given: `SearchOptions` stores a python value as given (a python float or int, as
+            `alpha`), not as its kind (`int(...)`, `float(...)`).
+        doc: what the option does in a search, in `SearchOptions`' words (its docstring's
+            Args and docs/reference/options.md are made from it).
     """
 
     name: str
@@ -121,6 +132,14 @@ class DecodingOption:
     signatures: typing.Tuple[str, ...] = (ADVANCED_SIGNATURE,)
     config_field: typing.Optional[str] = None
     integral: bool = True
+    python_default: object = _ROW_DEFAULT
+    as_given: bool = False
+    doc: str = ""
+
+    @property
+    def search_default(self):
+        """`SearchOptions`' default: `python_default`, else `default`."""
+        return self.default if self.python_default is _ROW_DEFAULT else self.python_default
 
     def python_problem(self, value) -> typing.Optional[str]:
         """`SearchOptions`' error for the python `value` (None: it is good)."""
@@ -166,28 +185,51 @@ OPTIONS = (
     DecodingOption(
         "beam_size", "int", None, Range(1), "a python int >= 1", "an int32 scalar tensor",
         served_clip=f"clipped to [1, {MAX_BEAM_SIZE}]", ctranslate2="beam_size", flag="--beam-size",
-        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="beam_size"),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="beam_size", python_default=4,
+        doc="python int >= 1 (it fixes tensor shapes), or, in a TensorFlow graph without XLA (not with "
+            "`Halvings`), an int32 scalar tensor in ``[1, max_beam_size]`` given at run time: one graph then "
+            "searches with any beam size (the SavedModel's ``translate_options``), with the same results as the "
+            "python int. With 1 the search is exactly greedy decoding (argmax until EOS)."),
     DecodingOption(
         "alpha", "float", None, Range(finite=True), "a finite number", "a scalar tensor",
         served_clip="NaN or infinite: the export's own", ctranslate2="length_penalty", flag="--alpha",
-        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="length_penalty_alpha"),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="length_penalty_alpha",
+        python_default=0.6, as_given=True,
+        doc="length-penalty exponent, python float or float scalar tensor (may be a SavedModel signature "
+            "input). 0 = plain log-prob. The early-termination bound is valid for any alpha (negative too)."),
     DecodingOption(
         "extra_length", "int", None, Range(finite=True), "a finite number", "a scalar tensor",
         served_clip="clipped to [0, decode_extra_length]", ctranslate2="max_decoding_length",
-        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="decode_extra_length", integral=False),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="decode_extra_length", integral=False,
+        python_default=None, as_given=True,
+        doc="for `keras_transformer.inference.searcher.Searcher` (which makes ``max_lengths = source_lengths + "
+            "extra_length``, clipped to the buffers' ``decode_extra_length``): None (the config's), a python int "
+            "or an int32 scalar tensor. `beam_search` takes `max_lengths` and does not read it."),
     DecodingOption(
         "num_results", "int", 1, Range(1), "a python int >= 1", "an int32 scalar tensor",
         served_clip="clipped to [1, beam_size]", ctranslate2="num_hypotheses", flag="--n-best",
-        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE)),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE),
+        doc="python int in ``[1, beam_size]`` (with a tensor `beam_size`, a python int or an int32 scalar tensor "
+            "in that range, e.g. `beam_size` itself): how many hypotheses to return per sentence. With 1 a "
+            "sentence stops as soon as no alive hypothesis can beat its best finished one (exact for the best "
+            "translation and its score); with ``n``, as soon as none can beat the ``n``-th best of its finished "
+            "ones (exact for the whole n-best; with ``n = beam_size``, the worst of its ``beam_size`` finished "
+            "ones)."),
     DecodingOption(
         "patience", "float", None, Range(finite=True), "a finite number", "a scalar tensor",
         served_clip="NaN: 0 (off); above MAX_PATIENCE: that bound", ctranslate2="patience", flag="--patience",
-        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE)),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), as_given=True,
+        doc="None (off), or a float (python or scalar tensor): a sentence also stops once "
+            "``round(beam_size * patience)`` hypotheses have finished (CTranslate2's rule: faster, not exact; a "
+            "value <= 0 turns it off)."),
     DecodingOption(
         "min_length", "int", 0, Range(0), "an int >= 0 (0: off)", "a scalar tensor",
         served=Range(0), served_message="min_length must be >= 0", ctranslate2="min_decoding_length",
         flag="--min-length", help="the fewest target pieces before the end of a translation (default 0)",
-        flag_range=Range(0), flag_text=">= 0"),
+        flag_range=Range(0), flag_text=">= 0",
+        doc="the fewest tokens a hypothesis holds before its EOS (CTranslate2's ``min_decoding_length``): EOS is "
+            "disallowed at the steps before; a python int >= 0 (0: off) or an int32 scalar tensor. A sentence "
+            "whose length limit comes first ends there without EOS."),
     DecodingOption(
         "no_repeat_ngram_size", "int", 0, Range(0), "an int >= 0 (0: off)", "an int32 scalar tensor",
         served=Range(0, MAX_NO_REPEAT_NGRAM_SIZE),
@@ -195,10 +237,15 @@ OPTIONS = (
         ctranslate2="no_repeat_ngram_size", flag="--no-repeat-ngram-size",
         help=f"no n-gram of this many pieces twice in a translation, 1..{MAX_NO_REPEAT_NGRAM_SIZE} (default 0: off)",
         flag_range=Range(0, MAX_NO_REPEAT_NGRAM_SIZE),
-        flag_text=f"0..{MAX_NO_REPEAT_NGRAM_SIZE} (the export's largest)"),
+        flag_text=f"0..{MAX_NO_REPEAT_NGRAM_SIZE} (the export's largest)",
+        doc="python int >= 0 (0: off): a token that would repeat an n-gram of this size already in the "
+            "hypothesis is disallowed (CTranslate2's ``no_repeat_ngram_size``; 1: no token twice); or an int32 "
+            "scalar tensor in ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``."),
     DecodingOption(
         "disallow_unk", "bool", False, None, "a bool", "a bool scalar tensor", ctranslate2="disable_unk",
-        flag="--disallow-unk", help="never generate the unknown piece"),
+        flag="--disallow-unk", help="never generate the unknown piece",
+        doc="python bool, or a bool scalar tensor: the unknown token (``UNK_ID``) is never generated "
+            "(CTranslate2's ``disable_unk``)."),
     DecodingOption(
         "repetition_penalty", "float", 1.0, Range(0, low_open=True, finite=True), "a finite number > 0 (1: off)",
         "a float scalar tensor", served=Range(0, low_open=True, finite=True),
@@ -206,7 +253,10 @@ OPTIONS = (
         flag="--repetition-penalty",
         help="divide the positive logits of the pieces already in a translation by P > 0 and multiply the "
              "negative ones by it, as CTranslate2 does (above 1: fewer repeats; default 1: off)",
-        flag_range=Range(0, low_open=True), flag_text="> 0"),
+        flag_range=Range(0, low_open=True), flag_text="> 0",
+        doc="python float > 0 (1.0: off), or a float scalar tensor: the logits of the tokens already in the "
+            "hypothesis (each once) are divided by it where >= 0 and multiplied by it where < 0, before the "
+            "constraints' masks and the log-softmax (CTranslate2's ``repetition_penalty``; `RepetitionPenalty`)."),
     DecodingOption(
         "suppress_sequences", "sequences", (), None,
         "a list of lists of target ids >= 0 (`SearchOptions`; of pieces for `Translator.translate`)",
@@ -215,7 +265,11 @@ OPTIONS = (
         "(\"\": none)", ctranslate2="suppress_sequences", flag="--suppress-sequence",
         help="never generate this sequence of target pieces, separated by spaces (a single piece: never; "
              "longer: not its last piece after the others), as CTranslate2's suppress_sequences; repeat the flag "
-             "for more"),
+             "for more",
+        doc="sequences of target ids never generated (CTranslate2's ``suppress_sequences``; `SuppressSequences`): "
+            "one id is disallowed at every step, a longer sequence's last id where the hypothesis ends with the "
+            "ids before it. Python ids (stored as a tuple of tuples of ints, empty ones dropped), or at run time "
+            "``(ids, lengths)``: int32 tensors ``[S, M]`` and ``[S]`` (>= 1)."),
     DecodingOption(
         "sampling_topk", "int", 1, Range(0), "an int >= 0 (1: no sampling, 0: the whole vocabulary)",
         "an int32 scalar tensor", served=Range(0),
@@ -223,24 +277,34 @@ OPTIONS = (
         ctranslate2="sampling_topk", flag="--sampling-topk",
         help="sample each piece among the K most likely (0: all) instead of searching; with one beam "
              "(default 1: no sampling)",
-        flag_range=Range(0), flag_text=">= 0 (1: no sampling, 0: every piece)"),
+        flag_range=Range(0), flag_text=">= 0 (1: no sampling, 0: every piece)",
+        doc="1 (the default: the best token, no sampling), or with ``beam_size`` 1 the number of best tokens each "
+            "step samples among (0: the whole vocabulary): random sampling, e.g. for back-translation "
+            "(CTranslate2's ``sampling_topk``). An int32 scalar tensor (>= 0) always runs the sampling search, in "
+            "which 1 draws the best token: greedy decoding."),
     DecodingOption(
         "sampling_topp", "float", 1.0, Range(0, 1, low_open=True, finite=True), "a finite number in (0, 1]",
         "a float scalar tensor", served=Range(0, 1, low_open=True), served_message="sampling_topp must be in (0, 1]",
         ctranslate2="sampling_topp", flag="--sampling-topp",
         help="with sampling, among the fewest most likely pieces whose probabilities reach P, in (0, 1] (default 1)",
-        flag_range=Range(0, 1, low_open=True), flag_text="in (0, 1]"),
+        flag_range=Range(0, 1, low_open=True), flag_text="in (0, 1]",
+        doc="with sampling, the smallest set of best tokens whose probabilities (after the temperature) sum to "
+            "at least this is sampled among (1.0: all of them; CTranslate2's ``sampling_topp``)."),
     DecodingOption(
         "sampling_temperature", "float", 1.0, Range(0, low_open=True, finite=True), "a finite number in > 0",
         "a float scalar tensor", served=Range(0, low_open=True, finite=True),
         served_message="sampling_temperature must be a finite number > 0", ctranslate2="sampling_temperature",
         flag="--sampling-temperature", help="with sampling, divide the log-probabilities by T > 0 first (default 1)",
-        flag_range=Range(0, low_open=True), flag_text="> 0"),
+        flag_range=Range(0, low_open=True), flag_text="> 0",
+        doc="with sampling, the log-probabilities are divided by it before sampling (CTranslate2's "
+            "``sampling_temperature``); the scores stay those of the model's own distribution."),
     DecodingOption(
         "seed", "int", 0, Range(0, 2 ** 31, high_open=True), "an int in [0, 2**31)", "an int scalar tensor",
         served=Range(0), served_message="seed must be >= 0", flag="--seed",
         help="with sampling, >= 0: the same seed and input lines give the same samples (default 0)",
-        flag_range=Range(0, 2 ** 31, high_open=True), flag_text="in [0, 2**31)"),
+        flag_range=Range(0, 2 ** 31, high_open=True), flag_text="in [0, 2**31)",
+        doc="with sampling, a python int: the same seed and inputs give the same samples (`LoopOps.uniform` "
+            "draws the noise)."),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 # The options of `Translator.translate` and the flags of `export.translate` that call
@@ -305,6 +369,11 @@ def ctranslate2_options(**values) -> dict:
     if unknown:
         raise TypeError(f"no CTranslate2 option for: {', '.join(unknown)}")
     return {BY_NAME[name].ctranslate2: value for name, value in values.items()}
+
+
+def markdown_details() -> str:
+    """Each option's `doc` under its own heading, in the table's order (docs/reference/options.md)."""
+    return "\n".join(f"### `{option.name}`\n\n{option.doc}\n" for option in OPTIONS)
 
 
 def markdown_table() -> str:

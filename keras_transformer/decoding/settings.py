@@ -3,107 +3,66 @@
 `KeepAll` / `DropFinished` / `Halvings`, `CacheStages`)."""
 
 import dataclasses
+import textwrap
 import typing
 
 import keras
 from keras import ops
 
-from keras_transformer.decoding.options import BY_NAME as DECODING_OPTIONS
+from keras_transformer.decoding.options import OPTIONS
 from keras_transformer.decoding.tensors import _is_int, _is_python, keras_gather
 
 
-# `SearchOptions`' fields whose own values the options table checks (`keras_transformer.decoding.options`); beam
-# size, results and their relations are checked together by `_checked_options`.
-_TABLE_CHECKED = ("alpha", "patience", "extra_length", "min_length", "no_repeat_ngram_size", "disallow_unk",
-                  "repetition_penalty", "suppress_sequences", "sampling_topk", "sampling_topp", "sampling_temperature",
-                  "seed")
-# (alpha, patience and extra_length are stored as given: a python float or int, or a tensor)
-_STORED_AS_GIVEN = ("alpha", "patience", "extra_length")
+# `SearchOptions`' options checked together, with the loop-only fields, by `_checked_options` (the
+# others each by its own row of the options table).
+_CHECKED_TOGETHER = ("beam_size", "num_results")
 _AS_KIND = {"int": int, "float": float, "bool": bool,
             # (ids as python ints, the empty sequences dropped as CTranslate2 drops them)
             "sequences": lambda value: tuple(tuple(int(i) for i in sequence) for sequence in value if len(sequence))}
 
 
+def _table_fields(cls):
+    """`SearchOptions`' option fields, made from the options table: one field per row of
+    `keras_transformer.decoding.options.OPTIONS`, in its order, its default the row's
+    `search_default`, then the class's own fields (the loop's); each row's `doc` joins the
+    docstring's Args (for `help()`; docs/reference/options.md renders the same words)."""
+    own = dict(cls.__dict__.get("__annotations__", {}))
+    for option in OPTIONS:
+        setattr(cls, option.name, option.search_default)
+    cls.__annotations__ = {**{option.name: typing.Any for option in OPTIONS}, **own}
+    if cls.__doc__ is None:  # (python -OO)
+        return cls
+    head, args = cls.__doc__.split("    Args:\n", 1)
+    rows = "".join(textwrap.fill(f"{option.name}: {' '.join(option.doc.split())}", 88, initial_indent=" " * 8,
+                                 subsequent_indent=" " * 12) + "\n" for option in OPTIONS)
+    cls.__doc__ = f"{head}    Args:\n{rows}{args}"
+    return cls
+
+
 # --------------------------------------------------------------------------
 # Settings: what the search finds (SearchOptions) and how its loop runs (SearchLoop)
 # --------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+@_table_fields
 class SearchOptions:
     """What a beam search finds. The loop's settings (`SearchLoop`) never change it.
 
+    Keyword arguments only: one per decoding option of the options table, its field and
+    default made from its row (`keras_transformer.decoding.options.OPTIONS`; each row's words
+    are in docs/reference/options.md and in `help(SearchOptions)`) and its python value checked
+    by it, and two of the loop's own:
+
     Args:
-        beam_size: python int >= 1 (it fixes tensor shapes), or, in a
-            TensorFlow graph without XLA (not with `Halvings`), an int32
-            scalar tensor in ``[1, max_beam_size]`` given at run time: one
-            graph then searches with any beam size (the SavedModel's
-            ``translate_options``), with the same results as the python int.
-            With 1 the search is exactly greedy decoding (argmax until EOS).
-        alpha: length-penalty exponent, python float or float scalar tensor
-            (may be a SavedModel signature input). 0 = plain log-prob. The
-            early-termination bound is valid for any alpha (negative too).
-        num_results: python int in ``[1, beam_size]`` (with a tensor
-            `beam_size`, a python int or an int32 scalar tensor in that
-            range, e.g. `beam_size` itself): how many hypotheses to return
-            per sentence. With 1 a sentence stops as soon as no alive
-            hypothesis can beat its best finished one (exact for the best
-            translation and its score); with ``n``, as soon as none can beat
-            the ``n``-th best of its finished ones (exact for the whole
-            n-best; with ``n = beam_size``, the worst of its ``beam_size``
-            finished ones).
         exact_results: None (``num_results``), or a python int or int32
             scalar tensor in ``[1, num_results]``: the stop is exact for this
-            many of the best results (the bound above with this ``n``); the
-            result slots after it may then hold other hypotheses than the
+            many of the best results (the bound of ``num_results`` with this ``n``);
+            the result slots after it may then hold other hypotheses than the
             exhaustive n-best's. A tensor lets one graph return
             ``num_results`` slots and stop by a count given at run time
             (the SavedModel's ``translate_options``).
-        patience: None (off), or a float (python or scalar tensor): a
-            sentence also stops once ``round(beam_size * patience)``
-            hypotheses have finished (CTranslate2's rule: faster, not exact;
-            a value <= 0 turns it off).
         max_beam_size: with a tensor `beam_size`, the largest it may be
             (python int): the candidates' top-k sizes its blocks for it.
             Ignored (None) with a python int `beam_size`.
-        extra_length: for `keras_transformer.inference.searcher.Searcher` (which makes
-            ``max_lengths = source_lengths + extra_length``, clipped to the
-            buffers' ``decode_extra_length``): None (the config's), a python
-            int or an int32 scalar tensor. `beam_search` takes `max_lengths`
-            and does not read it.
-        min_length: the fewest tokens a hypothesis holds before its EOS
-            (CTranslate2's ``min_decoding_length``): EOS is disallowed at the
-            steps before; a python int >= 0 (0: off) or an int32 scalar tensor.
-            A sentence whose length limit comes first ends there without EOS.
-        no_repeat_ngram_size: python int >= 0 (0: off): a token that would
-            repeat an n-gram of this size already in the hypothesis is
-            disallowed (CTranslate2's ``no_repeat_ngram_size``; 1: no token
-            twice); or an int32 scalar tensor in ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``.
-        disallow_unk: python bool, or a bool scalar tensor: the unknown token
-            (``UNK_ID``) is never generated (CTranslate2's ``disable_unk``).
-        repetition_penalty: python float > 0 (1.0: off), or a float scalar
-            tensor: the logits of the tokens already in the hypothesis (each
-            once) are divided by it where >= 0 and multiplied by it where < 0,
-            before the constraints' masks and the log-softmax (CTranslate2's
-            ``repetition_penalty``; `RepetitionPenalty`).
-        suppress_sequences: sequences of target ids never generated
-            (CTranslate2's ``suppress_sequences``; `SuppressSequences`): one id
-            is disallowed at every step, a longer sequence's last id where the
-            hypothesis ends with the ids before it. Python ids (stored as a
-            tuple of tuples of ints, empty ones dropped), or at run time
-            ``(ids, lengths)``: int32 tensors ``[S, M]`` and ``[S]`` (>= 1).
-        sampling_topk: 1 (the default: the best token, no sampling), or with
-            ``beam_size`` 1 the number of best tokens each step samples among
-            (0: the whole vocabulary): random sampling, e.g. for
-            back-translation (CTranslate2's ``sampling_topk``). An int32
-            scalar tensor (>= 0) always runs the sampling search, in which 1
-            draws the best token: greedy decoding.
-        sampling_topp: with sampling, the smallest set of best tokens whose
-            probabilities (after the temperature) sum to at least this is
-            sampled among (1.0: all of them; CTranslate2's ``sampling_topp``).
-        sampling_temperature: with sampling, the log-probabilities are divided
-            by it before sampling (CTranslate2's ``sampling_temperature``); the
-            scores stay those of the model's own distribution.
-        seed: with sampling, a python int: the same seed and inputs give the
-            same samples (`LoopOps.uniform` draws the noise).
 
     The run-time forms (tensors: the SavedModel's ``translate_advanced``) are the
     caller's to keep in range, as a tensor ``beam_size`` is; the python forms are
@@ -121,22 +80,8 @@ class SearchOptions:
         >>> ids, scores = beam_search(step_fn, cache, batch, max_lengths, options)
     """
 
-    beam_size: typing.Any = 4
-    alpha: typing.Any = 0.6
-    num_results: typing.Any = 1
     exact_results: typing.Any = None
-    patience: typing.Any = None
     max_beam_size: typing.Optional[int] = None
-    extra_length: typing.Any = None
-    min_length: typing.Any = 0
-    no_repeat_ngram_size: int = 0
-    disallow_unk: bool = False
-    repetition_penalty: float = 1.0
-    suppress_sequences: tuple = ()
-    sampling_topk: int = 1
-    sampling_topp: float = 1.0
-    sampling_temperature: float = 1.0
-    seed: int = 0
 
     @property
     def samples(self) -> bool:
@@ -175,16 +120,18 @@ def _checked_options(options):
             raise ValueError(f"exact_results must be in [1, {name}={limit}], got {exact_results!r}")
         exact_results = int(exact_results)
     checked = {}
-    for name in _TABLE_CHECKED:  # each option's own values: `decoding_options.OPTIONS`' rows
-        value = getattr(options, name)
-        if (not _is_python(value) or (value is None and name in ("patience", "extra_length"))
-                or _is_run_time_pair(value)):
-            checked[name] = value  # a run-time value: the caller's to keep in range
+    for option in OPTIONS:  # each option's own values: its row of the options table
+        value = getattr(options, option.name)
+        if option.name in _CHECKED_TOGETHER:
             continue
-        problem = DECODING_OPTIONS[name].python_problem(value)
+        if (not _is_python(value) or (value is None and option.search_default is None)
+                or _is_run_time_pair(value)):
+            checked[option.name] = value  # a run-time value (or None: off): the caller's to keep in range
+            continue
+        problem = option.python_problem(value)
         if problem:
             raise ValueError(problem)
-        checked[name] = _AS_KIND[DECODING_OPTIONS[name].kind](value) if name not in _STORED_AS_GIVEN else value
+        checked[option.name] = value if option.as_given else _AS_KIND[option.kind](value)
     topk = checked["sampling_topk"]
     samples = not (_is_int(topk) and topk == 1)
     if samples and beam_size != 1:
