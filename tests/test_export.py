@@ -182,6 +182,16 @@ def test_translate_takes_a_list_of_sentences_and_names_anything_else(exported):
         with pytest.raises(ValueError, match=re.escape(message)):
             translator.translate(GOLDEN[:1], xla=False, **options)
     assert translator.translate(GOLDEN[:2], beam_size=np.int64(4), xla=False) == want  # NumPy ints are ints
+    # Every option is checked by its row of the options table, in python words (translate takes no tensors).
+    from keras_transformer.decoding.options import BY_NAME
+
+    for name, bad in (("min_length", -1), ("sampling_topp", 1.5), ("repetition_penalty", 0.0), ("seed", 2 ** 31)):
+        message = BY_NAME[name].python_problem(bad, tensors=False)
+        assert message == f"{name} must be {BY_NAME[name].python_text}, got {bad!r}" and "tensor" not in message
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            translator.translate(GOLDEN[:1], xla=False, **{name: bad})
+    with pytest.raises(TypeError, match=re.escape("unexpected keyword argument(s): beam (the decoding options: beam_size, ")):
+        translator.translate(GOLDEN[:1], beam=2)
 
 
 def test_translate_and_trainings_bleu_run_the_plain_graph_unless_asked_for_xla(exported, monkeypatch):

@@ -92,7 +92,8 @@ class DecodingOption:
             `TransformerConfig`, or the export's patience).
         python: the values Python takes (`SearchOptions`), None: any of its kind.
         python_text: those values in words, for `SearchOptions`' error
-            (`"{name} must be {python_text} or {tensor_text}, got ..."`).
+            (`"{name} must be {python_text} or {tensor_text}, got ..."`) and
+            `Translator.translate`'s (`"{name} must be {python_text}, got ..."`).
         tensor_text: what a run-time (tensor) value must be, in that error.
         served: the values a served request takes per sentence (`translate_advanced`'s
             error row), None: no check there (the signature clips it, `served_clip`).
@@ -141,8 +142,9 @@ class DecodingOption:
         """`SearchOptions`' default: `python_default`, else `default`."""
         return self.default if self.python_default is _ROW_DEFAULT else self.python_default
 
-    def python_problem(self, value) -> typing.Optional[str]:
-        """`SearchOptions`' error for the python `value` (None: it is good)."""
+    def python_problem(self, value, tensors: bool = True) -> typing.Optional[str]:
+        """`SearchOptions`' error for the python `value` (None: it is good); without `tensors`
+        (`Translator.translate`, which takes python values only) it names no tensor form."""
         if self.kind == "sequences":  # (ids: non-negative python ints, a sequence of them per sequence)
             good = _is_sequence(value) and all(
                 _is_sequence(sequence) and all(isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0
@@ -159,7 +161,8 @@ class DecodingOption:
             good = self.python is None or self.python.holds(value)
         if good:
             return None
-        return f"{self.name} must be {self.python_text} or {self.tensor_text}, got {value!r}"
+        forms = f"{self.python_text} or {self.tensor_text}" if tensors else self.python_text
+        return f"{self.name} must be {forms}, got {value!r}"
 
     def flag_problem(self, value) -> typing.Optional[str]:
         """`export.translate`'s error for the flag's parsed `value` (None: good or not given)."""
@@ -183,7 +186,7 @@ def _is_sequence(value) -> bool:
 
 OPTIONS = (
     DecodingOption(
-        "beam_size", "int", None, Range(1), "a python int >= 1", "an int32 scalar tensor",
+        "beam_size", "int", None, Range(1), "a positive int", "an int32 scalar tensor",
         served_clip=f"clipped to [1, {MAX_BEAM_SIZE}]", ctranslate2="beam_size", flag="--beam-size",
         signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="beam_size", python_default=4,
         doc="python int >= 1 (it fixes tensor shapes), or, in a TensorFlow graph without XLA (not with "
@@ -206,7 +209,7 @@ OPTIONS = (
             "extra_length``, clipped to the buffers' ``decode_extra_length``): None (the config's), a python int "
             "or an int32 scalar tensor. `beam_search` takes `max_lengths` and does not read it."),
     DecodingOption(
-        "num_results", "int", 1, Range(1), "a python int >= 1", "an int32 scalar tensor",
+        "num_results", "int", 1, Range(1), "a positive int", "an int32 scalar tensor",
         served_clip="clipped to [1, beam_size]", ctranslate2="num_hypotheses", flag="--n-best",
         signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE),
         doc="python int in ``[1, beam_size]`` (with a tensor `beam_size`, a python int or an int32 scalar tensor "

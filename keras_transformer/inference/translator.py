@@ -27,8 +27,6 @@ export's `translate_xla` signature is the XLA one, for servers that warm it up.
 
 from __future__ import annotations
 
-import math
-import numbers
 import typing
 
 import tensorflow as tf
@@ -380,19 +378,19 @@ class Translator:
         longest = self.config.max_length - 1 + self.config.decode_extra_length
         return self.encode_text(self.clean_text(target, max_tokens=longest), max_tokens=longest)
 
-    def _sequence_ids(self, sequences):
-        """`suppress_sequences` given as target pieces (CTranslate2's form) as ids; a `ValueError`
-        naming a piece that is not in the target vocabulary (the unknown piece is: its id)."""
+    def _sequence_ids(self, name, sequences):
+        """A sequences option (`name`, e.g. `suppress_sequences`) given as target pieces
+        (CTranslate2's form) as ids; a `ValueError` naming a piece that is not in the target
+        vocabulary (the unknown piece is: its id)."""
         if not isinstance(sequences, (list, tuple)) or not all(
                 isinstance(sequence, (list, tuple)) and all(isinstance(piece, str) for piece in sequence)
                 for sequence in sequences):
-            raise ValueError(f"suppress_sequences must be a list of lists of target pieces (strings), got "
-                             f"{sequences!r}")
+            raise ValueError(f"{name} must be a list of lists of target pieces (strings), got {sequences!r}")
         self._pieces()
         ids = {piece: i for i, piece in enumerate(self._piece_list)}
         unknown = [piece for sequence in sequences for piece in sequence if piece not in ids]
         if unknown:
-            raise ValueError(f"suppress_sequences: token {unknown[0]!r} is not in the target vocabulary")
+            raise ValueError(f"{name}: token {unknown[0]!r} is not in the target vocabulary")
         return tuple(tuple(ids[piece] for piece in sequence) for sequence in sequences)
 
     def pieces(self):
@@ -453,11 +451,11 @@ class Translator:
                 interactive completion); the translations returned include it (plain graph
                 only).
             **options_by_name: the decoding options by their names in the options table
-                (`keras_transformer.decoding_options.OPTIONS`: `beam_size`, `alpha`,
-                `num_results`, `patience`, `min_length`, `no_repeat_ngram_size`,
-                `disallow_unk`, `sampling_topk`, `sampling_topp`, `sampling_temperature`,
-                `seed`), each checked by its row; the table's defaults where not given, the
-                config's beam size (1 when sampling), alpha and extra length.
+                (`keras_transformer.decoding.options.OPTIONS`; what each does:
+                docs/reference/options.md), python values, each checked by its row; a name the
+                table does not hold is a `TypeError`. Not given: the config's beam size (1 when
+                sampling), alpha and extra length where the row has no default of its own
+                (the export's own, as a served request gets), else the row's.
 
         By default the search runs as the SavedModel's `serving_default` does (the
         plain graph, which drops each sentence once it is done); `xla=True` runs
@@ -468,16 +466,11 @@ class Translator:
         graph"). A syntax-aware model takes CoNLL-U sentences and always runs the
         plain graph.
 
-        `min_length`, `no_repeat_ngram_size` and `disallow_unk` disallow tokens as
-        CTranslate2's options of those names do (`SearchOptions`): EOS before `min_length`
-        tokens, a token that repeats an n-gram, the unknown token; `repetition_penalty`
-        penalizes the tokens already generated and `suppress_sequences` (lists of target
-        pieces, as CTranslate2 takes them) disallows sequences, as CTranslate2 does (plain
-        graph only). `sampling_topk` other
-        than 1 draws each token at random (CTranslate2's random sampling, e.g. for
-        back-translation: among the `sampling_topk` best, 0 for all, after
-        `sampling_temperature`, within `sampling_topp`), reproducibly for a `seed`; it
-        searches with one beam (plain graph only)."""
+        The options that disallow or penalize tokens work as CTranslate2's options of their
+        CTranslate2 names (the table's column); a sequences option takes lists of target
+        pieces, as CTranslate2 does. Sampling (`sampling_topk` other than 1) draws each token
+        at random, reproducibly for a `seed`, with one beam. The XLA search takes the options
+        that `Searcher.search_xla` compiles; the others run in the plain graph."""
         xla = xla and not self.config.syntax_aware
         given = self._given_options(options, options_by_name)
         texts = _string_batch(texts)
@@ -500,9 +493,11 @@ class Translator:
         return [row[0] for row in decoded] if searched["num_results"] == 1 else decoded
 
     def _given_options(self, options, options_by_name) -> dict:
-        """`translate`'s options as checked python values by name (`SearchOptions`' fields,
-        `extra_length` the config's unless given in `options`): a `TypeError` for a name the
-        options table does not hold, a `ValueError` naming a bad value."""
+        """`translate`'s options as checked python values by name (`SearchOptions`' fields):
+        those given, and those whose row has no default of its own (the config's; the beam size
+        1 when sampling) or that `translate` reads (`num_results`). A `TypeError` for a name the
+        options table does not hold, a `ValueError` naming a bad value (its row's words, then
+        `SearchOptions`' for the options' relations)."""
         if options is not None:
             if options_by_name or not isinstance(options, SearchOptions):
                 raise TypeError(f"translate takes a SearchOptions or the options by name, not both; got {options!r} "
@@ -514,23 +509,21 @@ class Translator:
             raise TypeError(f"translate() got unexpected keyword argument(s): {', '.join(unknown)} (the decoding "
                             f"options: {', '.join(decoding_options.BY_NAME)})")
         given = dict(options_by_name)
-        if options is None and given.get("suppress_sequences"):  # (by name: pieces, as CTranslate2 takes them)
-            given["suppress_sequences"] = self._sequence_ids(given["suppress_sequences"])
+        for option in decoding_options.OPTIONS:
+            if option.kind == "sequences" and options is None and given.get(option.name):
+                given[option.name] = self._sequence_ids(option.name, given[option.name])  # (by name: pieces)
         # (`beam_size or ...` had searched `beam_size=0` with the config's beam.)
-        if given.get("beam_size") is None:
-            given["beam_size"] = 1 if given.get("sampling_topk", 1) != 1 else self.config.beam_size
-        given.setdefault("num_results", 1)
-        for name in ("beam_size", "num_results"):
-            value = given[name]
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        given["alpha"] = self.config.length_penalty_alpha if given.get("alpha") is None else given["alpha"]
-        alpha = given["alpha"]
-        if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not math.isfinite(alpha):
-            # (NaN scored every hypothesis NaN: every translation was "")
-            raise ValueError(f"alpha must be a finite number, got {alpha!r}")
-        given.setdefault("extra_length", self.config.decode_extra_length)
-        checked = SearchOptions(**given)  # a ValueError names a bad value
+        if given.get("beam_size") is None and given.get("sampling_topk", 1) != 1:
+            given["beam_size"] = 1  # (sampling draws one token a step)
+        given.setdefault("num_results", decoding_options.BY_NAME["num_results"].default)
+        for option in decoding_options.OPTIONS:
+            if given.get(option.name) is None and option.config_field is not None:
+                given[option.name] = option.given_default(self.config)  # (the export's own: the config's)
+            problem = option.name in given and given[option.name] is not None and option.python_problem(
+                given[option.name], tensors=False)
+            if problem:  # (NaN alpha had scored every hypothesis NaN: every translation was "")
+                raise ValueError(problem)
+        checked = SearchOptions(**given)  # a ValueError names a bad relation between values
         return {name: getattr(checked, name) for name in given}
 
 
