@@ -223,11 +223,10 @@ def translation_options(config: TransformerConfig, source_length: int, beam_size
         patience: CTranslate2 stops at `beam * patience` finished
             hypotheses; 2 comes closer to our search than its default 1,
             which is faster.
-        **options: our decoding options of `translate_advanced` (`min_length`,
-            `no_repeat_ngram_size`, `disallow_unk`, the sampling ones), each as
-            CTranslate2's option of the same meaning (`decoding_options.OPTIONS`'
-            `ctranslate2` names: `min_decoding_length`, `disable_unk`, ...; the same
-            tokens disallowed, before the same log-softmax); the table's defaults
+        **options: our decoding options of `translate_advanced` (`decoding_options.ADVANCED`),
+            each as CTranslate2's option of the same meaning (the rows' `ctranslate2`
+            names; the same tokens disallowed, before the same log-softmax); the logits
+            processors' options (`decoding_options.CONSTRAINTS`) at the table's defaults
             where not given.
 
     Returns:
@@ -236,7 +235,9 @@ def translation_options(config: TransformerConfig, source_length: int, beam_size
     unknown = sorted(set(options) - {option.name for option in decoding_options.ADVANCED})
     if unknown:
         raise TypeError(f"translation_options: unknown decoding option(s) {', '.join(unknown)}")
-    given = {**{name: decoding_options.BY_NAME[name].default for name in decoding_options.CONSTRAINTS}, **options}
+    # (each processor's option explicit, its default where not given; a sequences option only when given)
+    given = {**{name: decoding_options.BY_NAME[name].default for name in decoding_options.CONSTRAINTS
+                if decoding_options.BY_NAME[name].kind != "sequences"}, **options}
     source_length = min(int(source_length), config.max_length - 1)  # our cut, EOS excluded
     return dict(
         **decoding_options.ctranslate2_options(beam_size=beam_size or config.beam_size, patience=patience, **given),

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pathlib
 
 from export.signatures import (ADVANCED_SIGNATURE, ALIGN_SIGNATURE, LITERT_MAX_BATCH, LITERT_SIGNATURE,
-                               MAX_PATIENCE, OPTIONS_SIGNATURE, SCORE_SIGNATURE, SERVING_DEFAULT,
-                               WARMUP_CONLLU, WARMUP_SENTENCES, XLA_SIGNATURE, chosen_signatures)
+                               OPTIONS_SIGNATURE, SCORE_SIGNATURE, SERVING_DEFAULT, WARMUP_CONLLU,
+                               WARMUP_SENTENCES, XLA_SIGNATURE, chosen_signatures)
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
-from keras_transformer.decoding.options import (BY_NAME, CONSTRAINTS, PIECE_SEPARATOR, SEQUENCE_SEPARATOR,
+from keras_transformer.decoding.options import (BY_NAME, CONSTRAINTS, PIECE_SEPARATOR, SAMPLING, SEQUENCE_SEPARATOR,
                                                 served_defaults, signature_options, tensor_problems)
 from keras_transformer.inference.searcher import XLA_BATCH_BUCKETS
 from keras_transformer.inference.translator import Translator
@@ -127,50 +127,43 @@ class TranslationModule(tf.Module):
             source_tokens, target_tokens, attention = self._translator.align_graph(text, target)
         return {"source_tokens": source_tokens, "target_tokens": target_tokens, "attention": attention}
 
-    def _serve_with_options(self, text, beam_size, alpha, extra_length, num_results, patience):
+    def _serve_with_options(self, text, *options):
+        """`translate_options`: `text` and the options the table gives it (`signature_options`),
+        in its order; each clipped (`_search_columns`), then one search per distinct set."""
         batch = tf.shape(text)[0]
-        requested = _requested_results(beam_size, num_results)
-        beam_size, alpha, extra_length, num_results, patience = _search_columns(
-            self._config, batch, OPTIONS_SIGNATURE, beam_size=beam_size, alpha=alpha, extra_length=extra_length,
-            num_results=num_results, patience=patience)
+        given = dict(zip(_option_names(OPTIONS_SIGNATURE), options))
+        requested = _requested_results(given)
+        columns = _search_columns(self._config, batch, OPTIONS_SIGNATURE, given)
 
         def search_group(rows, options):
-            beam, alpha, extra, results, patience = options
-            found, found_scores, found_errors = self._search_options(
-                tf.gather_nd(text, rows), beam, alpha, extra, results, patience)  # [n, beam] x2
-            found, found_scores = _result_slots(found, found_scores, beam, results)
+            options = dict(zip(columns, options))
+            found, found_scores, found_errors = self._search_options(tf.gather_nd(text, rows), options)  # [n, beam] x2
+            found, found_scores = _result_slots(found, found_scores, options["beam_size"], options["num_results"])
             return found, found_scores, found_errors if self._config.syntax_aware else tf.fill([tf.size(rows)], "")
 
         # One search per distinct set of options, on its sentences (a request's own scalars:
         # one search on all of them, the graph's only one; requests that TF Serving merged
         # with other options: one search each, as each would run alone).
-        strings, scores, errors = _search_groups(batch, (beam_size, alpha, extra_length, num_results, patience),
-                                                 search_group)
+        strings, scores, errors = _search_groups(batch, tuple(columns.values()), search_group)
         # The output's width: the most results a sentence asked for (a request's own scalar
         # `num_results`, also for an empty request).
-        width = tf.reduce_max(tf.concat([num_results, requested, [1]], 0))
+        width = tf.reduce_max(tf.concat([columns["num_results"], requested, [1]], 0))
         outputs = {"translations": strings[:, :width], "scores": scores[:, :width]}
         if self._config.syntax_aware:
             outputs["errors"] = errors
         return outputs
 
-    def _serve_advanced(self, text, target_prefix, beam_size, alpha, extra_length, num_results, patience,
-                        min_length, no_repeat_ngram_size, disallow_unk, repetition_penalty, suppress_sequences,
-                        sampling_topk, sampling_topp, sampling_temperature, seed):
-        """`translate_options` with every decoding option (`decoding_options.OPTIONS`) and a target
-        prefix: each sentence's options checked (a bad value: the sentence is not searched,
-        its translation is "", and `errors` says which value), then one search per distinct
-        set of options, as `translate_options` does: the beam search (run-time beam size,
-        constraints, prefix) or, where `sampling_topk` is not 1, the sampling search (one
-        beam)."""
+    def _serve_advanced(self, text, target_prefix, *options):
+        """`translate_options` with every decoding option (`decoding_options.OPTIONS`, in the
+        table's order after `target_prefix`) and a target prefix: each sentence's options
+        checked (a bad value: the sentence is not searched, its translation is "", and `errors`
+        says which value), then one search per distinct set of options, as `translate_options`
+        does: the beam search (run-time beam size, constraints, prefix) or, where
+        `sampling_topk` is not 1, the sampling search (one beam)."""
         batch = tf.shape(text)[0]
-        given = {"beam_size": beam_size, "alpha": alpha, "extra_length": extra_length, "num_results": num_results,
-                 "patience": patience, "min_length": min_length, "no_repeat_ngram_size": no_repeat_ngram_size,
-                 "disallow_unk": disallow_unk, "repetition_penalty": repetition_penalty,
-                 "suppress_sequences": suppress_sequences, "sampling_topk": sampling_topk,
-                 "sampling_topp": sampling_topp, "sampling_temperature": sampling_temperature, "seed": seed}
-        requested = _requested_results(beam_size, num_results)
-        columns = dict(zip(given, _search_columns(self._config, batch, ADVANCED_SIGNATURE, **given)))
+        given = dict(zip(_option_names(ADVANCED_SIGNATURE), options))
+        requested = _requested_results(given)
+        columns = _search_columns(self._config, batch, ADVANCED_SIGNATURE, given)
         vocabulary = self._translator.pieces()  # string [V]
         errors = _advanced_errors(columns, vocabulary)  # [batch]: "" or what is wrong
         good = tf.equal(errors, "")
@@ -179,12 +172,15 @@ class TranslationModule(tf.Module):
         target_prefix = tf.where(good, _per_sentence(target_prefix, batch, "target_prefix", ADVANCED_SIGNATURE), "")
         defaults = served_defaults(ADVANCED_SIGNATURE, self._config, self._patience or 0.0)
         columns = {name: tf.where(good, value, defaults[name]) for name, value in columns.items()}
-        # (the sentences' distinct suppress_sequences strings, each sentence's as an int32 index: a group key)
-        sequences, columns["suppress_sequences"] = tf.unique(columns["suppress_sequences"], out_idx=tf.int32)
+        # (a sequences option: the sentences' distinct strings, each sentence's as an int32 index, a group key)
+        sequences = {}
+        for name in _sequence_names(columns):
+            sequences[name], columns[name] = tf.unique(columns[name], out_idx=tf.int32)
 
         def search_group(rows, options):
             options = dict(zip(columns, options))
-            options["suppress_sequences"] = _sequence_ids(sequences[options["suppress_sequences"]], vocabulary)
+            for name, distinct in sequences.items():
+                options[name] = _sequence_ids(distinct[options[name]], vocabulary)
             found, found_scores = tf.cond(
                 tf.equal(options["sampling_topk"], 1),
                 lambda: self._search_advanced(tf.gather_nd(text, rows), tf.gather_nd(target_prefix, rows), options),
@@ -198,43 +194,40 @@ class TranslationModule(tf.Module):
     def _search_advanced(self, text, prefix, options):
         """`translate_advanced`'s beam search on one group: `translate_options`' search with
         the constraints and the prefix, its results in `MAX_BEAM_SIZE` slots."""
-        beam, results = options["beam_size"], options["num_results"]
-        found, found_scores, _ = self._search_options(text, beam, options["alpha"], options["extra_length"], results,
-                                                      options["patience"], target_prefix=prefix,
-                                                      **_constraints(options))
-        return _result_slots(found, found_scores, beam, results)
+        found, found_scores, _ = self._search_options(text, options, target_prefix=prefix)
+        return _result_slots(found, found_scores, options["beam_size"], options["num_results"])
 
     def _sample_advanced(self, text, prefix, options):
         """`translate_advanced`'s sampling search on one group: one beam, one result."""
         search = SearchOptions(beam_size=1, alpha=options["alpha"], num_results=1,
                                extra_length=options["extra_length"], **_constraints(options),
-                               **{name: options[name] for name in ("sampling_topk", "sampling_topp",
-                                                                   "sampling_temperature", "seed")})
+                               **{name: options[name] for name in SAMPLING})
         found, found_scores = self._translator.translate_graph(text, search, target_prefix=prefix)
         return _result_slots(found, found_scores, 1, 1)
 
-    def _search_options(self, text, beam, alpha, extra_length, num_results, patience, *, target_prefix=None,
-                        **constraints):
-        """`translate_options`' search for the beam size `beam` (an int32 scalar in
-        `[1, MAX_BEAM_SIZE]`, given at run time: one graph for every beam size, with the
+    def _search_options(self, text, options, *, target_prefix=None):
+        """`translate_options`' search for the beam size `options["beam_size"]` (an int32 scalar
+        in `[1, MAX_BEAM_SIZE]`, given at run time: one graph for every beam size, with the
         translations of the search built for each): `beam` result slots (the signature
         cuts them to `num_results`), from a search that stops as soon as the
         `num_results` best are known. One requested result stops by the best finished
         hypothesis, as `serving_default` does, not by the worst of `beam` (the n-best's
         bound: 12 instead of 9 loop steps on the test's batch). `translate_advanced`'s
-        beam search adds a `target_prefix` and the disallowed-token `constraints`
-        (`SearchOptions` fields; plain-text models).
+        beam search adds a `target_prefix` and the logits processors' options
+        (`decoding_options.CONSTRAINTS`, those `options` holds; plain-text models).
 
         Returns:
             translations string `[batch, beam]`, scores float32 `[batch, beam]`,
             errors string (`[batch]` for a syntax-aware model, else `[0]`).
         """
-        options = SearchOptions(beam_size=beam, alpha=alpha, num_results=beam, extra_length=extra_length,
-                                exact_results=tf.minimum(num_results, beam), patience=patience,
-                                max_beam_size=MAX_BEAM_SIZE, **constraints)
+        beam = options["beam_size"]
+        search = SearchOptions(beam_size=beam, alpha=options["alpha"], num_results=beam,
+                               extra_length=options["extra_length"],
+                               exact_results=tf.minimum(options["num_results"], beam), patience=options["patience"],
+                               max_beam_size=MAX_BEAM_SIZE, **_constraints(options))
         if self._config.syntax_aware:
-            return self._translator.translate_conllu_graph(text, options)
-        strings, scores = self._translator.translate_graph(text, options, target_prefix=target_prefix)
+            return self._translator.translate_conllu_graph(text, search)
+        strings, scores = self._translator.translate_graph(text, search, target_prefix=target_prefix)
         return strings, scores, tf.zeros([0], tf.string)  # errors: not an output of a plain-text model
 
     def signatures(self):
@@ -264,39 +257,65 @@ def _option_specs(signature):
     return [tf.TensorSpec(None, DTYPES[option.kind], name=option.name) for option in signature_options(signature)]
 
 
-def _requested_results(beam_size, num_results):
-    """The request's own number of results (the first value of each), clipped as the
-    options are: the output's width for a request without sentences (`[0, n]`)."""
-    beam = tf.clip_by_value(tf.reshape(beam_size, [-1])[:1], 1, MAX_BEAM_SIZE)
-    return tf.clip_by_value(tf.reshape(num_results, [-1])[:1], 1, beam)
+def _option_names(signature):
+    """The names of `signature`'s option inputs, in the order its function takes them."""
+    return [option.name for option in signature_options(signature)]
 
 
-def _search_columns(config, batch, signature, **options):
-    """The options of `translate_options` (and `translate_advanced`) as one value per
-    sentence, `[batch]` each, in the order given: the beam size and number of results
-    clipped to `[1, MAX_BEAM_SIZE]` and `[1, beam_size]`; a NaN or infinite alpha the
-    export's own (it scored every hypothesis NaN, or -inf, or 0, so every translation was ""
-    with score -1e9); a NaN patience off (<= 0), and one above MAX_PATIENCE (more hypotheses
-    than any search finishes) that bound, so round(beam * patience) stays an int32. The
-    other options as given (`_advanced_errors` checks them)."""
-    columns = {name: _per_sentence(value, batch, name, signature) for name, value in options.items()}
-    columns["beam_size"] = tf.clip_by_value(columns["beam_size"], 1, MAX_BEAM_SIZE)
-    columns["num_results"] = tf.clip_by_value(columns["num_results"], 1, columns["beam_size"])
-    alpha, patience = columns["alpha"], columns["patience"]
-    columns["alpha"] = tf.where(tf.math.is_finite(alpha), alpha, config.length_penalty_alpha)
-    columns["patience"] = tf.where(tf.math.is_nan(patience), 0.0, tf.minimum(patience, MAX_PATIENCE))
-    return tuple(columns.values())
+def _requested_results(given):
+    """The request's own number of results (the first value of each of `given`'s beam size and
+    results), clipped as the options are (`_clipped`): the output's width for a request without
+    sentences (`[0, n]`)."""
+    beam = _clipped(BY_NAME["beam_size"], tf.reshape(given["beam_size"], [-1])[:1], {}, None)
+    return _clipped(BY_NAME["num_results"], tf.reshape(given["num_results"], [-1])[:1], {"beam_size": beam}, None)
+
+
+def _search_columns(config, batch, signature, given):
+    """The options `given` to `signature` (`{name: tensor}` in its inputs' order) as one value
+    per sentence, `[batch]` each (`_per_sentence`), in that order, each clipped by its row's
+    `clip` (`_clipped`): the beam size and number of results to `[1, MAX_BEAM_SIZE]` and
+    `[1, beam_size]`; a NaN or infinite alpha the export's own (it scored every hypothesis NaN,
+    or -inf, or 0, so every translation was "" with score -1e9); a NaN patience off (0), and one
+    above MAX_PATIENCE (more hypotheses than any search finishes) that bound, so
+    round(beam * patience) stays an int32. The other options as given (`_advanced_errors`
+    checks them)."""
+    columns = {name: _per_sentence(value, batch, name, signature) for name, value in given.items()}
+    for name, value in columns.items():
+        columns[name] = _clipped(BY_NAME[name], value, columns, config)
+    return columns
+
+
+def _clipped(option, value, columns, config):
+    """The served `value` of `option` brought into range by its row's `Clip` (as given where the
+    row has none); a bound named by an option is `columns`' (already clipped) value of it."""
+    clip = option.clip
+    if clip is None:
+        return value
+    low, high = (columns[bound] if isinstance(bound, str) else bound for bound in (clip.low, clip.high))
+    clipped = value
+    if low is not None and high is not None:
+        clipped = tf.clip_by_value(value, low, high)
+    elif high is not None:
+        clipped = tf.minimum(value, high)
+    elif low is not None:
+        clipped = tf.maximum(value, low)
+    if clip.nan is not None:
+        clipped = tf.where(tf.math.is_nan(value), clip.nan, clipped)
+    if clip.non_finite:
+        clipped = tf.where(tf.math.is_finite(value), clipped, option.given_default(config))
+    return clipped
 
 
 def _advanced_errors(columns, vocabulary):
     """`translate_advanced`'s check of each sentence's options: string `[batch]`, "" or what
     is wrong (the first bad value, named with the range it must be in: each option's served
-    range in `decoding_options.OPTIONS`, then sampling's one beam)."""
+    range in `decoding_options.OPTIONS`, a sequences option's pieces in the vocabulary, then
+    sampling's one beam)."""
     topk = columns["sampling_topk"]
     problems = (
         *tensor_problems(columns, tf.math.is_finite),
-        (tf.logical_not(_known_pieces(columns["suppress_sequences"], vocabulary)),
-         BY_NAME["suppress_sequences"].served_message),
+        *((tf.logical_not(_known_pieces(columns[name], vocabulary)), BY_NAME[name].served_message)
+          for name in _sequence_names(columns)),
         (tf.logical_and(tf.not_equal(topk, 1), columns["beam_size"] > 1),
          "sampling (sampling_topk other than 1) draws one token a step: it needs beam_size 1"),
     )
@@ -306,10 +325,16 @@ def _advanced_errors(columns, vocabulary):
     return errors
 
 
+def _sequence_names(columns):
+    """The sequences options among `columns`' names (served as strings of pieces)."""
+    return [name for name in columns if BY_NAME[name].kind == "sequences"]
+
+
 def _constraints(options):
-    """The group's logits processors' options (run-time scalars; `suppress_sequences` as
-    `_sequence_ids`' pair) as `SearchOptions` fields."""
-    return {name: options[name] for name in CONSTRAINTS + ("suppress_sequences",)}
+    """The group's logits processors' options (`decoding_options.CONSTRAINTS` that `options`
+    holds; run-time scalars, a sequences option as `_sequence_ids`' pair) as `SearchOptions`
+    fields."""
+    return {name: options[name] for name in CONSTRAINTS if name in options}
 
 
 def _split_sequences(text):

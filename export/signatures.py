@@ -35,9 +35,8 @@ SYNTAX_SIGNATURES = (SERVING_DEFAULT, OPTIONS_SIGNATURE, SCORE_SIGNATURE, ALIGN_
 # Most sentences per call of the LiteRT variant (see Translator.decode_ids);
 # the LiteRT runner sends larger inputs in chunks.
 LITERT_MAX_BATCH = 64
-# `translate_options`' largest patience: round(8 * 1e6) finished hypotheses is more than any search
-# finishes (at most 2 * beam a step), and stays an int32.
-MAX_PATIENCE = 1e6
+# (`MAX_PATIENCE`, `translate_options`' largest patience: `keras_transformer.constants`, which the options
+# table's clip reads.)
 # The warm-up requests' sentences (`assets.extra/tf_serving_warmup_requests`).
 WARMUP_SENTENCES = ("Hello.", "This is a warm-up request for the translation model.", "")
 # The same for a syntax-aware model's `conllu` input.

@@ -31,6 +31,11 @@ ADVANCED_SIGNATURE = "translate_advanced"
 # `export.translate` refuses them.
 MAX_BEAM_SIZE = 8
 
+# The largest patience a served request gets (`translate_options`, `translate_advanced`; larger
+# ones are clipped to it): round(8 * 1e6) finished hypotheses is more than any search finishes
+# (at most 2 * beam a step), and stays an int32.
+MAX_PATIENCE = 1e6
+
 # The largest `no_repeat_ngram_size` given at run time (the SavedModel's `translate_advanced`):
 # the search compares an n-gram's tokens in that many unrolled steps, masked to the size asked;
 # a python int (`Translator.translate`) has no bound.

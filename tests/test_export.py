@@ -965,7 +965,7 @@ def test_the_advanced_signature_gives_each_sentence_the_in_process_search_of_its
         options = {**ADVANCED_DEFAULTS, **row}
         prefix = options.pop("target_prefix")
         options["suppress_sequences"] = translator._sequence_ids(  # (served: pieces by line; here: ids)
-            [line.split() for line in options["suppress_sequences"].splitlines()])
+            "suppress_sequences", [line.split() for line in options["suppress_sequences"].splitlines()])
         options["extra_length"] = exported["config"].decode_extra_length
         if options["sampling_topk"] == 1:
             options.update(num_results=options["beam_size"], exact_results=options.pop("num_results"))
@@ -1154,6 +1154,32 @@ def test_options_signature_n_best_and_clipping(exported, loaded):
         np.testing.assert_array_equal(out["scores"].numpy(), own["scores"].numpy(), err_msg=str(alpha))
 
 
+def test_the_signatures_clip_each_option_by_its_row():
+    """`translate_options`' (and `translate_advanced`'s) clipping is the rows' `Clip`s, per
+    sentence: beam to [1, MAX_BEAM_SIZE], results to [1, the clipped beam], a NaN or infinite
+    alpha the export's own, a NaN patience 0 (off) and one above MAX_PATIENCE that bound; the
+    options without a clip as given."""
+    from export.saved_model_graph import _requested_results, _search_columns
+    from keras_transformer import TransformerConfig
+    from keras_transformer.constants import MAX_PATIENCE
+    from keras_transformer.decoding.options import OPTIONS
+
+    assert [row.name for row in OPTIONS if row.clip] == ["beam_size", "alpha", "num_results", "patience"]
+    nan, inf = float("nan"), float("inf")
+    given = {"beam_size": tf.constant([0, 3, 20, 5]), "alpha": tf.constant([nan, inf, -inf, 0.3]),
+             "extra_length": tf.constant([-4, 2, 3, 99]), "num_results": tf.constant([0, 9, 9, 2]),
+             "patience": tf.constant([nan, 2e6, 1.5, -inf])}
+    columns = _search_columns(TransformerConfig(length_penalty_alpha=0.7), tf.constant(4), "translate_options", given)
+    assert list(columns) == list(given)
+    got = {name: value.numpy().tolist() for name, value in columns.items()}
+    assert got["beam_size"] == [1, 3, MAX_BEAM_SIZE, 5] and got["num_results"] == [1, 3, MAX_BEAM_SIZE, 2]
+    np.testing.assert_allclose(got["alpha"], [0.7, 0.7, 0.7, 0.3], rtol=1e-6)
+    assert got["extra_length"] == [-4, 2, 3, 99]  # (the search clips it to [0, decode_extra_length])
+    assert got["patience"] == [0.0, MAX_PATIENCE, 1.5, -inf]
+    assert _requested_results({"beam_size": tf.constant(20), "num_results": tf.constant(12)}).numpy().tolist() == [
+        MAX_BEAM_SIZE]
+
+
 def test_options_signature_searches_as_each_static_beam_size(exported, loaded):
     """`translate_options` runs one search whose beam size is an input: for each beam
     size its whole n-best and scores are those of the in-process search built for
@@ -1192,10 +1218,9 @@ def test_options_signature_stops_when_the_requested_results_are_known(exported):
     module = TranslationModule(exported["model"], config, exported["tokenizer"].model_bytes)
     module._translator.searcher.logits_filter = counting
     sentences = GOLDEN + ["the woman buys a red book today", "a small cat sees the big man"]
-    search = tf.function(lambda text, n: module._search_options(
-        text, tf.constant(config.beam_size), tf.constant(config.length_penalty_alpha),
-        tf.constant(config.decode_extra_length),
-        n, tf.constant(0.0)))
+    search = tf.function(lambda text, n: module._search_options(text, {
+        "beam_size": tf.constant(config.beam_size), "alpha": tf.constant(config.length_penalty_alpha),
+        "extra_length": tf.constant(config.decode_extra_length), "num_results": n, "patience": tf.constant(0.0)}))
 
     def count(function, text, *args):
         steps.assign(0)

@@ -24,7 +24,7 @@ import math
 import numbers
 import typing
 
-from keras_transformer.constants import (ADVANCED_SIGNATURE, MAX_BEAM_SIZE, MAX_NO_REPEAT_NGRAM_SIZE,
+from keras_transformer.constants import (ADVANCED_SIGNATURE, MAX_BEAM_SIZE, MAX_NO_REPEAT_NGRAM_SIZE, MAX_PATIENCE,
                                          OPTIONS_SIGNATURE)
 
 
@@ -79,6 +79,20 @@ class Range:
 
 
 @dataclasses.dataclass(frozen=True)
+class Clip:
+    """How the signatures bring a served value into range instead of refusing it (a server
+    answers every request; `export.saved_model_graph` applies it, in the table's order): to
+    `[low, high]` (None: unbounded; a str: the clipped value of that option, which comes
+    earlier in the table), a NaN replaced by `nan` (None: kept), and with `non_finite` a NaN or
+    infinite value replaced by the export's own (`DecodingOption.given_default`)."""
+
+    low: object = None
+    high: object = None
+    nan: typing.Optional[float] = None
+    non_finite: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class DecodingOption:
     """One decoding option.
 
@@ -99,6 +113,8 @@ class DecodingOption:
             error row), None: no check there (the signature clips it, `served_clip`).
         served_message: the error row's words (`"{signature}: {served_message}"`).
         served_clip: how the signatures clip a value (words for the docs), or None.
+        clip: the signatures' clip of a served value (`Clip`), or None (as given, or clipped
+            by the search itself, as `extra_length`).
         ctranslate2: its name in CTranslate2's `translate_batch` (None: no such option).
         flag, help: `export.translate`'s flag and help (None: no flag of its own).
         flag_range, flag_text: the values the flag takes and the words of its error
@@ -114,6 +130,10 @@ class DecodingOption:
             `alpha`), not as its kind (`int(...)`, `float(...)`).
         doc: what the option does in a search, in `SearchOptions`' words (its docstring's
             Args and docs/reference/options.md are made from it).
+        processor: a logits processor of its own (`keras_transformer.decoding.processors.PROCESSORS`)
+            joins the search's step when it is on (a value other than `default`, or a tensor).
+        xla: with `processor`, the XLA search compiles it (a python value) into its program;
+            False: it runs in the plain graph only.
     """
 
     name: str
@@ -125,6 +145,7 @@ class DecodingOption:
     served: typing.Optional[Range] = None
     served_message: str = ""
     served_clip: typing.Optional[str] = None
+    clip: typing.Optional[Clip] = None
     ctranslate2: typing.Optional[str] = None
     flag: typing.Optional[str] = None
     help: str = ""
@@ -136,6 +157,8 @@ class DecodingOption:
     python_default: object = _ROW_DEFAULT
     as_given: bool = False
     doc: str = ""
+    processor: bool = False
+    xla: bool = False
 
     @property
     def search_default(self):
@@ -189,6 +212,7 @@ OPTIONS = (
         "beam_size", "int", None, Range(1), "a positive int", "an int32 scalar tensor",
         served_clip=f"clipped to [1, {MAX_BEAM_SIZE}]", ctranslate2="beam_size", flag="--beam-size",
         signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="beam_size", python_default=4,
+        clip=Clip(1, MAX_BEAM_SIZE),
         doc="python int >= 1 (it fixes tensor shapes), or, in a TensorFlow graph without XLA (not with "
             "`Halvings`), an int32 scalar tensor in ``[1, max_beam_size]`` given at run time: one graph then "
             "searches with any beam size (the SavedModel's ``translate_options``), with the same results as the "
@@ -197,7 +221,7 @@ OPTIONS = (
         "alpha", "float", None, Range(finite=True), "a finite number", "a scalar tensor",
         served_clip="NaN or infinite: the export's own", ctranslate2="length_penalty", flag="--alpha",
         signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="length_penalty_alpha",
-        python_default=0.6, as_given=True,
+        python_default=0.6, as_given=True, clip=Clip(non_finite=True),
         doc="length-penalty exponent, python float or float scalar tensor (may be a SavedModel signature "
             "input). 0 = plain log-prob. The early-termination bound is valid for any alpha (negative too)."),
     DecodingOption(
@@ -211,7 +235,7 @@ OPTIONS = (
     DecodingOption(
         "num_results", "int", 1, Range(1), "a positive int", "an int32 scalar tensor",
         served_clip="clipped to [1, beam_size]", ctranslate2="num_hypotheses", flag="--n-best",
-        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE),
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), clip=Clip(1, "beam_size"),
         doc="python int in ``[1, beam_size]`` (with a tensor `beam_size`, a python int or an int32 scalar tensor "
             "in that range, e.g. `beam_size` itself): how many hypotheses to return per sentence. With 1 a "
             "sentence stops as soon as no alive hypothesis can beat its best finished one (exact for the best "
@@ -221,7 +245,7 @@ OPTIONS = (
     DecodingOption(
         "patience", "float", None, Range(finite=True), "a finite number", "a scalar tensor",
         served_clip="NaN: 0 (off); above MAX_PATIENCE: that bound", ctranslate2="patience", flag="--patience",
-        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), as_given=True,
+        signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), as_given=True, clip=Clip(high=MAX_PATIENCE, nan=0.0),
         doc="None (off), or a float (python or scalar tensor): a sentence also stops once "
             "``round(beam_size * patience)`` hypotheses have finished (CTranslate2's rule: faster, not exact; a "
             "value <= 0 turns it off)."),
@@ -232,7 +256,8 @@ OPTIONS = (
         flag_range=Range(0), flag_text=">= 0",
         doc="the fewest tokens a hypothesis holds before its EOS (CTranslate2's ``min_decoding_length``): EOS is "
             "disallowed at the steps before; a python int >= 0 (0: off) or an int32 scalar tensor. A sentence "
-            "whose length limit comes first ends there without EOS."),
+            "whose length limit comes first ends there without EOS.",
+        processor=True, xla=True),
     DecodingOption(
         "no_repeat_ngram_size", "int", 0, Range(0), "an int >= 0 (0: off)", "an int32 scalar tensor",
         served=Range(0, MAX_NO_REPEAT_NGRAM_SIZE),
@@ -243,12 +268,14 @@ OPTIONS = (
         flag_text=f"0..{MAX_NO_REPEAT_NGRAM_SIZE} (the export's largest)",
         doc="python int >= 0 (0: off): a token that would repeat an n-gram of this size already in the "
             "hypothesis is disallowed (CTranslate2's ``no_repeat_ngram_size``; 1: no token twice); or an int32 "
-            "scalar tensor in ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``."),
+            "scalar tensor in ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``.",
+        processor=True, xla=True),
     DecodingOption(
         "disallow_unk", "bool", False, None, "a bool", "a bool scalar tensor", ctranslate2="disable_unk",
         flag="--disallow-unk", help="never generate the unknown piece",
         doc="python bool, or a bool scalar tensor: the unknown token (``UNK_ID``) is never generated "
-            "(CTranslate2's ``disable_unk``)."),
+            "(CTranslate2's ``disable_unk``).",
+        processor=True, xla=True),
     DecodingOption(
         "repetition_penalty", "float", 1.0, Range(0, low_open=True, finite=True), "a finite number > 0 (1: off)",
         "a float scalar tensor", served=Range(0, low_open=True, finite=True),
@@ -259,7 +286,8 @@ OPTIONS = (
         flag_range=Range(0, low_open=True), flag_text="> 0",
         doc="python float > 0 (1.0: off), or a float scalar tensor: the logits of the tokens already in the "
             "hypothesis (each once) are divided by it where >= 0 and multiplied by it where < 0, before the "
-            "constraints' masks and the log-softmax (CTranslate2's ``repetition_penalty``; `RepetitionPenalty`)."),
+            "constraints' masks and the log-softmax (CTranslate2's ``repetition_penalty``; `RepetitionPenalty`).",
+        processor=True),
     DecodingOption(
         "suppress_sequences", "sequences", (), None,
         "a list of lists of target ids >= 0 (`SearchOptions`; of pieces for `Translator.translate`)",
@@ -272,7 +300,8 @@ OPTIONS = (
         doc="sequences of target ids never generated (CTranslate2's ``suppress_sequences``; `SuppressSequences`): "
             "one id is disallowed at every step, a longer sequence's last id where the hypothesis ends with the "
             "ids before it. Python ids (stored as a tuple of tuples of ints, empty ones dropped), or at run time "
-            "``(ids, lengths)``: int32 tensors ``[S, M]`` and ``[S]`` (>= 1)."),
+            "``(ids, lengths)``: int32 tensors ``[S, M]`` and ``[S]`` (>= 1).",
+        processor=True),
     DecodingOption(
         "sampling_topk", "int", 1, Range(0), "an int >= 0 (1: no sampling, 0: the whole vocabulary)",
         "an int32 scalar tensor", served=Range(0),
@@ -317,9 +346,8 @@ ADVANCED = tuple(option for option in OPTIONS if OPTIONS_SIGNATURE not in option
 # (SentencePiece pieces hold no whitespace).
 SEQUENCE_SEPARATOR, PIECE_SEPARATOR = "\n", " "
 SAMPLING = ("sampling_topk", "sampling_topp", "sampling_temperature", "seed")
-# The options of the logits processors (`keras_transformer.decoding.processors`).
-CONSTRAINTS = ("min_length", "no_repeat_ngram_size", "disallow_unk", "repetition_penalty")
-# (and `suppress_sequences`, whose served form is a string)
+# The options of the logits processors (`keras_transformer.decoding.processors`), in the table's order.
+CONSTRAINTS = tuple(option.name for option in OPTIONS if option.processor)
 
 
 def signature_options(signature: str) -> tuple:
