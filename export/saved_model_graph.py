@@ -18,6 +18,7 @@ from export.signatures import (ADVANCED_SIGNATURE, ALIGN_SIGNATURE, LITERT_MAX_B
 from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import MAX_BEAM_SIZE, NEG_INF
 from keras_transformer.decoding import SearchOptions
+from keras_transformer.decoding.options import DTYPES as KIND_DTYPES
 from keras_transformer.decoding.options import (BY_NAME, CONSTRAINTS, PIECE_SEPARATOR, SAMPLING, SEQUENCE_SEPARATOR,
                                                 served_defaults, signature_options, tensor_problems)
 from keras_transformer.inference.searcher import XLA_BATCH_BUCKETS
@@ -247,8 +248,8 @@ def _one_target_per_source(signature, text, target):
         f"{signature}: text and target must hold as many sentences (one target per source)"))
 
 
-# The signatures' input dtype of each kind of option (`keras_transformer.decoding.options.DecodingOption.kind`).
-DTYPES = {"int": tf.int32, "float": tf.float32, "bool": tf.bool, "sequences": tf.string}
+# The signatures' input dtype of each kind of option (`keras_transformer.decoding.options.DTYPES`).
+DTYPES = {kind: tf.as_dtype(name) for kind, name in KIND_DTYPES.items()}
 
 
 def _option_specs(signature):

@@ -10,11 +10,11 @@ translations, the search XLA-compiled). A command of a few seconds' work
 does not pay back XLA's compile of each (length, batch) bucket it meets: on
 a Multi30k-shaped export, 1, 16, 200 and 1,000 lines took 1.1-1.3x, 2.3x,
 4.7-5.2x and 2.1-2.2x the process time with `--xla` (docs/lab-notebook, "The
-translate command without XLA"). `--beam-size`, `--alpha`, `--n-best` and
-`--patience` use the `translate_options` signature; `--target-prefix`, `--min-length`,
-`--no-repeat-ngram-size`, `--disallow-unk` and the sampling flags (`--sampling-topk`,
-`--sampling-topp`, `--sampling-temperature`, `--seed`) use `translate_advanced`. A syntax-aware export
-reads CoNLL-U from stdin instead (sentences separated by blank lines) and
+translate command without XLA"). The flags of `translate_options`' options
+(`--beam-size`, `--alpha`, `--n-best`, `--patience`) use that signature; those of the
+"decoding options" group (`--target-prefix` and each other option of the decoding
+options table, docs/reference/options.md) use `translate_advanced`. A syntax-aware
+export reads CoNLL-U from stdin instead (sentences separated by blank lines) and
 prints one translation per sentence; a malformed sentence gets an empty
 line, one line on stderr naming it and its problem, and exit status 1,
 while the sentences around it are translated.
@@ -61,6 +61,10 @@ INFO_MODEL_FIELDS = ("vocab_size", "num_layers", "num_decoder_layers", "d_model"
 INFO_DECODING_FIELDS = ("beam_size", "length_penalty_alpha", "decode_extra_length")
 INFO_SYNTAX_FIELDS = ("source_tags", "syntax_attention")
 
+# How the command parses the decoding options' flags (`decoding_options.add_flags`): a NaN or
+# infinite float, or an --n-best below 1, is the parser's one-line error.
+FLAG_TYPES = {"int": (int, None), "float": (float, FiniteFloat), "positive int": (int, PositiveInt)}
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: `main` parses with it, and the command reference is made from it."""
@@ -69,25 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--saved-model", required=True,
                         help="an export version directory, e.g. EXPORT/1; or EXPORT, or the model "
                              "directory that holds it: its newest version, as TF Serving picks")
-    parser.add_argument("--beam-size", type=int, default=None,
-                        help=f"1..{MAX_BEAM_SIZE} (default: the export's own, recorded in its "
-                             f"assets.extra/keras_transformer.json; "
-                             f"{PAPER.beam_size} for exports older than that file)")
-    parser.add_argument("--alpha", type=float, action=FiniteFloat, default=None,
-                        help=f"length penalty exponent (default: the export's own; {PAPER.length_penalty_alpha} "
-                             f"for older exports)")
-    parser.add_argument("--n-best", type=int, action=PositiveInt, default=1,
-                        help="print the n best, tab-separated with scores (at most the beam size)")
-    parser.add_argument("--patience", type=float, action=FiniteFloat, default=None,
-                        help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 "
-                             "does (faster, not exact; default: the export's own, the exact search unless "
-                             "it was exported with --patience)")
+    # translate_options' flags (its options that have one: --beam-size, --alpha, --n-best, --patience), from their rows
+    decoding_options.add_flags(parser, FLAG_TYPES, decoding_options.signature_options(OPTIONS_SIGNATURE), PAPER,
+                               defaults=True)
     decoding = parser.add_argument_group(
         "decoding options", "any of them calls the translate_advanced signature (as CTranslate2's options of "
                             "those names)")
     decoding.add_argument("--target-prefix", default=None, metavar="TEXT",
                           help="every translation starts with TEXT (printed with it)")
-    decoding_options.add_flags(decoding, {"int": (int, None), "float": (float, FiniteFloat)})
+    decoding_options.add_flags(decoding, FLAG_TYPES, decoding_options.ADVANCED)
     parser.add_argument("--batch-size", type=int, action=PositiveInt, default=None,
                         help=f"lines per request (default {BATCH_SIZE}; 1 when stdin is a terminal, so that a "
                              f"line typed is translated when Enter is pressed)")
@@ -126,10 +120,10 @@ def main(argv=None) -> int:
         print(f"export.translate: error: {refused}", file=sys.stderr)
         return 2
     default, options, source, plain_request = export.default, export.options, export.source, export.plain_request
-    defaults, patience = export.defaults, export.patience
 
     if advanced and args.sampling_topk not in (None, 1) and args.beam_size is None:
         args.beam_size = 1  # (sampling draws one piece a step: one beam)
+    option_inputs = _options_inputs(args, export.defaults, export.default_patience, export.option_names)
     if args.xla and plain_request:
         # Grappler would optimize translate_xla's graph before XLA compiles it: 2-3 s more per
         # bucket's first request on the multi30k preset's shape, for the same program speed and
@@ -154,12 +148,8 @@ def main(argv=None) -> int:
             out = default(**{source: text})
             lines, errors = [line.decode("utf-8") for line in out["translation"].numpy()], out.get("error")
         else:
-            alpha = defaults.length_penalty_alpha if args.alpha is None else args.alpha
-            out = options(**{source: text}, beam_size=tf.constant(args.beam_size or defaults.beam_size),
-                          alpha=tf.constant(alpha, tf.float32),
-                          extra_length=tf.constant(defaults.decode_extra_length),
-                          num_results=tf.constant(args.n_best), **patience)
-            lines = [row[0].decode("utf-8") if args.n_best == 1 else
+            out = options(**{source: text}, **option_inputs)
+            lines = [row[0].decode("utf-8") if args.num_results == 1 else
                      "\t".join(f"{t.decode('utf-8')}\t{s:.4f}" for t, s in zip(row, scores))
                      for row, scores in zip(out["translations"].numpy(), out["scores"].numpy())]
             errors = out.get("errors")
@@ -213,25 +203,25 @@ class _Refused(Exception):
 
 
 def _check_ranges(parser, args) -> None:
-    """The beam and result counts translate_options would clip: a `parser.error` instead."""
+    """translate_options' flags out of their rows' ranges (what the signature would clip), and
+    more results than the beam keeps: a `parser.error` instead."""
     # translate_options clips what it cannot run (a server must answer): here the user hears it.
     # (--beam-size 0 had translated with beam 1, --beam-size 20 with 8, --n-best 9 printed 4.)
-    if args.beam_size is not None and not 1 <= args.beam_size <= MAX_BEAM_SIZE:
-        parser.error(f"--beam-size must be 1..{MAX_BEAM_SIZE} (the beams the export's translate_options "
-                     f"runs), got {args.beam_size}")
-    if args.n_best > MAX_BEAM_SIZE:
-        parser.error(f"--n-best must be 1..{MAX_BEAM_SIZE} (the results of the export's largest beam), "
-                     f"got {args.n_best}")
-    if args.beam_size is not None and args.n_best > args.beam_size:
-        parser.error(f"--n-best {args.n_best} asks for more results than --beam-size {args.beam_size} keeps; "
+    for option in decoding_options.signature_options(OPTIONS_SIGNATURE):
+        problem = option.flag is not None and option.flag_problem(getattr(args, option.name))
+        if problem:
+            parser.error(problem)
+    if args.beam_size is not None and args.num_results > args.beam_size:
+        parser.error(f"--n-best {args.num_results} asks for more results than --beam-size {args.beam_size} keeps; "
                      f"give a larger beam or fewer results")
 
 
 def _open_export(args, advanced):
     """Loads the export (`args.saved_model`, its newest version) and picks its signatures for
     the flags: a namespace of `default`, `options` (the signature a request with options goes
-    to), `source` (`text` or `conllu`), `plain_request`, `defaults` (the recorded config) and
-    `patience` (the input, if the export takes it); `_Refused` names what does not fit."""
+    to), `source` (`text` or `conllu`), `plain_request`, `defaults` (the recorded config),
+    `default_patience` (the recorded patience) and `option_names` (the inputs of `options`);
+    `_Refused` names what does not fit."""
     import types
 
     import tensorflow as tf
@@ -260,8 +250,8 @@ def _open_export(args, advanced):
     if problem:  # (TensorFlow would fail the first request with a graph traceback)
         raise _Refused(problem)
     # Without options every request goes to `default`; with any, to translate_options.
-    plain_request = (args.beam_size is None and args.n_best == 1 and args.alpha is None and args.patience is None
-                     and not advanced)
+    plain_request = not advanced and all(getattr(args, option.name) == option.default for option in
+                                         decoding_options.signature_options(OPTIONS_SIGNATURE) if option.flag)
     if not plain_request and not advanced and OPTIONS_SIGNATURE not in loaded.signatures:
         raise _Refused(f"--beam-size, --n-best, --alpha and --patience call translate_options, "
                        f"which {args.saved_model} leaves out (export.saved_model --signatures); export it with "
@@ -275,8 +265,10 @@ def _open_export(args, advanced):
     # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
     # sentences separated by blank lines, one translation printed per sentence.
     source = "conllu" if "conllu" in default.structured_input_signature[1] else "text"
-    # Exports older than the patience input have none (and only the exact search).
-    has_patience = "patience" in options.structured_input_signature[1]
+    # The options translate_options takes (exports older than the patience input have none, and
+    # only the exact search).
+    option_names = set(options.structured_input_signature[1])
+    has_patience = "patience" in option_names
     # Lines TensorFlow logs as errors that ask nothing of the user (console.HARMLESS_LINES): each
     # hit of the persistent XLA cache, and with oneDNN on (this command's default) on a CPU
     # without AVX-512, its fallback to TensorFlow's own kernels in the plain searches.
@@ -290,14 +282,27 @@ def _open_export(args, advanced):
 
     recorded = read_export_config(args.saved_model)
     defaults, default_patience = recorded or (PAPER, 0.0)
-    if args.beam_size is None and args.n_best > defaults.beam_size:  # (n_best <= MAX_BEAM_SIZE: checked above)
-        raise _Refused(f"--n-best {args.n_best} asks for more results than the export's beam "
-                       f"of {defaults.beam_size} keeps; give --beam-size {args.n_best} (at most {MAX_BEAM_SIZE}) or "
-                       f"fewer results")
-    patience_value = default_patience if args.patience is None else args.patience
-    patience = {"patience": tf.constant(patience_value, tf.float32)} if has_patience else {}
+    if args.beam_size is None and args.num_results > defaults.beam_size:  # (<= MAX_BEAM_SIZE: checked above)
+        raise _Refused(f"--n-best {args.num_results} asks for more results than the export's beam "
+                       f"of {defaults.beam_size} keeps; give --beam-size {args.num_results} (at most {MAX_BEAM_SIZE}) "
+                       f"or fewer results")
     return types.SimpleNamespace(default=default, options=options, source=source, plain_request=plain_request,
-                                 defaults=defaults, patience=patience)
+                                 defaults=defaults, default_patience=default_patience, option_names=option_names)
+
+
+def _options_inputs(args, defaults, default_patience, names):
+    """translate_options' option inputs that the export takes (`names`), as scalars: each flag's
+    value, or where not given its row's default, the export's own (`defaults`, its recorded
+    config, and `default_patience`) where the row has none."""
+    import tensorflow as tf
+
+    inputs = {}
+    for option in decoding_options.signature_options(OPTIONS_SIGNATURE):
+        value = getattr(args, option.name, None) if option.flag else None
+        if option.name in names:
+            value = option.given_default(defaults, default_patience) if value is None else value
+            inputs[option.name] = tf.constant(value, decoding_options.DTYPES[option.kind])
+    return inputs
 
 
 def _print_info(path) -> int:
@@ -358,7 +363,7 @@ def _advanced_problem(parser, args):
         if problem:
             parser.error(problem)
     samples = args.sampling_topk not in (None, 1)
-    if samples and ((args.beam_size or 1) > 1 or args.n_best > 1):
+    if samples and ((args.beam_size or 1) > 1 or args.num_results > 1):
         parser.error(f"--sampling-topk {args.sampling_topk} samples one translation with one beam; it takes no "
                      f"--beam-size above 1 or --n-best above 1")
     sampling_flags = [decoding_options.BY_NAME[name].flag for name in decoding_options.SAMPLING[1:]]
@@ -374,13 +379,12 @@ def _advanced_call(signature, args):
     the decoding flags (the table's defaults where not given), one value per sentence."""
     import tensorflow as tf
 
-    dtypes = {"int": tf.int32, "float": tf.float32, "bool": tf.bool, "sequences": tf.string}
-    values = {"target_prefix": (args.target_prefix or "", tf.string)}
+    values = {"target_prefix": (args.target_prefix or "", "string")}
     for option in decoding_options.ADVANCED:
         value = _flag_value(args, option)
         if option.kind == "sequences":  # (a flag a sequence, its pieces separated by spaces)
             value = decoding_options.served_sequences(pieces.split() for pieces in value or ())
-        values[option.name] = (option.default if value is None else value, dtypes[option.kind])
+        values[option.name] = (option.default if value is None else value, decoding_options.DTYPES[option.kind])
 
     def call(**inputs):
         batch = tf.shape(next(iter(inputs.values())))[0]

@@ -90,19 +90,31 @@ def test_search_options_fields_defaults_and_docstring_are_the_rows():
             made.extra_length) == (int, 1, int, float, 3.0)
 
 
-def test_export_translate_has_a_flag_for_each_advanced_row_and_checks_it():
-    """`export.translate`'s decoding flags are the rows' (flag and help), and each flag's
-    error is its row's `flag_problem`."""
+def test_export_translate_has_a_flag_for_each_row_with_one_and_checks_it():
+    """`export.translate`'s decoding flags, translate_options' (`--beam-size`, `--alpha`,
+    `--n-best`, `--patience`) and translate_advanced's, are the rows' (flag, help with an older
+    export's default, the option's name as the flag's dest), and each flag's error is its row's
+    `flag_problem`."""
     from export import translate
 
     parser = translate.build_parser()
     actions = {action.dest: action for action in parser._actions}
-    for row in decoding_options.ADVANCED:
-        assert actions[row.name].option_strings == [row.flag] and actions[row.name].help == row.help
+    flagged = [row for row in OPTIONS if row.flag]
+    assert [row.flag for row in flagged[:4]] == ["--beam-size", "--alpha", "--n-best", "--patience"]
+    assert all(row in decoding_options.ADVANCED for row in flagged[4:])
+    for row in flagged:
+        assert actions[row.name].option_strings == [row.flag]
+        assert actions[row.name].help == row.flag_help(translate.PAPER) and "{default}" not in actions[row.name].help
         if row.flag_range is not None:
             bad = -1 if row.flag_range.low == 0 and not row.flag_range.low_open else (
                 row.flag_range.low if row.flag_range.low_open else row.flag_range.high + 1)
             assert row.flag_problem(bad) == f"{row.flag} must be {row.flag_text}, got {bad}"
+    assert f"{translate.PAPER.beam_size} for exports older" in actions["beam_size"].help
+    assert f"{translate.PAPER.length_penalty_alpha} for older exports" in actions["alpha"].help
+    # the plain search's flags: --n-best's default is its row's (1), the others None (the export's own)
+    assert [actions[name].default for name in ("beam_size", "alpha", "num_results", "patience")] == [
+        None, None, 1, None]
+    assert all(actions[row.name].default in (None, False) for row in decoding_options.ADVANCED)
 
 
 def test_served_defaults_and_ctranslate2_names_come_from_the_rows():

@@ -116,9 +116,12 @@ class DecodingOption:
         clip: the signatures' clip of a served value (`Clip`), or None (as given, or clipped
             by the search itself, as `extra_length`).
         ctranslate2: its name in CTranslate2's `translate_batch` (None: no such option).
-        flag, help: `export.translate`'s flag and help (None: no flag of its own).
+        flag, help: `export.translate`'s flag and help (None: no flag of its own); in the help,
+            `{default}` is the export's own default of an older export (`flag_help`).
         flag_range, flag_text: the values the flag takes and the words of its error
             (`"{flag} must be {flag_text}, got ..."`), None: any of its kind.
+        flag_type: how the command parses the flag (a key of `add_flags`' `kinds`; None: the
+            option's `kind`).
         signatures: the signatures that take it as an input.
         config_field: with a None default, the `TransformerConfig` field that gives it.
         integral: an "int" option's python value must be an integer (False: any number
@@ -151,6 +154,7 @@ class DecodingOption:
     help: str = ""
     flag_range: typing.Optional[Range] = None
     flag_text: str = ""
+    flag_type: typing.Optional[str] = None
     signatures: typing.Tuple[str, ...] = (ADVANCED_SIGNATURE,)
     config_field: typing.Optional[str] = None
     integral: bool = True
@@ -193,6 +197,10 @@ class DecodingOption:
             return None
         return f"{self.flag} must be {self.flag_text}, got {value}"
 
+    def flag_help(self, config=None) -> str:
+        """The flag's help, `{default}` the default of `config` (an export that records none)."""
+        return self.help if config is None else self.help.replace("{default}", str(self.given_default(config)))
+
     def given_default(self, config=None, patience: float = 0.0):
         """The default: the row's, or the export's own (`config`, the export's `patience`)."""
         if self.default is not None:
@@ -211,6 +219,10 @@ OPTIONS = (
     DecodingOption(
         "beam_size", "int", None, Range(1), "a positive int", "an int32 scalar tensor",
         served_clip=f"clipped to [1, {MAX_BEAM_SIZE}]", ctranslate2="beam_size", flag="--beam-size",
+        help=f"1..{MAX_BEAM_SIZE} (default: the export's own, recorded in its assets.extra/keras_transformer.json; "
+             "{default} for exports older than that file)",
+        flag_range=Range(1, MAX_BEAM_SIZE),
+        flag_text=f"1..{MAX_BEAM_SIZE} (the beams the export's translate_options runs)",
         signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="beam_size", python_default=4,
         clip=Clip(1, MAX_BEAM_SIZE),
         doc="python int >= 1 (it fixes tensor shapes), or, in a TensorFlow graph without XLA (not with "
@@ -220,6 +232,7 @@ OPTIONS = (
     DecodingOption(
         "alpha", "float", None, Range(finite=True), "a finite number", "a scalar tensor",
         served_clip="NaN or infinite: the export's own", ctranslate2="length_penalty", flag="--alpha",
+        help="length penalty exponent (default: the export's own; {default} for older exports)",
         signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), config_field="length_penalty_alpha",
         python_default=0.6, as_given=True, clip=Clip(non_finite=True),
         doc="length-penalty exponent, python float or float scalar tensor (may be a SavedModel signature "
@@ -235,6 +248,8 @@ OPTIONS = (
     DecodingOption(
         "num_results", "int", 1, Range(1), "a positive int", "an int32 scalar tensor",
         served_clip="clipped to [1, beam_size]", ctranslate2="num_hypotheses", flag="--n-best",
+        help="print the n best, tab-separated with scores (at most the beam size)", flag_type="positive int",
+        flag_range=Range(1, MAX_BEAM_SIZE), flag_text=f"1..{MAX_BEAM_SIZE} (the results of the export's largest beam)",
         signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), clip=Clip(1, "beam_size"),
         doc="python int in ``[1, beam_size]`` (with a tensor `beam_size`, a python int or an int32 scalar tensor "
             "in that range, e.g. `beam_size` itself): how many hypotheses to return per sentence. With 1 a "
@@ -245,6 +260,8 @@ OPTIONS = (
     DecodingOption(
         "patience", "float", None, Range(finite=True), "a finite number", "a scalar tensor",
         served_clip="NaN: 0 (off); above MAX_PATIENCE: that bound", ctranslate2="patience", flag="--patience",
+        help="stop a sentence once round(beam * P) hypotheses have finished, as CTranslate2 does (faster, not "
+             "exact; default: the export's own, the exact search unless it was exported with --patience)",
         signatures=(OPTIONS_SIGNATURE, ADVANCED_SIGNATURE), as_given=True, clip=Clip(high=MAX_PATIENCE, nan=0.0),
         doc="None (off), or a float (python or scalar tensor): a sentence also stops once "
             "``round(beam_size * patience)`` hypotheses have finished (CTranslate2's rule: faster, not exact; a "
@@ -342,6 +359,9 @@ BY_NAME = {option.name: option for option in OPTIONS}
 # The options of `Translator.translate` and the flags of `export.translate` that call
 # `translate_advanced` (those the plain search of `translate_options` lacks).
 ADVANCED = tuple(option for option in OPTIONS if OPTIONS_SIGNATURE not in option.signatures)
+# The signatures' input dtype of each kind of option (TensorFlow's names: `export.saved_model_graph`'s
+# input specs, `export.translate`'s requests).
+DTYPES = {"int": "int32", "float": "float32", "bool": "bool", "sequences": "string"}
 # A served `suppress_sequences`: one string, each line a sequence, its pieces separated by spaces
 # (SentencePiece pieces hold no whitespace).
 SEQUENCE_SEPARATOR, PIECE_SEPARATOR = "\n", " "
@@ -371,19 +391,25 @@ def tensor_problems(columns: dict, is_finite) -> list:
             for name, value in columns.items() if BY_NAME[name].served is not None]
 
 
-def add_flags(group, kinds: dict) -> None:
-    """`export.translate`'s flags of the `ADVANCED` options on the argparse `group`; `kinds`:
-    `{"int": type, "float": (type, action)}` of the command's parsers (bool: `store_true`)."""
-    for option in ADVANCED:
+def add_flags(group, kinds: dict, rows=ADVANCED, config=None, defaults: bool = False) -> None:
+    """`export.translate`'s flags of the options `rows` (those with a flag, in their order) on the
+    argparse `group`: each stored under the option's name, with its help (`flag_help(config)`);
+    `kinds`: `{flag type: (type, action)}` of the command's parsers (bool: `store_true`).
+    `defaults`: a flag's default is its row's (shown in `--help`), else None (not given)."""
+    for option in rows:
+        if option.flag is None:
+            continue
+        help = option.flag_help(config)
         if option.kind == "bool":
-            group.add_argument(option.flag, action="store_true", help=option.help)
+            group.add_argument(option.flag, action="store_true", dest=option.name, help=help)
             continue
         if option.kind == "sequences":  # (one flag a sequence)
             group.add_argument(option.flag, action="append", default=None, dest=option.name, metavar="PIECES",
-                               help=option.help)
+                               help=help)
             continue
-        parse, action = kinds[option.kind]
-        group.add_argument(option.flag, type=parse, default=None, help=option.help,
+        parse, action = kinds[option.flag_type or option.kind]
+        group.add_argument(option.flag, type=parse, default=option.default if defaults else None, dest=option.name,
+                           metavar=option.flag.lstrip("-").replace("-", "_").upper(), help=help,
                            **({"action": action} if action is not None else {}))
 
 
