@@ -154,3 +154,34 @@ def test_the_reference_page_holds_the_table():
     assert details.endswith(decoding_options.markdown_details())
     assert [line[len("### `"):-1] for line in details.splitlines() if line.startswith("### ")] == [
         row.name for row in OPTIONS]
+
+
+def test_each_processor_row_names_the_processor_that_joins_the_step_when_it_is_on():
+    """A row's `processor` is a class of `keras_transformer.decoding.processors` (exported by the
+    package under its name) that `make_logits_processors` makes exactly when the option is on;
+    `CONSTRAINTS` are those rows; the XLA search refuses the ones not marked `xla`, naming them."""
+    import tensorflow as tf
+
+    import keras_transformer.decoding as decoding
+    from keras_transformer.constants import EOS_ID
+    from keras_transformer.decoding import SearchOptions, make_logits_processors, processors
+    from keras_transformer.inference.searcher import _xla_constraints
+
+    rows = [row for row in OPTIONS if row.processor]
+    assert decoding_options.CONSTRAINTS == tuple(row.name for row in rows)
+    on = {"min_length": 2, "no_repeat_ngram_size": 2, "disallow_unk": True, "repetition_penalty": 1.5,
+          "suppress_sequences": [[4, 5]]}
+    assert sorted(on) == sorted(decoding_options.CONSTRAINTS)
+    for row in rows:
+        assert getattr(decoding, row.processor) is getattr(processors, row.processor)
+        assert make_logits_processors(SearchOptions(**{row.name: row.default}), EOS_ID) == ()
+        made = make_logits_processors(SearchOptions(**{row.name: on[row.name]}), EOS_ID)
+        assert [type(processor).__name__ for processor in made] == [row.processor]
+        if row.xla:
+            assert _xla_constraints(SearchOptions(**{row.name: on[row.name]}))[row.name] == on[row.name]
+        else:
+            with pytest.raises(ValueError, match=rf"^{row.name} runs in the plain graph \(xla=False\)$"):
+                _xla_constraints(SearchOptions(**{row.name: on[row.name]}))
+    with pytest.raises(ValueError, match="^the XLA search takes min_length, no_repeat_ngram_size and disallow_unk as "
+                                         "python values"):
+        _xla_constraints(SearchOptions(min_length=tf.constant(2)))  # (a run-time value: the plain graph's)

@@ -53,9 +53,9 @@ stages or not) or the shrinking one (`_shrinking_loop`).
 
 One loop step (each a small helper below): the step function scores the
 next token of every alive beam; the logits processors of the options that
-are on (`make_logits_processors`: `MinLength`, `NoRepeatNgram`,
-`DisallowUnk`, `TargetPrefix`; none, and no op, when all are off) disallow
-tokens; the sampler (`make_sampler`: `BestSampler`, or `RandomSampler` when
+are on (`make_logits_processors`: the class each row of the options table
+names, e.g. `MinLength`, then `TargetPrefix`; none, and no op, when all are
+off) rescale the logits or disallow tokens; the sampler (`make_sampler`: `BestSampler`, or `RandomSampler` when
 sampling) draws each beam's candidates; `_grow_candidates` keeps the best
 ``2 * beam_size`` (beam, token) extensions; `_update_alive` keeps the best
 ``beam_size`` that continue (and reorders the cache); `_update_finished`
@@ -73,6 +73,8 @@ with ``NEG_INF``) is treated as impossible.
 
 import importlib as _importlib
 
+from keras_transformer.decoding import options as _options
+
 # Each public name and the module of this package that defines it: imported on first use, so
 # that `keras_transformer.decoding.options` (the options table) loads without Keras, and with
 # it a command's `--help` without TensorFlow.
@@ -80,18 +82,13 @@ _MODULES = {
     "KERAS_OPS": "settings",
     "BestSampler": "samplers",
     "CacheStages": "settings",
-    "DisallowUnk": "processors",
     "DropFinished": "settings",
     "Halvings": "settings",
     "KeepAll": "settings",
     "LoopOps": "settings",
-    "MinLength": "processors",
-    "NoRepeatNgram": "processors",
     "RandomSampler": "samplers",
-    "RepetitionPenalty": "processors",
     "SearchLoop": "settings",
     "SearchOptions": "settings",
-    "SuppressSequences": "processors",
     "TargetPrefix": "processors",
     "beam_search": "loops",
     "expand_to_beams": "tensors",
@@ -109,6 +106,9 @@ _MODULES = {
     "top_k_blockwise": "tensors",
     "unflatten_beams": "tensors",
 }
+# The logits processors of the options table's rows (`DecodingOption.processor`): each a class
+# of `processors`, exported under its own name.
+_MODULES.update({option.processor: "processors" for option in _options.OPTIONS if option.processor is not None})
 __all__ = sorted(_MODULES)
 
 

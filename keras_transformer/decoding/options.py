@@ -133,10 +133,12 @@ class DecodingOption:
             `alpha`), not as its kind (`int(...)`, `float(...)`).
         doc: what the option does in a search, in `SearchOptions`' words (its docstring's
             Args and docs/reference/options.md are made from it).
-        processor: a logits processor of its own (`keras_transformer.decoding.processors.PROCESSORS`)
-            joins the search's step when it is on (a value other than `default`, or a tensor).
-        xla: with `processor`, the XLA search compiles it (a python value) into its program;
-            False: it runs in the plain graph only.
+        processor: the name of its logits processor, a class of `keras_transformer.decoding.processors`
+            made from the option's value (and the search's `eos_id`, if it has that field), which
+            joins the search's step when the option is on (a value other than `default`, or a
+            tensor); None: it has none.
+        xla: with a `processor`, the XLA search compiles it (a python value) into its program;
+            False: it runs in the plain graph only (the XLA search refuses it).
     """
 
     name: str
@@ -161,7 +163,7 @@ class DecodingOption:
     python_default: object = _ROW_DEFAULT
     as_given: bool = False
     doc: str = ""
-    processor: bool = False
+    processor: typing.Optional[str] = None
     xla: bool = False
 
     @property
@@ -274,7 +276,7 @@ OPTIONS = (
         doc="the fewest tokens a hypothesis holds before its EOS (CTranslate2's ``min_decoding_length``): EOS is "
             "disallowed at the steps before; a python int >= 0 (0: off) or an int32 scalar tensor. A sentence "
             "whose length limit comes first ends there without EOS.",
-        processor=True, xla=True),
+        processor="MinLength", xla=True),
     DecodingOption(
         "no_repeat_ngram_size", "int", 0, Range(0), "an int >= 0 (0: off)", "an int32 scalar tensor",
         served=Range(0, MAX_NO_REPEAT_NGRAM_SIZE),
@@ -286,13 +288,13 @@ OPTIONS = (
         doc="python int >= 0 (0: off): a token that would repeat an n-gram of this size already in the "
             "hypothesis is disallowed (CTranslate2's ``no_repeat_ngram_size``; 1: no token twice); or an int32 "
             "scalar tensor in ``[0, MAX_NO_REPEAT_NGRAM_SIZE]``.",
-        processor=True, xla=True),
+        processor="NoRepeatNgram", xla=True),
     DecodingOption(
         "disallow_unk", "bool", False, None, "a bool", "a bool scalar tensor", ctranslate2="disable_unk",
         flag="--disallow-unk", help="never generate the unknown piece",
         doc="python bool, or a bool scalar tensor: the unknown token (``UNK_ID``) is never generated "
             "(CTranslate2's ``disable_unk``).",
-        processor=True, xla=True),
+        processor="DisallowUnk", xla=True),
     DecodingOption(
         "repetition_penalty", "float", 1.0, Range(0, low_open=True, finite=True), "a finite number > 0 (1: off)",
         "a float scalar tensor", served=Range(0, low_open=True, finite=True),
@@ -304,7 +306,7 @@ OPTIONS = (
         doc="python float > 0 (1.0: off), or a float scalar tensor: the logits of the tokens already in the "
             "hypothesis (each once) are divided by it where >= 0 and multiplied by it where < 0, before the "
             "constraints' masks and the log-softmax (CTranslate2's ``repetition_penalty``; `RepetitionPenalty`).",
-        processor=True),
+        processor="RepetitionPenalty"),
     DecodingOption(
         "suppress_sequences", "sequences", (), None,
         "a list of lists of target ids >= 0 (`SearchOptions`; of pieces for `Translator.translate`)",
@@ -318,7 +320,7 @@ OPTIONS = (
             "one id is disallowed at every step, a longer sequence's last id where the hypothesis ends with the "
             "ids before it. Python ids (stored as a tuple of tuples of ints, empty ones dropped), or at run time "
             "``(ids, lengths)``: int32 tensors ``[S, M]`` and ``[S]`` (>= 1).",
-        processor=True),
+        processor="SuppressSequences"),
     DecodingOption(
         "sampling_topk", "int", 1, Range(0), "an int >= 0 (1: no sampling, 0: the whole vocabulary)",
         "an int32 scalar tensor", served=Range(0),

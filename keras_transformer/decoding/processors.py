@@ -1,5 +1,7 @@
-"""The logits processors (CTranslate2's ``make_logits_processors``): each disallows tokens
-before the step's log-softmax, and joins the step only when its option is on."""
+"""The logits processors (CTranslate2's ``make_logits_processors``): each disallows tokens (or
+rescales the logits) before the step's log-softmax, and joins the step only when its option is
+on. An option's row in the options table names its processor (`DecodingOption.processor`): a
+new constraint is a row and a class here."""
 
 import dataclasses
 
@@ -7,6 +9,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.constants import MAX_NO_REPEAT_NGRAM_SIZE, PAD_ID, UNK_ID
+from keras_transformer.decoding.options import OPTIONS
 from keras_transformer.decoding.tensors import _is_python, tile_beams
 
 
@@ -198,26 +201,33 @@ def _on(value, off=0):
     return not _is_python(value) or value != off
 
 
+def option_on(option, value) -> bool:
+    """Whether the table's `option` (a `DecodingOption`) is on at `value`: a python value other
+    than its default (its processor's off), or a tensor."""
+    return _on(value, off=option.default)
+
+
 def make_logits_processors(options, eos_id, has_prefix=False):
     """The logits processors of a search (CTranslate2's ``make_logits_processors``): one for
-    each option of `options` that is on (a python value other than 0 / False, 1 for the
-    penalty, or a tensor), in order: `RepetitionPenalty` (CTranslate2's first), `MinLength`,
-    `NoRepeatNgram`, `DisallowUnk`, `SuppressSequences`, and `TargetPrefix` last (where the search takes a prefix).
-    A tuple; empty when none is on (the step then adds no op)."""
-    processors = []
-    if _on(options.repetition_penalty, off=1):
-        processors.append(RepetitionPenalty(options.repetition_penalty))
-    if _on(options.min_length):
-        processors.append(MinLength(options.min_length, eos_id))
-    if _on(options.no_repeat_ngram_size):
-        processors.append(NoRepeatNgram(options.no_repeat_ngram_size))
-    if _on(options.disallow_unk):
-        processors.append(DisallowUnk(options.disallow_unk))
-    if options.suppress_sequences:
-        processors.append(SuppressSequences(options.suppress_sequences))
+    each option of the options table with a `processor` that is on in `options`
+    (`option_on`), made from its value (and `eos_id` where the processor has that field), in
+    CTranslate2's order: those that rescale the logits first (`RepetitionPenalty`), then the
+    masks in the table's order (`MinLength`, `NoRepeatNgram`, `DisallowUnk`,
+    `SuppressSequences`), and `TargetPrefix` last (where the search takes a prefix). A tuple;
+    empty when none is on (the step then adds no op)."""
+    made = [_made(option, getattr(options, option.name), eos_id) for option in OPTIONS
+            if option.processor is not None and option_on(option, getattr(options, option.name))]
+    processors = sorted(made, key=lambda processor: not getattr(processor, "rescales", False))  # (stable)
     if has_prefix:
         processors.append(TargetPrefix())
     return tuple(processors)
+
+
+def _made(option, value, eos_id):
+    """`option`'s processor (the class of this module its row names) for its `value`."""
+    made = globals()[option.processor]
+    fields = {field.name for field in dataclasses.fields(made)}
+    return made(value, **({"eos_id": eos_id} if "eos_id" in fields else {}))
 
 
 def _processed(logits, sentences, step, spec):

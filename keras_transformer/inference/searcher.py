@@ -38,6 +38,8 @@ from keras_transformer.config import TransformerConfig
 from keras_transformer.constants import EOS_ID, PAD_ID
 from keras_transformer.decoding import (CacheStages, DropFinished, Halvings, KeepAll, LoopOps, SearchLoop,
                                          SearchOptions, beam_search)
+from keras_transformer.decoding.options import BY_NAME, OPTIONS
+from keras_transformer.decoding.processors import option_on
 from keras_transformer.inference.incremental import IncrementalDecoder
 from keras_transformer.layers.attention import SMALL_ATTENTION
 from keras_transformer.layers.step_kernels import StepKernels
@@ -337,24 +339,25 @@ def _check_options(options, where):
 
 def _xla_constraints(options):
     """The constraints of `options` that `Searcher.compiled_search` compiles into its
-    program, `(min_length, no_repeat_ngram_size, disallow_unk)` (python values); a
-    `ValueError` for what the XLA search does not take (sampling, run-time constraints,
-    `exact_results`, a run-time beam size)."""
+    program: `{name: python value}` of the options table's processors marked `xla`; a
+    `ValueError` for what the XLA search does not take (sampling, run-time constraints, a
+    processor of the plain graph only that is on, `exact_results`, a run-time beam size)."""
     _check_options(options, "the XLA search")
     if options.samples:
         raise ValueError("sampling runs in the plain graph (xla=False)")
-    if not all(isinstance(value, (int, bool)) for value in (options.min_length, options.no_repeat_ngram_size,
-                                                             options.disallow_unk)):
-        raise ValueError("the XLA search takes min_length, no_repeat_ngram_size and disallow_unk as python values; "
-                         "run-time ones are for the plain graph (translate_advanced)")
-    if not (isinstance(options.repetition_penalty, float) and options.repetition_penalty == 1.0):
-        raise ValueError("repetition_penalty runs in the plain graph (xla=False)")
-    if options.suppress_sequences:
-        raise ValueError("suppress_sequences runs in the plain graph (xla=False)")
+    compiled = {option.name: getattr(options, option.name) for option in OPTIONS
+                if option.processor is not None and option.xla}
+    if not all(isinstance(value, (int, bool)) for value in compiled.values()):
+        names = list(compiled)
+        raise ValueError(f"the XLA search takes {', '.join(names[:-1])} and {names[-1]} as python values; run-time "
+                         "ones are for the plain graph (translate_advanced)")
+    for option in OPTIONS:
+        if option.processor is not None and not option.xla and option_on(option, getattr(options, option.name)):
+            raise ValueError(f"{option.name} runs in the plain graph (xla=False)")
     if options.exact_results is not None or options.max_beam_size is not None:
         raise ValueError("exact_results and a run-time beam size are for the plain graph's search "
                          "(translate_options); the XLA search's are python ints")
-    return options.min_length, options.no_repeat_ngram_size, options.disallow_unk
+    return compiled
 
 
 class Searcher:
@@ -555,7 +558,7 @@ class Searcher:
         """The XLA-compiled search: `(source_ids [b, S], max_lengths [b], alpha, patience) -> (ids, scores)`.
 
         `options`: a `SearchOptions` whose `beam_size`, `num_results` and constraints
-        (`min_length`, `no_repeat_ngram_size`, `disallow_unk`) are python values, compiled
+        (the processors' options the options table marks `xla`) are python values, compiled
         into the program (its `alpha`, `patience` and `extra_length` are the function's
         inputs, `search_xla`'s). One `tf.function(jit_compile=True)` per `(beam_size,
         num_results, batch_halvings, fold_projection, constraints)` (`fold_projection`: see
@@ -576,8 +579,8 @@ class Searcher:
         constraints = _xla_constraints(options)
         beam_size, num_results = options.beam_size, options.num_results
         key = (beam_size, num_results, batch_halvings, fold_projection) + (
-            (constraints,) if constraints != (0, 0, False) else ())  # (a search without them: the key as before)
-        min_length, no_repeat_ngram_size, disallow_unk = constraints
+            (tuple(constraints.values()),) if any(option_on(BY_NAME[name], value) for name, value in
+                                                  constraints.items()) else ())  # (none on: the key as before)
         if key not in self._compiled:
             extra = self.config.decode_extra_length
             stages = CacheStages(CACHE_STAGES, self.decoder.resize_self_attention_cache,
@@ -591,8 +594,7 @@ class Searcher:
                 cache = self.decoder.initial_self_attention_cache(batch, 0)
                 step_fn = XLA_OPS.trace_once(self._step_fn(grow=False, fold_projection=fold_projection))
                 options = SearchOptions(beam_size=beam_size, alpha=alpha, num_results=num_results, patience=patience,
-                                        min_length=min_length, no_repeat_ngram_size=no_repeat_ngram_size,
-                                        disallow_unk=disallow_unk)
+                                        **constraints)
                 return beam_search(step_fn, cache, batch, max_lengths, options, loop=loop, static_cache=static,
                                    max_decode_length=buffer_length)
 
