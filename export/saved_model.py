@@ -51,8 +51,8 @@ asset file to lose), the averaged weights and the beam search:
   `sampling_topk` int32 (1: search; else sampling with one beam), `sampling_topp` float32,
   `sampling_temperature` float32, `seed` int32, each a scalar or one value per sentence ->
   `translations`, `scores` (as `translate_options`) and `errors` string `[None]`: "" or
-  which option of that sentence is out of range (the sentence then gets "" with score 0).
-  Plain-text models only.
+  which option of that sentence is out of range (the sentence then gets "" with score 0;
+  for a syntax-aware model, else the sentence's CoNLL-U problem, as `translate_options`').
 
 `--signatures NAME,...` exports `serving_default` and the named signatures only (each left
 out is neither traced nor saved: less export time, fewer megabytes, a faster load; a request
@@ -66,13 +66,14 @@ without early stop finds); `--patience P` makes CTranslate2's patience stop
 the default of `serving_default`, `translate_xla` and `translate_litert`.
 
 A syntax-aware model (`TransformerConfig.syntax_aware`) is exported with
-`serving_default`, `translate_options`, `score` and `align` only, and their input is
+`serving_default`, `translate_options`, `score`, `align` and `translate_advanced`, and their input is
 `conllu` string `[None]`: one CoNLL-U sentence per string (what a parser of
 the user's choice writes), parsed, tokenized per word and turned into tags
 and tree distances inside the graph (`keras_transformer.data.annotated`, the
 training pipeline's own ops). It has no LiteRT or XLA signature: those stay
 plain-text only. Its signatures have one more output, `error` string
-`[None]` (`serving_default`) or `errors` (`translate_options`): "" for a
+`[None]` (`serving_default`) or `errors` (`translate_options`, and `translate_advanced`
+after a sentence's bad option): "" for a
 well-formed sentence, else what is wrong with it (`annotated.sentence_errors`:
 a word line without 10 tab-separated columns, a HEAD that is not a number,
 names no word or does not lead to the root); such a sentence gets the

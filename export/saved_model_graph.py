@@ -74,7 +74,7 @@ class TranslationModule(tf.Module):
         # Each signature: its function and input specs. An option is a scalar for the whole
         # request, or one value per sentence (`[batch]`, what TF Serving's server-side batching
         # needs: `_per_sentence`). A syntax-aware model's sources are CoNLL-U (`score` and
-        # `align`: a malformed one fails the request); it has no LiteRT / XLA / advanced variants.
+        # `align`: a malformed one fails the request); it has no LiteRT / XLA variants.
         specs = {
             SERVING_DEFAULT: (self._serve, [text]),
             OPTIONS_SIGNATURE: (self._serve_with_options, [text, *_option_specs(OPTIONS_SIGNATURE)]),
@@ -182,27 +182,36 @@ class TranslationModule(tf.Module):
             options = dict(zip(columns, options))
             for name, distinct in sequences.items():
                 options[name] = _sequence_ids(distinct[options[name]], vocabulary)
-            found, found_scores = tf.cond(
+            found = tf.cond(
                 tf.equal(options["sampling_topk"], 1),
                 lambda: self._search_advanced(tf.gather_nd(text, rows), tf.gather_nd(target_prefix, rows), options),
                 lambda: self._sample_advanced(tf.gather_nd(text, rows), tf.gather_nd(target_prefix, rows), options))
-            return found, found_scores, tf.fill([tf.size(rows)], "")
+            # (a syntax-aware model's searches name each malformed CoNLL-U sentence)
+            return found[0], found[1], found[2] if self._config.syntax_aware else tf.fill([tf.size(rows)], "")
 
-        strings, scores, _ = _search_groups(batch, tuple(columns.values()), search_group)
+        strings, scores, conllu_errors = _search_groups(batch, tuple(columns.values()), search_group)
+        if self._config.syntax_aware:  # a sentence's bad option first, else its CoNLL-U problem ("" for none)
+            errors = tf.where(good, conllu_errors, errors)
         width = tf.reduce_max(tf.concat([columns["num_results"], requested, [1]], 0))
         return {"translations": strings[:, :width], "scores": scores[:, :width], "errors": errors}
 
     def _search_advanced(self, text, prefix, options):
         """`translate_advanced`'s beam search on one group: `translate_options`' search with
-        the constraints and the prefix, its results in `MAX_BEAM_SIZE` slots."""
-        found, found_scores, _ = self._search_options(text, options, target_prefix=prefix)
-        return _result_slots(found, found_scores, options["beam_size"], options["num_results"])
+        the constraints and the prefix, its results in `MAX_BEAM_SIZE` slots (and, for a
+        syntax-aware model, each sentence's CoNLL-U problem)."""
+        found, found_scores, errors = self._search_options(text, options, target_prefix=prefix)
+        slots = _result_slots(found, found_scores, options["beam_size"], options["num_results"])
+        return (*slots, errors) if self._config.syntax_aware else slots
 
     def _sample_advanced(self, text, prefix, options):
-        """`translate_advanced`'s sampling search on one group: one beam, one result."""
+        """`translate_advanced`'s sampling search on one group: one beam, one result (and, for a
+        syntax-aware model, each sentence's CoNLL-U problem)."""
         search = SearchOptions(beam_size=1, alpha=options["alpha"], num_results=1,
                                extra_length=options["extra_length"], **_constraints(options),
                                **{name: options[name] for name in SAMPLING})
+        if self._config.syntax_aware:  # (a malformed sentence: "" and its problem, as the beam search)
+            found, found_scores, errors = self._translator.translate_conllu_graph(text, search, target_prefix=prefix)
+            return (*_result_slots(found, found_scores, 1, 1), errors)
         found, found_scores = self._translator.translate_graph(text, search, target_prefix=prefix)
         return _result_slots(found, found_scores, 1, 1)
 
@@ -215,7 +224,7 @@ class TranslationModule(tf.Module):
         hypothesis, as `serving_default` does, not by the worst of `beam` (the n-best's
         bound: 12 instead of 9 loop steps on the test's batch). `translate_advanced`'s
         beam search adds a `target_prefix` and the logits processors' options
-        (`decoding_options.CONSTRAINTS`, those `options` holds; plain-text models).
+        (`decoding_options.CONSTRAINTS`, those `options` holds).
 
         Returns:
             translations string `[batch, beam]`, scores float32 `[batch, beam]`,
@@ -227,7 +236,7 @@ class TranslationModule(tf.Module):
                                exact_results=tf.minimum(options["num_results"], beam), patience=options["patience"],
                                max_beam_size=MAX_BEAM_SIZE, **_constraints(options))
         if self._config.syntax_aware:
-            return self._translator.translate_conllu_graph(text, search)
+            return self._translator.translate_conllu_graph(text, search, target_prefix=target_prefix)
         strings, scores = self._translator.translate_graph(text, search, target_prefix=target_prefix)
         return strings, scores, tf.zeros([0], tf.string)  # errors: not an output of a plain-text model
 

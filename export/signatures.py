@@ -22,11 +22,11 @@ if typing.TYPE_CHECKING:
 # (The names themselves are `keras_transformer.constants`', which the decoding options table
 # reads too: the package imports nothing from export/.)
 # Every signature of a plain-text model's export, in the order the module builds them, and
-# those of a syntax-aware model (CoNLL-U in: no LiteRT, XLA or advanced variant).
+# those of a syntax-aware model (CoNLL-U in: no LiteRT or XLA variant).
 # `serving_default` is always exported: TF Serving's default and the first warm-up request.
 ALL_SIGNATURES = (SERVING_DEFAULT, OPTIONS_SIGNATURE, SCORE_SIGNATURE, ALIGN_SIGNATURE, LITERT_SIGNATURE,
                   XLA_SIGNATURE, ADVANCED_SIGNATURE)
-SYNTAX_SIGNATURES = (SERVING_DEFAULT, OPTIONS_SIGNATURE, SCORE_SIGNATURE, ALIGN_SIGNATURE)
+SYNTAX_SIGNATURES = (SERVING_DEFAULT, OPTIONS_SIGNATURE, SCORE_SIGNATURE, ALIGN_SIGNATURE, ADVANCED_SIGNATURE)
 
 # (`MAX_BEAM_SIZE`, in `keras_transformer.constants`: the beam sizes the options signature can
 # run. One search takes the beam size at run time; it was one `switch_case` branch per beam

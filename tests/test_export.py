@@ -1594,7 +1594,8 @@ def test_an_export_of_chosen_signatures_holds_them_alone_and_translates_as_the_f
         export_model(model, config, tokenizer, tmp_path / "bad", signatures=["translate_fast"])
     syntax = dataclasses.replace(config, source_tags=("upos",))
     with pytest.raises(ValueError, match="^translate_xla: not a signature of a syntax-aware model's export; "
-                                         "choose among serving_default, translate_options, score, align$"):
+                                         "choose among serving_default, translate_options, score, align, "
+                                         "translate_advanced$"):
         signatures.chosen_signatures(syntax, ["translate_xla", "score"])
     assert signatures.chosen_signatures(config, ["translate_advanced", "score"]) == (
         "serving_default", "score", "translate_advanced")

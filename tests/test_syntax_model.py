@@ -18,6 +18,7 @@ from keras_transformer.data import syntax
 from keras_transformer.data.annotated import annotated_features, parse_conllu, tree_distances
 from keras_transformer.layers import MultiHeadAttention, SyntaxAttentionMatrix, TagFactorEmbedding
 from keras_transformer.layers.embedding import sinusoidal_encoding
+from keras_transformer.decoding.options import signature_options
 from helpers import (assert_served_alignments, assert_served_scores, fixture_seed, tf_serving_batching,
                      warmup_requests)
 from test_model import assert_cached_decoding_matches
@@ -546,8 +547,9 @@ def test_savedmodel_annotated_signature_equals_the_in_process_model(syntax_run, 
     from keras_transformer.run_dir import hypothesis_path
 
     assert hypothesis_path(trained.model_dir, "valid").read_text(encoding="utf-8").splitlines() == expected
-    # (issue #86 added `score` and `align`: test_the_syntax_exports_score_and_align_...)
-    assert set(loaded.signatures) == {"serving_default", "translate_options", "score", "align"}
+    # (issue #86 added `score` and `align`: test_the_syntax_exports_score_and_align_...; issue #91
+    # `translate_advanced`: test_the_syntax_exports_translate_advanced_...)
+    assert set(loaded.signatures) == {"serving_default", "translate_options", "score", "align", "translate_advanced"}
     served = loaded.signatures["serving_default"](conllu=tf.constant(blocks))
     assert [t.decode() for t in served["translation"].numpy()] == expected
     assert len(set(expected)) > 1  # not a degenerate model
@@ -596,10 +598,10 @@ def test_the_syntax_exports_warmup_requests_run_through_its_signatures(syntax_ru
     trained, export, _ = syntax_run
     loaded, _ = syntax_served
     requests = warmup_requests(export)
-    assert [name for name, _ in requests] == ["serving_default", "translate_options"]
+    assert [name for name, _ in requests] == ["serving_default", "translate_options", "translate_advanced"]
     for name, inputs in requests:  # as a TF Serving with --enable_batching runs them at load
         tf_serving_batching(loaded.signatures[name], [inputs])
-    (_, served), (_, options) = requests
+    (_, served), (_, options), (_, advanced) = requests
     # the options once per sentence, as TF Serving's batching needs them (test_export.py)
     assert set(served) == {"conllu"} and options["beam_size"].numpy().tolist() == [trained.config.beam_size] * 2
     default = loaded.signatures["serving_default"](**served)
@@ -608,6 +610,55 @@ def test_the_syntax_exports_warmup_requests_run_through_its_signatures(syntax_ru
     np.testing.assert_array_equal(n_best["translations"].numpy()[:, 0], default["translation"].numpy())
     np.testing.assert_allclose(n_best["scores"].numpy()[:, 0], default["score"].numpy(), atol=1e-5)
     np.testing.assert_array_equal(n_best["errors"].numpy(), default["error"].numpy())
+    assert set(advanced) == {"conllu", "target_prefix", *(row.name for row in signature_options("translate_advanced"))}
+    every = loaded.signatures["translate_advanced"](**advanced)
+    np.testing.assert_array_equal(every["translations"].numpy()[:, 0], default["translation"].numpy())
+    np.testing.assert_array_equal(every["errors"].numpy(), default["error"].numpy())
+
+
+def test_the_syntax_exports_translate_advanced_reads_conllu_as_serving_default_and_the_translator(syntax_run,
+                                                                                                syntax_served):
+    """Issue #91: a syntax-aware export has `translate_advanced` (CoNLL-U in `conllu`). With the
+    export's defaults it answers as `serving_default` (translations, scores, and `errors` naming
+    a malformed sentence in its own row); with a constraint on, each translation is the
+    in-process `Translator`'s with the same constraint, and so with a target prefix; a bad option
+    is that sentence's error row, the others translate as they do alone."""
+    from export.saved_model_graph import advanced_warmup_inputs
+
+    trained, _, data = syntax_run
+    loaded, translator = syntax_served
+    blocks = (data / "valid.en.conllu").read_text().strip().split("\n\n")[:3]
+    malformed = list(MALFORMED)[1]
+    defaults = advanced_warmup_inputs(trained.config)  # the export's own options, no prefix (scalars)
+
+    def advanced(conllu, **options):
+        inputs = {**defaults, **{name: tf.constant(value, defaults[name].dtype) for name, value in options.items()}}
+        out = loaded.signatures["translate_advanced"](conllu=tf.constant(conllu), **inputs)
+        return ([t.decode() for t in out["translations"].numpy()[:, 0]], out["scores"].numpy()[:, 0],
+                [e.decode() for e in out["errors"].numpy()])
+
+    request = [blocks[0], malformed, blocks[1], blocks[2]]
+    served = loaded.signatures["serving_default"](conllu=tf.constant(request))
+    strings, scores, errors = advanced(request)
+    assert strings == [t.decode() for t in served["translation"].numpy()]
+    np.testing.assert_allclose(scores, served["score"].numpy(), rtol=1e-5, atol=1e-5)
+    assert errors == [e.decode() for e in served["error"].numpy()] and MALFORMED[malformed] in errors[1]
+    expected = translator.translate(blocks)
+    assert [strings[0], *strings[2:]] == expected
+
+    # A constraint on: the first piece of each of these translations suppressed, so each one changes.
+    firsts = [[scored.tokens[0]] for scored in translator.score(blocks, expected)]
+    want = translator.translate(blocks, suppress_sequences=firsts)
+    assert all(w != e for w, e in zip(want, expected)), want  # (the precondition, by construction)
+    strings, _, errors = advanced(blocks, suppress_sequences="\n".join(piece for piece, in firsts))
+    assert strings == want and errors == ["", "", ""]
+    prefix = [expected[1].split()[0], "", expected[0].split()[0]]
+    strings, _, _ = advanced(blocks, target_prefix=prefix, no_repeat_ngram_size=1)
+    assert strings == translator.translate(blocks, target_prefix=prefix, no_repeat_ngram_size=1)
+    # A bad option: that sentence's error row ("" with score 0), the others as alone.
+    strings, scores, errors = advanced(blocks, min_length=[0, -1, 0])
+    assert strings == [expected[0], "", expected[2]] and scores[1] == 0.0
+    assert errors == ["", "translate_advanced: min_length must be >= 0", ""]
 
 
 def test_served_signatures_name_a_malformed_sentence_in_its_own_row(syntax_run, syntax_served):

@@ -219,7 +219,7 @@ class Translator:
             batch_halvings: with `xla`, the search's `Halvings` (0: none).
             target_prefix: None, or string `[batch]`: the text each translation must start
                 with (CTranslate2's `target_prefix`; "" for none), tokenized as the
-                targets were in training and cut to `max_length - 1` pieces. The
+                targets were in training and cut to `max_length - 1` pieces (`_prefix`). The
                 translation returned includes it. Plain graph only (not `xla`, not
                 `litert_batch`).
         Returns:
@@ -237,7 +237,7 @@ class Translator:
             if litert_batch is not None or xla:
                 raise ValueError("a syntax-aware model translates CoNLL-U in the plain TensorFlow graph; "
                                  "its LiteRT and XLA variants are not built (plain-text models only)")
-            strings, scores, _ = self.translate_conllu_graph(text, options, strict=True)
+            strings, scores, _ = self.translate_conllu_graph(text, options, strict=True, target_prefix=target_prefix)
             return strings, scores
         if (xla or litert_batch is not None) and (options.exact_results is not None or
                                                   options.max_beam_size is not None):
@@ -250,9 +250,7 @@ class Translator:
             text = self.clean_text(text)
         source_ids, lengths = self.encode_text(text)
         if target_prefix is not None:
-            prefix_ids, prefix_lengths = self.encode_text(self.clean_text(target_prefix))
-            ids, scores = self.searcher.search(source_ids, lengths, options,
-                                               target_prefix=(prefix_ids, prefix_lengths))  # (EOS after: never read)
+            ids, scores = self.searcher.search(source_ids, lengths, options, target_prefix=self._prefix(target_prefix))
         elif xla:
             ids, scores = self.searcher.search_xla(source_ids, lengths, options, batch_halvings=batch_halvings)
         elif litert_batch is not None:
@@ -261,8 +259,13 @@ class Translator:
             ids, scores = self.searcher.search(source_ids, lengths, options)
         return self._strings(ids, scores, lengths, options.num_results, litert_batch)
 
+    def _prefix(self, target_prefix):
+        """`target_prefix` (string `[batch]`) as the search's `(ids [batch, P], lengths [batch])`:
+        cleaned and tokenized as sources are (EOS after: never read)."""
+        return self.encode_text(self.clean_text(target_prefix))
+
     @not_converted
-    def translate_conllu_graph(self, conllu, options, *, strict=False):
+    def translate_conllu_graph(self, conllu, options, *, strict=False, target_prefix=None):
         """`translate_graph` for a syntax-aware model, with each sentence's problem.
 
         Args:
@@ -273,6 +276,7 @@ class Translator:
                 input ("" with score 0) and its problem returned, while the
                 other sentences translate as they would alone; True fails
                 the whole call (InvalidArgumentError naming the problem).
+            target_prefix: None, or string `[batch]`, as in `translate_graph`.
 
         Returns:
             translations string `[batch, num_results]`, scores float32
@@ -282,7 +286,8 @@ class Translator:
         if not isinstance(options, SearchOptions):
             raise TypeError(f"translate_conllu_graph takes a SearchOptions, got {options!r}")
         source_ids, lengths, features, errors = self.encode_conllu(conllu, strict=strict)
-        ids, scores = self.searcher.search(source_ids, lengths, options, source_features=features)
+        prefix = None if target_prefix is None else self._prefix(target_prefix)
+        ids, scores = self.searcher.search(source_ids, lengths, options, source_features=features, target_prefix=prefix)
         strings, scores = self._strings(ids, scores, lengths, options.num_results, None)
         return strings, scores, errors
 
