@@ -294,3 +294,27 @@ def assert_served_alignments(served, expected):
         assert (source, target) == (want.source_tokens, want.target_tokens)
         np.testing.assert_allclose(served["attention"].numpy()[row, :len(target), :len(source)],
                                    want.attention, atol=1e-5)
+
+
+def function_nodes(functions: dict, names, seen=None):
+    """The nodes of the functions `names` of a function library (`functions`: `{name:
+    FunctionDef}`) and of every function they call, each function once (`seen`: the names
+    already walked, shared between calls): a call is a node whose op is a library function,
+    or a function in a node's attributes (a `While`'s body, a `StatefulPartitionedCall`'s `f`,
+    a `Case`'s branches)."""
+    seen = set() if seen is None else seen
+    pending = list(names)
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in functions:
+            continue
+        seen.add(name)
+        for node in functions[name].node_def:
+            yield node
+            if node.op in functions:
+                pending.append(node.op)
+            for value in node.attr.values():
+                if value.HasField("func"):
+                    pending.append(value.func.name)
+                pending.extend(function.name for function in value.list.func)
+

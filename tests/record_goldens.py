@@ -257,24 +257,11 @@ def search_runner(searcher):
 
 def function_ops(library, name, ops=None, seen=None):
     """The op multiset of function `name` and every function it calls (once each), in a
-    `FunctionDefLibrary`: a Counter of op type."""
-    functions = {f.signature.name: f for f in library.function}
+    `FunctionDefLibrary`: a Counter of op type (`helpers.function_nodes`)."""
+    from helpers import function_nodes
+
     ops = collections.Counter() if ops is None else ops
-    seen = set() if seen is None else seen
-    pending = [name]
-    while pending:
-        current = pending.pop()
-        if current in seen or current not in functions:
-            continue
-        seen.add(current)
-        for node in functions[current].node_def:
-            ops[node.op] += 1
-            if node.op in functions:
-                pending.append(node.op)
-            for value in node.attr.values():
-                if value.HasField("func"):
-                    pending.append(value.func.name)
-                pending.extend(f.name for f in value.list.func)
+    ops.update(node.op for node in function_nodes({f.signature.name: f for f in library.function}, [name], seen))
     return ops
 
 

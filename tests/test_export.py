@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import (CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, assert_served_alignments, assert_served_scores,
-                     closed_pipe, in_background, tf_serving_batching, warmup_requests)
+                     closed_pipe, function_nodes, in_background, tf_serving_batching, warmup_requests)
 
 from export.saved_model import export_model, next_version
 from keras_transformer.constants import MAX_BEAM_SIZE
@@ -258,17 +258,7 @@ def saved_functions(export_path):
     functions = {f.signature.name: f for f in saved.meta_graphs[0].graph_def.library.function}
 
     def nodes(function_name):
-        seen, stack, found = set(), [function_name], []
-        while stack:
-            name = stack.pop()
-            if name in seen or name not in functions:
-                continue
-            seen.add(name)
-            for node in functions[name].node_def:
-                found.append(node)
-                stack += [value.func.name for value in node.attr.values() if value.func.name]
-                stack += [node.op] if node.op in functions else []
-        return found
+        return list(function_nodes(functions, [function_name]))
 
     def loops(function_name):
         return [node for node in nodes(function_name) if node.op in ("While", "StatelessWhile")]
