@@ -10,11 +10,11 @@ subprocess (LiteRT checks run in subprocesses; one untimed warm-up call of 64
 sentences first, then one timed pass over all lines, 64 per call), and scores
 the output with sacreBLEU against `--reference` (cased, raw text). Prints the
 file size, the conversion time, the translation time and BLEU, and the ratios
-to `none`. The options run one after the other (one pass each, not
-interleaved): the speed ratios are indicative on a shared machine; the sizes
-and BLEU are exact. Last line: `OPTION_bleu_change: X` for the last option
-against `none` (by default `dynamic_int8_bleu_change`), or `none_bleu: X`
-when `none` is the only option.
+to `none`. `--work-dir DIR` keeps the models and translations in DIR. The
+options run one after the other (one pass each, not interleaved): the speed
+ratios are indicative on a shared machine; the sizes and BLEU are exact. Last
+line: `OPTION_bleu_change: X` for the last option against `none` (by default
+`dynamic_int8_bleu_change`), or `none_bleu: X` when `none` is the only option.
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ def main(argv=None) -> int:
     parser.add_argument("--source", required=True, help="source sentences, one per line")
     parser.add_argument("--reference", required=True, help="reference translations, one per line")
     parser.add_argument("--options", default=",".join(OPTIONS), help="comma-separated --quantize options")
+    parser.add_argument("--work-dir", help="keep each option's LiteRT model (OPTION.tflite) and translations "
+                                           "(OPTION.hyp) in this directory, made if missing (default: a "
+                                           "temporary directory, removed at the end)")
     args = parser.parse_args(argv)
     from keras_transformer.training.evaluation import corpus_bleu
 
@@ -61,7 +64,9 @@ def main(argv=None) -> int:
     env = dict(os.environ, KERAS_TRANSFORMER_QUIET="1", TF_CPP_MIN_LOG_LEVEL="3")
     print(harness.header("LiteRT quantization", f"{args.saved_model} on {args.source}"))
     results = {}
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as temporary:
+        work = args.work_dir or temporary
+        pathlib.Path(work).mkdir(parents=True, exist_ok=True)
         for option in options:
             model = pathlib.Path(work) / f"{option}.tflite"
             start = time.perf_counter()

@@ -44,12 +44,26 @@ def exported(toy_translator, tmp_path_factory):
             "tokenizer": tokenizer, "data": toy_translator["data"]}
 
 
+# `in_process`' answers: `{(translator, beam_size, texts): (translations, scores)}`. Ten tests
+# compare with the in-process search of the same sentences (GOLDEN, GOLDEN[:2], the valid set):
+# each traced the search again (a second or two each) to compute what an earlier test had.
+_IN_PROCESS = {}
+
+
 def in_process(translator, texts, beam_size=4):
-    strings, scores = tf.function(
-        lambda t: translator.translate_graph(t, SearchOptions(
-            beam_size=beam_size, alpha=0.6, extra_length=translator.config.decode_extra_length, num_results=1))
-    )(tf.constant(texts))
-    return [s.decode("utf-8") for s in strings.numpy()[:, 0]], scores.numpy()[:, 0]
+    """The in-process search of `texts` (beam `beam_size`, alpha 0.6, the config's extra
+    length, one result): `(translations, scores)`, traced and run once per translator, beam
+    size and list of texts in this module (`_IN_PROCESS`). A translator made inside a test
+    (one it counts the calls of) gets its own."""
+    key = (translator, beam_size, tuple(texts))
+    if key not in _IN_PROCESS:
+        strings, scores = tf.function(
+            lambda t: translator.translate_graph(t, SearchOptions(
+                beam_size=beam_size, alpha=0.6, extra_length=translator.config.decode_extra_length, num_results=1))
+        )(tf.constant(texts))
+        _IN_PROCESS[key] = [s.decode("utf-8") for s in strings.numpy()[:, 0]], scores.numpy()[:, 0]
+    translations, scores = _IN_PROCESS[key]
+    return list(translations), scores.copy()
 
 
 def run_python(code, *args, stdin=None):
@@ -108,10 +122,13 @@ def export_processes(exported, tmp_path_factory, request):
         [sys.executable, "-m", "benchmarks.multi30k_sweep", "--runs-dir", str(sweep_runs), "--only", "multi30k",
          "--data", str(exported["data"]), "--test", "valid", "--plot", str(sweep_runs / "plot.png")], cwd=ROOT,
         capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")))
-    starts["test_litert_quantize_benchmark_scores_the_conversion"] = lambda: subprocess.run(
+    # --work-dir: its none.tflite (`python -m export.tflite --saved-model PATH`) is `tflite_model`
+    quantize_work = tmp_path_factory.mktemp("litert_quantize")
+    starts["test_litert_quantize_benchmark_scores_the_conversion"] = lambda: (quantize_work, subprocess.run(
         [sys.executable, "-m", "benchmarks.litert_quantize", "--saved-model", path, "--options", "none",
-         "--source", str(exported["data"] / "valid.en"), "--reference", str(exported["data"] / "valid.de")],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+         "--source", str(exported["data"] / "valid.en"), "--reference", str(exported["data"] / "valid.de"),
+         "--work-dir", str(quantize_work)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")))
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
     yield {name: pool.submit(start) for name, start in starts.items()
@@ -1479,8 +1496,9 @@ def test_litert_quantize_benchmark_scores_the_conversion(exported, export_proces
     the last line is that BLEU."""
     import sacrebleu
 
-    result = export_processes["test_litert_quantize_benchmark_scores_the_conversion"].result()
+    work, result = export_processes["test_litert_quantize_benchmark_scores_the_conversion"].result()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert sorted(path.name for path in work.iterdir()) == ["none.hyp", "none.tflite"]  # (--work-dir)
     data = exported["data"]
     sources = (data / "valid.en").read_text(encoding="utf-8").splitlines()
     references = (data / "valid.de").read_text(encoding="utf-8").splitlines()
@@ -1856,9 +1874,10 @@ LITERT = """
     from export.tflite import load_interpreter, translate_lines
     # Requests in order, each on a freshly loaded interpreter, each answered on a line of its own:
     # {"key": k, "lines": [hex, ...]} translates the lines (bytes: invalid UTF-8 too);
-    # {"key": k, "count_int8": true} counts the model's int8 tensors.
+    # {"key": k, "count_int8": true} counts the model's int8 tensors; "model": a path asks
+    # another model than the first argument's.
     for request in json.load(sys.stdin):
-        interpreter = load_interpreter(sys.argv[1])
+        interpreter = load_interpreter(request.get("model", sys.argv[1]))
         if request.get("count_int8"):
             result = int(sum(d["dtype"] == np.int8 for d in interpreter.get_tensor_details()))
         else:
@@ -1882,14 +1901,18 @@ class LiteRTResults(dict):
         pytest.fail(f"the LiteRT subprocess exited with {self.returncode} before {key!r}:\n{self.stderr[-3000:]}")
 
 
-def run_litert(model, requests):
+def run_litert(model, requests, models=None):
     """LiteRT on `model` in a subprocess (a crashing LiteRT kernel fails the tests that
     need it, not the suite). `requests`: `{key: lines (str or bytes)}` or `{key: COUNT_INT8}`,
-    run in this order: `LiteRTResults`."""
+    run in this order: `LiteRTResults`. `models`: `{key: another model}` for the requests
+    that ask another model than `model`, in the same process."""
     payload = [{"key": key, "count_int8": True} if lines == COUNT_INT8 else
                {"key": key, "lines": [(line.encode("utf-8") if isinstance(line, str) else line).hex()
                                       for line in lines]}
                for key, lines in requests.items()]
+    for request in payload:
+        if request["key"] in (models or {}):
+            request["model"] = str(models[request["key"]])
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(LITERT), str(model)], cwd=ROOT,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True, text=True,
                             input=json.dumps(payload), timeout=600)
@@ -1901,9 +1924,17 @@ def run_litert(model, requests):
 
 
 @pytest.fixture(scope="module")
-def tflite_model(exported, tmp_path_factory):
+def tflite_model(exported, export_processes, tmp_path_factory):
+    """The export's float LiteRT model: the one `benchmarks.litert_quantize --options none`
+    converted (`python -m export.tflite`, `convert` in its process) when its test runs in this
+    session, rather than a second conversion of the same signature here (~15 s); else converted here."""
     from export.tflite import convert
 
+    benchmark = export_processes.get("test_litert_quantize_benchmark_scores_the_conversion")
+    if benchmark is not None:
+        work, result = benchmark.result()
+        if result.returncode == 0:  # (else its own test fails, and the LiteRT tests take a model made here)
+            return work / "none.tflite"
     return convert(exported["path"], tmp_path_factory.mktemp("lite") / "model.tflite")
 
 
@@ -1917,21 +1948,34 @@ BAD_LINES = [b"\xff\xfe", b"", b"   ", b"the man " * 20_000, b"the dog\xc3"]
 
 
 @pytest.fixture(scope="module")
+def int8_model(exported, tmp_path_factory):
+    """The export converted with `--quantize dynamic_int8`."""
+    from export.tflite import convert
+
+    return convert(exported["path"], tmp_path_factory.mktemp("int8") / "int8.tflite", "dynamic_int8")
+
+
+@pytest.fixture(scope="module")
 def litert_float(tflite_model, request):
-    """The float LiteRT model's requests of this module's selected tests, in one
-    subprocess (each test started its own before: TensorFlow's start-up four times),
-    started as soon as the model exists: a Future of `run_litert`'s results. The bad
-    inputs go last: should they crash LiteRT, the other tests still get their answers."""
+    """The LiteRT requests of this module's selected tests, in one subprocess (each test
+    started its own before: TensorFlow's start-up five times), started as soon as the models
+    exist: a Future of `run_litert`'s results. The float model's, and for
+    test_dynamic_int8_... `int8_model`'s too (keys `int8 model's ...`; it is converted
+    first). The bad inputs go last: should they crash LiteRT, the other tests still get
+    their answers."""
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
-    requests = {}
+    requests, models = {}, {}
     if "test_litert_translates_like_the_saved_model" in selected:
         requests["sentences"] = LITERT_SENTENCES
         requests.update({f"single {i}": [sentence] for i, sentence in enumerate(LITERT_SINGLE)})
     if "test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one" in selected:
         requests.update({"int8 count": COUNT_INT8, "int8 sentences": INT8_SENTENCES})
+        quantized = request.getfixturevalue("int8_model")
+        requests.update({"int8 model's int8 count": COUNT_INT8, "int8 model's int8 sentences": INT8_SENTENCES})
+        models = {"int8 model's int8 count": quantized, "int8 model's int8 sentences": quantized}
     if "test_litert_survives_bad_inputs" in selected:
         requests["bad inputs"] = BAD_LINES
-    future = in_background(run_litert, tflite_model, requests)
+    future = in_background(run_litert, tflite_model, requests, models)
     yield future
     concurrent.futures.wait([future])
 
@@ -1966,16 +2010,16 @@ def test_litert_translates_like_the_saved_model(exported, loaded, tflite_model, 
 
 
 @pytest.mark.slow
-def test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one(exported, tflite_model,
+def test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one(exported, tflite_model, int8_model,
                                                                                 litert_float, tmp_path):
     """--quantize dynamic_int8: still builtins + TF Text only (convert audits), int8 weights
     (the file shrinks), and the same translations as the float model on the golden set."""
     from export.tflite import convert
 
-    quantized = convert(exported["path"], tmp_path / "int8.tflite", "dynamic_int8")
+    quantized = int8_model  # convert(exported["path"], ..., "dynamic_int8"), before the LiteRT subprocess
     sentences = INT8_SENTENCES
-    float_side = litert_float.result()  # the float model's answers (its subprocess ran beside the conversion)
-    int8_side = run_litert(quantized, {"int8 count": COUNT_INT8, "int8 sentences": sentences})
+    float_side = litert_float.result()  # the float model's answers, and the int8 model's (the same process)
+    int8_side = {key: float_side[f"int8 model's {key}"] for key in ("int8 count", "int8 sentences")}
     # The toy model is small (graph and tokenizer dominate the file, and LiteRT leaves
     # tensors under 1,024 elements in float32), so check the int8 weights themselves.
     assert float_side["int8 count"] == 0
@@ -2007,10 +2051,13 @@ def test_litert_survives_bad_inputs(tflite_model, litert_float):
     assert litert_float.result().returncode == 0  # and the process ended normally
 
 
-def test_export_command_refuses_a_foreign_tokenizer(exported, tmp_path):
-    """`python -m export.saved_model` on a model directory whose tokenizer was replaced."""
+def test_export_command_refuses_a_foreign_tokenizer(exported, tmp_path, capsys):
+    """`python -m export.saved_model` on a model directory whose tokenizer was replaced: its
+    `main` in this process (a subprocess paid TensorFlow's start-up for a refusal;
+    test_command_help runs the command itself)."""
     import shutil
 
+    from export import saved_model
     from keras_transformer.data import train_tokenizer
     from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
 
@@ -2019,13 +2066,11 @@ def test_export_command_refuses_a_foreign_tokenizer(exported, tmp_path):
     shutil.copy(exported["tokenizer"].path, model_dir / "tokenizer.model")
     check_run_file(model_dir, exported["config"], exported["tokenizer"], {"data": "toy"})
     exported["model"].save_weights(model_dir / FINAL_WEIGHTS)
-    command = [sys.executable, "-m", "export.saved_model", "--model-dir", str(model_dir),
-               "--output", str(tmp_path / "out")]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     train_tokenizer(["other text entirely", "ganz anderer Text"] * 50, model_dir / "tokenizer", 30)
-    refused = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 2
-    assert "export.saved_model: error:" in refused.stderr and "tokenizer.model has sha256" in refused.stderr
+    capsys.readouterr()
+    assert saved_model.main(["--model-dir", str(model_dir), "--output", str(tmp_path / "out")]) == 2
+    refused = capsys.readouterr().err
+    assert "export.saved_model: error:" in refused and "tokenizer.model has sha256" in refused
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 

@@ -59,16 +59,27 @@ def run_worker(env):
                             stderr=subprocess.PIPE, text=True)
 
 
-def start_workers_and_single(ports):
-    """Two WORKER processes on a localhost cluster and one alone (no TF_CONFIG)."""
+def start_workers(ports):
+    """Two WORKER processes on a localhost cluster (the run alone, without TF_CONFIG, is
+    `run_alone`'s in the test's process)."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     cluster = [f"localhost:{port}" for port in ports]
     workers = [run_worker(dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
                                                            "task": {"type": "worker", "index": i}})))
                for i in range(2)]
-    single = run_worker(env)
-    return workers, single
+    return workers, None
+
+
+def run_alone(monkeypatch, capsys):
+    """WORKER in this process, without TF_CONFIG (one process, the default strategy): its
+    printed JSON. It paid TensorFlow's and Keras's start-up in a process of its own before;
+    the environment variable it sets is put back after."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("KERAS_TRANSFORMER_QUIET", "1")
+    capsys.readouterr()
+    exec(compile(WORKER, "<WORKER>", "exec"), {"__name__": "worker"})  # noqa: S102  (the test's own code)
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def start_train_py_workers(ports, tmp_path):
@@ -94,12 +105,12 @@ def start_train_py_workers(ports, tmp_path):
 
 @pytest.fixture(scope="module")
 def process_waves(tmp_path_factory, request):
-    """Both tests' processes, started together (five processes that mostly pay TensorFlow's
+    """Both tests' processes, started together (four processes that mostly pay TensorFlow's
     start-up, on two cores), only for the tests selected in this session: `{test name:
     what its start function returned}`. Each test awaits its own processes and checks them."""
     ports = free_ports(4)  # in one call: four distinct ports, two per cluster
     starts = {"test_two_workers_train_like_one_process_on_the_same_global_batch":
-                  lambda: start_workers_and_single(ports[:2]),
+                  lambda: start_workers(ports[:2]),
               "test_train_py_as_two_workers_writes_the_run_once":
                   lambda: start_train_py_workers(ports[2:], tmp_path_factory.mktemp("train_py_workers"))}
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
@@ -113,14 +124,15 @@ def process_waves(tmp_path_factory, request):
 
 
 @pytest.mark.slow
-def test_two_workers_train_like_one_process_on_the_same_global_batch(process_waves):
-    workers, single = process_waves["test_two_workers_train_like_one_process_on_the_same_global_batch"]
+def test_two_workers_train_like_one_process_on_the_same_global_batch(process_waves, monkeypatch, capsys):
+    workers, _ = process_waves["test_two_workers_train_like_one_process_on_the_same_global_batch"]
+    alone = run_alone(monkeypatch, capsys)  # (while the workers train)
     results = []
-    for process in [*workers, single]:
+    for process in workers:
         out, err = process.communicate(timeout=300)
         assert process.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
-    first, second, alone = results
+    first, second = results
     assert (first["multi"], first["replicas"], alone["multi"], alone["replicas"]) == (True, 2, False, 1)
     # Global batch 16: 8 sentences per worker, gradients all-reduced; no dropout. With SGD a
     # sum instead of a mean over the 2 workers doubles every step (issue #19).
