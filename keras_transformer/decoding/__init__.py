@@ -55,9 +55,10 @@ One loop step (each a small helper below): the step function scores the
 next token of every alive beam; the logits processors of the options that
 are on (`make_logits_processors`: the class each row of the options table
 names, e.g. `MinLength`, then `TargetPrefix`; none, and no op, when all are
-off) rescale the logits or disallow tokens; the sampler (`make_sampler`: `BestSampler`, or `RandomSampler` when
-sampling) draws each beam's candidates; `_grow_candidates` keeps the best
-``2 * beam_size`` (beam, token) extensions; `_update_alive` keeps the best
+off) act on the logits before the log-softmax; the sampler (`make_sampler`:
+`BestSampler`, or `RandomSampler` when sampling) draws each beam's
+candidates; `_grow_candidates` keeps the best ``2 * beam_size`` (beam,
+token) extensions; `_update_alive` keeps the best
 ``beam_size`` that continue (and reorders the cache); `_update_finished`
 merges the ones that end into the finished set; `_update_done` applies the
 early-termination bound (`_cannot_improve`, exact) and the patience rule
