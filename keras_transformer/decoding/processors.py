@@ -194,17 +194,11 @@ class TargetPrefix:
         return ops.where(ops.expand_dims(forcing, 1), vocab != ops.expand_dims(forced, 1), banned)  # [b * k, V]
 
 
-def _on(value, off=0):
-    """Whether an option may be on: a python value other than `off` (0 / False; 1 for a
-    penalty), or a tensor (given at run time). No processor, so no op at all, for an option
-    that is off."""
-    return not _is_python(value) or value != off
-
-
 def option_on(option, value) -> bool:
-    """Whether the table's `option` (a `DecodingOption`) is on at `value`: a python value other
-    than its default (its processor's off), or a tensor."""
-    return _on(value, off=option.default)
+    """Whether the table's `option` (a `DecodingOption`) may be on at `value`: a python value
+    other than its default (its processor's off: 0 / False; 1 for a penalty), or a tensor
+    (given at run time). No processor, so no op at all, for an option that is off."""
+    return not _is_python(value) or value != option.default
 
 
 def make_logits_processors(options, eos_id, has_prefix=False):
