@@ -128,7 +128,6 @@ def test_input_pipeline_benchmark_reports_its_ratio_from_its_own_figures(capsys)
     assert float(value) == pytest.approx(pipeline / step, rel=0.01, abs=0.06)
 
 
-@pytest.mark.slow
 def _tables(out):
     """Markdown tables of a benchmark's output: first header cell -> rows of stripped cells."""
     tables = {}
@@ -163,6 +162,7 @@ def test_translate_speed_parses_its_thread_counts():
             parse_args(["--shape", "tiny", "--threads", wrong])
 
 
+@pytest.mark.slow
 def test_translate_speed_runs_both_sides_on_the_same_weights(translate_speed_run):
     # benchmarks/translate_speed.py --shape tiny --vocab-size 60 --tokenizer-text DATA/train.en,DATA/train.de
     #     --sentences DATA/train.en --count 4 --batch-sizes 4 --rounds 1 --quantizations float32 --no-xla
