@@ -104,7 +104,7 @@ class Translator:
         self.sentencepiece_model = tokenizer_model
         self.sentencepiece = tf_text.FastSentencepieceTokenizer(tokenizer_model)
         self._functions = {}
-        self._piece_list = None  # the vocabulary's pieces (`_pieces`), read on first use
+        self._piece_list = None  # the vocabulary's pieces (`_piece_strings`), read on first use
 
     # -- pieces ------------------------------------------------------------
     @not_converted
@@ -374,7 +374,7 @@ class Translator:
         including EOS (position `lengths`), "" after: string `[batch, N]`."""
         positions = tf.range(tf.shape(ids)[1], dtype=tf.int32)  # [N]
         return tf.where(tf.expand_dims(positions, 0) <= tf.expand_dims(lengths, 1),
-                        tf.gather(self._pieces(), ids), "")  # [batch, N]
+                        tf.gather(self.pieces(), ids), "")  # [batch, N]
 
     def _encode_target(self, target):
         """A translation to score or align, as `encode_text` makes sources: cleaned, its
@@ -391,26 +391,25 @@ class Translator:
                 isinstance(sequence, (list, tuple)) and all(isinstance(piece, str) for piece in sequence)
                 for sequence in sequences):
             raise ValueError(f"{name} must be a list of lists of target pieces (strings), got {sequences!r}")
-        self._pieces()
-        ids = {piece: i for i, piece in enumerate(self._piece_list)}
+        ids = {piece: i for i, piece in enumerate(self._piece_strings())}
         unknown = [piece for sequence in sequences for piece in sequence if piece not in ids]
         if unknown:
             raise ValueError(f"{name}: token {unknown[0]!r} is not in the target vocabulary")
         return tuple(tuple(ids[piece] for piece in sequence) for sequence in sequences)
 
     def pieces(self):
-        """The target vocabulary's pieces in id order, string `[vocab]` (a graph constant)."""
-        return self._pieces()
+        """The target vocabulary's pieces in id order, string `[vocab]`: a constant of the graph
+        that asks for them (FastSentencepieceTokenizer has no id-to-piece op)."""
+        return tf.constant(self._piece_strings(), tf.string)
 
-    def _pieces(self):
-        """The vocabulary's pieces in id order, string `[vocab]` (FastSentencepieceTokenizer has
-        no id-to-piece op; the pieces become a constant of the graph that asks for them)."""
-        if self._piece_list is None:  # read once from the model: each traced graph gets the constant
+    def _piece_strings(self):
+        """The vocabulary's pieces in id order, a python list read once from the model."""
+        if self._piece_list is None:
             import sentencepiece
 
             processor = sentencepiece.SentencePieceProcessor(model_proto=self.sentencepiece_model)
             self._piece_list = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-        return tf.constant(self._piece_list, tf.string)
+        return self._piece_list
 
     def score(self, texts, targets):
         """Scores each target as the translation of its source (forced decoding); a list of
