@@ -35,14 +35,19 @@ def moses_lc_tok(lines, lang):
     return [tokenizer.tokenize(normalizer.normalize(line.lower()), return_str=True, escape=True) for line in lines]
 
 
-def lc_tok_bleu(hypotheses, references, lang="de"):
-    """multi-bleu.perl's corpus BLEU of the two after `moses_lc_tok`: a `sacrebleu.BLEUScore`."""
+def lc_tok_bleu(hypotheses, references, lang="de", tokenized=False):
+    """multi-bleu.perl's corpus BLEU of the two after `moses_lc_tok`: a `sacrebleu.BLEUScore`.
+    `tokenized`: both are already in that form (a model trained on the literature's text,
+    `benchmarks.multi30k_lc_tok`) and are scored as they are: the pipeline is not idempotent
+    (a second pass escapes the first's `&quot;` again)."""
     import sacrebleu
 
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references: the files must be "
                          f"line-aligned")
     metric = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
+    if tokenized:
+        return metric.corpus_score(list(hypotheses), [list(references)])
     return metric.corpus_score(moses_lc_tok(hypotheses, lang), [moses_lc_tok(references, lang)])
 
 
@@ -51,6 +56,9 @@ def main(argv=None) -> int:
     parser.add_argument("hypotheses", help="detokenized translations, one per line")
     parser.add_argument("references", help="the references, line-aligned with them")
     parser.add_argument("--lang", default="de", help="target language for the Moses scripts (default de)")
+    parser.add_argument("--tokenized", action="store_true",
+                        help="both files are already lowercased and Moses-tokenized (a model trained on "
+                             "benchmarks.multi30k_lc_tok's text): score them as they are")
     args = parser.parse_args(argv)
     import sacrebleu
 
@@ -62,7 +70,7 @@ def main(argv=None) -> int:
     for name, metric in (("cased", sacrebleu.metrics.BLEU()), ("lowercased", sacrebleu.metrics.BLEU(lowercase=True))):
         print(f"# {name} sacreBLEU {metric.corpus_score(hypotheses, [references]).score:.2f} "
               f"[{metric.get_signature()}]")
-    score = lc_tok_bleu(hypotheses, references, args.lang)
+    score = lc_tok_bleu(hypotheses, references, args.lang, tokenized=args.tokenized)
     print(f"# lowercased Moses-tokenized BLEU (multi-bleu.perl) {score.score:.2f}")
     print(f"lc_tok_bleu: {score.score:.2f}")
     return 0

@@ -400,6 +400,44 @@ def test_literature_bleu_is_multi_bleu_on_moses_lowercased_tokens(tmp_path, caps
     assert f"# lowercased sacreBLEU {lowercased_13a:.2f} [nrefs:1|case:lc|" in out
 
 
+def test_multi30k_lc_tok_writes_the_literatures_text_and_scores_it_as_it_is(tmp_path, capsys):
+    """Issue #93: `multi30k_lc_tok` writes every SPLIT.en / SPLIT.de pair in the literature's
+    training form (the Moses pipeline's known outputs, line for line), and `lc_tok_bleu`'s
+    `tokenized` scores such text as it is: multi-bleu on the tokens, where a second pass of the
+    pipeline would escape `&quot;` again (`&amp; quot ;`) and give another figure."""
+    from benchmarks import literature_bleu, multi30k_lc_tok
+
+    data = tmp_path / "raw"
+    data.mkdir()
+    english = ["Two young, White males are outside.", "He said \"hi\"."]
+    german = ["Zwei junge weiße Männer sind im Freien.", "Er sagte \"Hallo\"."]
+    (data / "train.en").write_text("\n".join(english) + "\n", encoding="utf-8")
+    (data / "train.de").write_text("\n".join(german) + "\n", encoding="utf-8")
+    (data / "notes.en").write_text("no German side: not a split\n", encoding="utf-8")
+    assert multi30k_lc_tok.main(["--data", str(data), "--output", str(tmp_path / "lc")]) == 0
+    assert sorted(p.name for p in (tmp_path / "lc").iterdir()) == ["train.de", "train.en"]
+    assert (tmp_path / "lc" / "train.en").read_text(encoding="utf-8").splitlines() == [
+        "two young , white males are outside .", "he said &quot; hi . &quot;"]  # (English: the stop moves in)
+    assert (tmp_path / "lc" / "train.de").read_text(encoding="utf-8").splitlines() == [
+        "zwei junge weiße männer sind im freien .", "er sagte &quot; hallo &quot; ."]
+    with pytest.raises(SystemExit):
+        multi30k_lc_tok.main(["--data", str(data), "--output", str(data)])
+    assert "--output must not be --data" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        multi30k_lc_tok.main(["--data", str(tmp_path / "lc" / "none"), "--output", str(tmp_path / "x")])
+    assert "has no SPLIT.en / SPLIT.de pair" in capsys.readouterr().err
+
+    hypotheses = ["er sagte &quot; hallo &quot; .", "zwei junge männer sind im freien ."]
+    references = ["er sagte &quot; hallo &quot; laut .", "zwei junge weiße männer sind im freien ."]
+    import sacrebleu
+
+    want = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none", smooth_method="none").score
+    got = literature_bleu.lc_tok_bleu(hypotheses, references, tokenized=True).score
+    again = literature_bleu.lc_tok_bleu(hypotheses, references).score  # the pipeline run a second time
+    assert got == pytest.approx(want, abs=1e-9) and 20 < got < 90 and abs(got - again) > 0.5
+    assert literature_bleu.moses_lc_tok(hypotheses[:1], "de") == ["er sagte &amp; quot ; hallo &amp; quot ; ."]
+
+
 def test_multi30k_patience_table_decodes_as_the_export_was_built(tmp_path):
     """benchmarks/multi30k.py --patience translates with the export's own beam, alpha and
     extra length (the multi30k preset's 5 and 1.0, not the paper's 4 and 0.6 it once
