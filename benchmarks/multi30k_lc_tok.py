@@ -45,7 +45,7 @@ def write_lc_tok(data, output) -> list[pathlib.Path]:
     written = []
     for stem in stems:
         for lang in LANGUAGES:
-            lines = (data / f"{stem}.{lang}").read_text(encoding="utf-8").splitlines()
+            lines = harness.read_lines(data / f"{stem}.{lang}")  # (not splitlines: U+2028 would split a line)
             path = output / f"{stem}.{lang}"
             path.write_text("".join(line + "\n" for line in moses_lc_tok(lines, lang)), encoding="utf-8")
             written.append(path)
