@@ -22,8 +22,9 @@ one; the last line is `lc_tok_bleu: X`.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
+
+from benchmarks import harness
 
 
 def moses_lc_tok(lines, lang):
@@ -62,8 +63,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import sacrebleu
 
-    hypotheses, references = (pathlib.Path(p).read_text(encoding="utf-8").splitlines()
-                              for p in (args.hypotheses, args.references))
+    hypotheses, references = (harness.read_lines(p) for p in (args.hypotheses, args.references))
     if len(hypotheses) != len(references):
         parser.error(f"{args.hypotheses} has {len(hypotheses)} lines, {args.references} {len(references)}: "
                      f"the files must be line-aligned")

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     from keras_transformer.training.evaluation import corpus_bleu
 
     options = [o.strip() for o in args.options.split(",") if o.strip()]
-    references = pathlib.Path(args.reference).read_text(encoding="utf-8").splitlines()
+    references = harness.read_lines(args.reference)
     env = dict(os.environ, KERAS_TRANSFORMER_QUIET="1", TF_CPP_MIN_LOG_LEVEL="3")
     print(harness.header("LiteRT quantization", f"{args.saved_model} on {args.source}"))
     results = {}
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
             out = subprocess.run([sys.executable, "-c", TRANSLATE, str(model), args.source, str(hypotheses)],
                                  cwd=REPO_ROOT, env=env, check=True, capture_output=True, text=True)
             seconds = json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
-            bleu, signature = corpus_bleu(hypotheses.read_text(encoding="utf-8").splitlines(), references)
+            bleu, signature = corpus_bleu(harness.read_lines(hypotheses), references)
             results[option] = dict(size=model.stat().st_size, seconds=seconds, bleu=bleu.score)
             print(f"| {option} | {model.stat().st_size / 2**20:.2f} MiB | convert {convert_seconds:.0f} s | "
                   f"translate {seconds:.1f} s | BLEU {bleu.score:.2f} |", flush=True)

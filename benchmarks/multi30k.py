@@ -176,7 +176,7 @@ def patience_table(export, data, splits, values, decoding, batch_size=64):
 
     header = " | ".join(f"{split} BLEU | {split} = exact | {split} s" for split in splits)
     lines = [f"| patience | {header} |", "|---" * (1 + 3 * len(splits)) + "|"]
-    texts = {split: [(data / f"{split}.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de")]
+    texts = {split: [harness.read_lines(data / f"{split}.{lang}") for lang in ("en", "de")]
              for split in splits}
     exact = {}
     for patience in [0.0, *values]:
@@ -225,8 +225,10 @@ def main(argv=None):
     from keras_transformer.training.evaluation import corpus_bleu  # after training: the import loads Keras
 
     data = pathlib.Path(args.data)
-    sources = (data / f"{args.test}.en").read_text(encoding="utf-8").splitlines()
-    references = (data / f"{args.test}.de").read_text(encoding="utf-8").splitlines()
+    sources, references = (harness.read_lines(data / f"{args.test}.{lang}") for lang in ("en", "de"))
+    if len(sources) != len(references):
+        sys.exit(f"multi30k: {data / args.test}.en has {len(sources)} lines, .de {len(references)}: "
+                 f"the split's files must be line-aligned")
     started = time.time()
     hypotheses = translate(results["export"], sources)
     seconds = time.time() - started

@@ -159,8 +159,8 @@ def lowercased_valid(data, model_dir) -> float:
     from keras_transformer.training.evaluation import corpus_bleu
     from keras_transformer.run_dir import hypothesis_path
 
-    hypotheses = hypothesis_path(model_dir, "valid").read_text(encoding="utf-8").splitlines()
-    references = (pathlib.Path(data) / "valid.de").read_text(encoding="utf-8").splitlines()
+    hypotheses = harness.read_lines(hypothesis_path(model_dir, "valid"))
+    references = harness.read_lines(pathlib.Path(data) / "valid.de")
     return round(corpus_bleu(hypotheses, references, lowercase=True)[0].score, 2)
 
 
@@ -185,8 +185,8 @@ def decode_choice(data, model_dir, test="test2016") -> dict:
     optimizer = make_optimizer(config)
     optimizer.build(model.trainable_variables)
     store = CheckpointStore(model_dir / CHECKPOINT_DIR, model, optimizer, tokenizer.sha256, max_to_keep=100)
-    texts = {split: [(pathlib.Path(data) / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
-                     for lang in ("en", "de")] for split in ("valid", test)}
+    texts = {split: [harness.read_lines(pathlib.Path(data) / f"{split}.{lang}") for lang in ("en", "de")]
+             for split in ("valid", test)}
 
     def bleu(split, beam_size, alpha):
         sources, references = texts[split]
