@@ -222,13 +222,13 @@ def main(argv=None):
     args = parse_args(argv)
     print(harness.header("multi30k", f"budget {args.minutes:g} min, preset {args.config}"), flush=True)
     results = train(args)
-    from keras_transformer.training.evaluation import corpus_bleu  # after training: the import loads Keras
-
     data = pathlib.Path(args.data)
     sources, references = (harness.read_lines(data / f"{args.test}.{lang}") for lang in ("en", "de"))
     if len(sources) != len(references):
         sys.exit(f"multi30k: {data / args.test}.en has {len(sources)} lines, .de {len(references)}: "
                  f"the split's files must be line-aligned")
+    from keras_transformer.training.evaluation import corpus_bleu  # after training: the import loads Keras
+
     started = time.time()
     hypotheses = translate(results["export"], sources)
     seconds = time.time() - started

@@ -1,6 +1,7 @@
 """Smoke tests of the benchmarks on tiny settings (the figures themselves live in docs/lab-notebook)."""
 
 import concurrent.futures
+import json
 import pathlib
 import re
 import statistics
@@ -319,6 +320,26 @@ def test_multi30k_benchmark_never_trains_a_finished_run_again(tmp_path):
         f"`python -m export.saved_model --model-dir {run} --output {run / 'export'}` and run this again")
     assert "Traceback" not in result.stderr and "train.py" not in result.stdout
     assert sorted(p.name for p in run.iterdir()) == ["results.json"]
+
+
+def test_multi30k_benchmark_names_a_split_whose_sides_differ_in_length(tmp_path):
+    """A test split whose .en and .de differ by a line would pair every sentence after the
+    gap with the wrong reference: the benchmark stops with one line naming both counts
+    before it translates (the export it names does not exist: it is never opened)."""
+    from benchmarks import multi30k
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test2016.en").write_text("a man .\na dog .\n", encoding="utf-8")
+    # U+2028 inside a line is no line break for the benchmarks' reader (str.splitlines would split it)
+    (data / "test2016.de").write_text("ein mann \u2028 .\n", encoding="utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"steps": 1, "export": str(run / "missing")}), encoding="utf-8")
+    with pytest.raises(SystemExit) as stopped:
+        multi30k.main(["--model-dir", str(run), "--data", str(data)])
+    assert stopped.value.code == (f"multi30k: {data / 'test2016'}.en has 2 lines, .de 1: "
+                                  f"the split's files must be line-aligned")
 
 
 def test_step_nodes_counts_each_loop_step_once(tmp_path, capsys):
