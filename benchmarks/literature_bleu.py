@@ -27,6 +27,20 @@ import sys
 from benchmarks import harness
 
 
+# What a command says when the Moses pipeline is wanted and `sacremoses` is missing.
+MOSES_MISSING = ("the literature's lowercased Moses-tokenized text needs sacremoses (the Moses scripts' "
+                 "Python port), which is not installed: python -m pip install -e \".[bench]\"")
+
+
+def have_moses() -> bool:
+    """Whether `sacremoses` imports (it is in the `bench` and `dev` extras, not a dependency)."""
+    try:
+        import sacremoses  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def moses_lc_tok(lines, lang):
     """Each line lowercased, punctuation-normalized and Moses-tokenized (`-l lang`, escaped
     as `tokenizer.perl` writes by default): the Multi30k `*.lc.norm.tok.*` pipeline."""
@@ -61,6 +75,8 @@ def main(argv=None) -> int:
                         help="both files are already lowercased and Moses-tokenized (a model trained on "
                              "benchmarks.multi30k_lc_tok's text): score them as they are")
     args = parser.parse_args(argv)
+    if not args.tokenized and not have_moses():
+        sys.exit(f"literature_bleu: {MOSES_MISSING}")
     import sacrebleu
 
     hypotheses, references = (harness.read_lines(p) for p in (args.hypotheses, args.references))

@@ -47,7 +47,7 @@ import sys
 import time
 
 from benchmarks import harness
-from benchmarks.literature_bleu import lc_tok_bleu
+from benchmarks.literature_bleu import MOSES_MISSING, have_moses, lc_tok_bleu
 
 REPO_ROOT = harness.REPO_ROOT
 DEFAULT_DATA = harness.SHARED_DATA / "multi30k"
@@ -194,6 +194,16 @@ def patience_table(export, data, splits, values, decoding, batch_size=64):
     return lines
 
 
+def literature_line(split, hypotheses, references, tokenized=False) -> str:
+    """The output line with the literature's metric (`lc_tok_bleu`), or, where `sacremoses`
+    is missing and the text needs its pipeline, the line saying so: the run's own figures,
+    printed before it, stand without it."""
+    if tokenized or have_moses():
+        score = lc_tok_bleu(hypotheses, references, "de", tokenized=tokenized).score
+        return f"# {split} lowercased Moses-tokenized BLEU (multi-bleu.perl, the literature's) {score:.2f}"
+    return f"# {split} lowercased Moses-tokenized BLEU (the literature's): not computed: {MOSES_MISSING}"
+
+
 def plot(model_dir, test_bleu, minutes):
     import matplotlib
 
@@ -244,8 +254,7 @@ def main(argv=None):
     print(f"# {len(sources)} {args.test} sentences translated by the export's {SIGNATURE} in {seconds:.1f} s")
     print(f"# {args.test} cased BLEU {score.score:.2f} [{cased}]")
     print(f"# {args.test} lowercased BLEU {lower.score:.2f} [{lowercased}]")
-    literature = lc_tok_bleu(hypotheses, references, "de", tokenized=args.tokenized)
-    print(f"# {args.test} lowercased Moses-tokenized BLEU (multi-bleu.perl, the literature's) {literature.score:.2f}")
+    print(literature_line(args.test, hypotheses, references, args.tokenized))
     print(f"# curve: {png}")
     if args.patience:
         decoding = decoding_options(results["export"], args.patience_beam)

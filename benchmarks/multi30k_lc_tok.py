@@ -29,7 +29,7 @@ import pathlib
 import sys
 
 from benchmarks import harness
-from benchmarks.literature_bleu import moses_lc_tok
+from benchmarks.literature_bleu import MOSES_MISSING, have_moses, moses_lc_tok
 
 LANGUAGES = ("en", "de")
 
@@ -60,6 +60,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if pathlib.Path(args.output).resolve() == pathlib.Path(args.data).resolve():
         parser.error("--output must not be --data: it would overwrite the raw text")
+    if not have_moses():
+        sys.exit(f"multi30k_lc_tok: {MOSES_MISSING}")
     try:
         written = write_lc_tok(args.data, args.output)
     except FileNotFoundError as error:

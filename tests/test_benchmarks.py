@@ -459,6 +459,48 @@ def test_multi30k_lc_tok_writes_the_literatures_text_and_scores_it_as_it_is(tmp_
     assert literature_bleu.moses_lc_tok(hypotheses[:1], "de") == ["er sagte &amp; quot ; hallo &amp; quot ; ."]
 
 
+def test_the_literatures_commands_name_the_missing_moses_scripts(tmp_path, monkeypatch, capsys):
+    """Without sacremoses (an extra, not a dependency) the commands that need the Moses
+    pipeline stop with one line naming the extra to install, before they read or write
+    anything; text already in the literature's form (`--tokenized`) is still scored, and
+    `benchmarks.multi30k` prints the line in place of the literature's figure instead of
+    losing the run's own."""
+    import sacrebleu
+
+    from benchmarks import literature_bleu, multi30k, multi30k_lc_tok
+
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # `import sacremoses` raises ImportError
+    assert not literature_bleu.have_moses()
+    want = ("the literature's lowercased Moses-tokenized text needs sacremoses (the Moses scripts' Python port), "
+            'which is not installed: python -m pip install -e ".[bench]"')
+    hypotheses, references = ["ein mann läuft .", "zwei hunde"], ["ein mann läuft .", "zwei katzen"]
+    hyp_file, ref_file = tmp_path / "hyp.de", tmp_path / "ref.de"
+    hyp_file.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    ref_file.write_text("\n".join(references) + "\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as stopped:
+        literature_bleu.main([str(hyp_file), str(ref_file)])
+    assert stopped.value.code == f"literature_bleu: {want}"
+    tokens = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none", smooth_method="none",
+                                   force=True).score
+    assert 0 < tokens < 100
+    assert literature_bleu.main([str(hyp_file), str(ref_file), "--tokenized"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"lc_tok_bleu: {tokens:.2f}"
+
+    data = tmp_path / "raw"
+    data.mkdir()
+    (data / "train.en").write_text("A man.\n", encoding="utf-8")
+    (data / "train.de").write_text("Ein Mann.\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as stopped:
+        multi30k_lc_tok.main(["--data", str(data), "--output", str(tmp_path / "lc")])
+    assert stopped.value.code == f"multi30k_lc_tok: {want}"
+    assert not (tmp_path / "lc").exists()
+
+    assert multi30k.literature_line("valid", hypotheses, references) == (
+        f"# valid lowercased Moses-tokenized BLEU (the literature's): not computed: {want}")
+    assert multi30k.literature_line("valid", hypotheses, references, tokenized=True) == (
+        f"# valid lowercased Moses-tokenized BLEU (multi-bleu.perl, the literature's) {tokens:.2f}")
+
+
 def test_multi30k_patience_table_decodes_as_the_export_was_built(tmp_path):
     """benchmarks/multi30k.py --patience translates with the export's own beam, alpha and
     extra length (the multi30k preset's 5 and 1.0, not the paper's 4 and 0.6 it once
