@@ -20,6 +20,7 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _seed():
-    import keras
-    keras.utils.set_random_seed(1234)
+    from helpers import TEST_SEED, seed_keeping_tensorflows_caches
+
+    seed_keeping_tensorflows_caches(TEST_SEED)
     yield

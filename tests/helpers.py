@@ -78,6 +78,45 @@ def import_log(stderr: str) -> tuple[set[str], list[str]]:
 SEED_VARIABLE = "KERAS_TRANSFORMER_TEST_SEED"
 
 
+# The seed every test starts from (`conftest._seed`).
+TEST_SEED = 1234
+
+
+def seed_keeping_tensorflows_caches(seed):
+    """`keras.utils.set_random_seed(seed)` (Python's, NumPy's, Keras' and TensorFlow's global
+    seeds) without the one thing more that `tf.random.set_seed` does in eager mode: clear the
+    eager context's caches, which drops every function TensorFlow has instantiated. Run before
+    each test, that clear made each test instantiate again (Grappler and all) every loaded or
+    traced function it called, although an earlier test had: 2-3 s for one call of a loaded
+    export's `translate_advanced`.
+
+    What the clear is for, restarting the counters of stateful random kernels (`tf.random.uniform`
+    run eagerly twice with the same seeds), no code here relies on: the package's random ops are
+    stateless, and Keras draws its seeds from its own seed generator. The ops' seeds are those of
+    `tf.random.set_seed` (tests/test_suite_seeding.py checks both)."""
+    import random
+
+    import keras
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    eager = context.context()
+
+    def set_seed(value):  # `Context._set_global_seed` less its `TFE_ContextClearCaches`
+        eager._seed = value
+        eager._rng = random.Random(value)
+
+    if not (hasattr(eager, "_seed") and hasattr(eager, "_set_global_seed")):  # (another TensorFlow)
+        keras.utils.set_random_seed(seed)
+        return
+    original = tf.random.set_seed
+    tf.random.set_seed = set_seed  # (what keras.utils.set_random_seed calls, looked up at the call)
+    try:
+        keras.utils.set_random_seed(seed)
+    finally:
+        tf.random.set_seed = original
+
+
 def fixture_seed(seed: int = 0) -> int:
     """The seed a test fixture trains or initialises with: `seed` plus `$KERAS_TRANSFORMER_TEST_SEED`
     (0 when unset, so that a plain run keeps every fixture's own seed)."""
