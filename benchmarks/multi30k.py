@@ -217,7 +217,7 @@ def plot(model_dir, test_bleu, minutes):
     axis.plot([float(r["minutes"]) for r in rows], [float(r["bleu"]) for r in rows], "o-",
               label="greedy BLEU, 100 valid sentences (checkpoint)")
     axis.plot([minutes], [test_bleu], "r*", markersize=12, label="test2016, beam 4, averaged model")
-    axis.set_xlabel("minutes of training (this process)")
+    axis.set_xlabel("minutes of training (a resumed run's parts summed)")
     axis.set_ylabel("sacreBLEU (cased)")
     axis.grid(True, alpha=0.3)
     axis.legend(loc="lower right")

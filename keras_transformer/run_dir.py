@@ -6,7 +6,7 @@ and writes the small files (`run.json`, `history.csv`, `results.json`).
       run.json             model config, tokenizer SHA-256, data and its fingerprint
       checkpoints/         ckpt-<step>.* and the `checkpoint` state file
       logs/                TensorBoard
-      history.csv          loss / validation loss / BLEU per checkpoint
+      history.csv          loss / validation loss / BLEU / minutes per checkpoint
       curves.png           the same as a plot
       final.weights.h5     the average of the last K checkpoints
       valid.hyp.txt ...    the final translations per split
@@ -371,6 +371,16 @@ def read_history(model_dir) -> list[dict]:
         return []
     with path.open(newline="") as f:
         return list(csv.DictReader(f))
+
+
+def minutes_before(model_dir, step: int) -> float:
+    """The training minutes that `history.csv` records up to `step` (a resumed run's first
+    step): those of its last row at or before it, 0.0 when there is none. A resumed run's
+    `minutes` go on from there, so that they sum the parts of a run trained in parts (each
+    part from its start to its last round's row; a signal's stop mid-round loses at most
+    that round's time)."""
+    rows = [row for row in read_history(model_dir) if row.get("minutes") and int(row["step"]) <= step]
+    return float(rows[-1]["minutes"]) if rows else 0.0
 
 
 def write_results(model_dir, results: dict) -> pathlib.Path:

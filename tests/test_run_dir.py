@@ -1,4 +1,4 @@
-"""A run directory's files: the history written atomically."""
+"""A run directory's files: the history written atomically, and what a resumed run reads back."""
 
 import pytest
 
@@ -34,6 +34,19 @@ def test_history_append_is_atomic_and_a_failed_write_keeps_the_old_file(tmp_path
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [run_dir.HISTORY_FILE]
+
+
+def test_a_resumed_run_goes_on_from_the_minutes_of_its_last_row_at_or_before_its_step(tmp_path):
+    """`run_dir.minutes_before(step)`: the `minutes` of history.csv's last row at or before
+    `step` (a signal's mid-round checkpoint falls between rows), skipping rows that did not
+    measure them; 0.0 before the first row, and for a run without history."""
+    from keras_transformer import run_dir
+
+    assert run_dir.minutes_before(tmp_path, 40) == 0.0
+    for step, minutes in ((10, "1.50"), (20, "3.25"), (30, ""), (40, "7.00")):
+        run_dir.append_history(tmp_path, {"step": step, "loss": "2.0000", "minutes": minutes})
+    assert [run_dir.minutes_before(tmp_path, step) for step in (5, 10, 17, 20, 30, 36, 40, 45)] == [
+        0.0, 1.5, 1.5, 3.25, 3.25, 3.25, 7.0, 7.0]
 
 
 def test_a_damaged_model_directory_is_a_one_line_error(tmp_path, capsys):

@@ -144,9 +144,12 @@ class CheckpointAndBleu(keras.callbacks.Callback):
     line of console output. Never checkpoints non-finite weights."""
 
     def __init__(self, store, translator, valid_pairs, bleu_sentences, model_dir, progress=None,
-                 started=None, chief=True):
+                 started=None, chief=True, minutes_before=0.0):
+        """`minutes` of a row: `minutes_before` (a resumed run's earlier parts) plus this
+        process's since `started` (`time.time()`)."""
         super().__init__()
         self.started = started
+        self.minutes_before = minutes_before
         self.chief = chief
         self.store = store
         self.translator = translator
@@ -172,7 +175,7 @@ class CheckpointAndBleu(keras.callbacks.Callback):
             row["bleu"] = f"{score.score:.2f}"
             scored = len(hypotheses)  # fewer than bleu_sentences when the valid split is smaller
         if self.started is not None:
-            row["minutes"] = f"{(time.time() - self.started) / 60:.2f}"
+            row["minutes"] = f"{self.minutes_before + (time.time() - self.started) / 60:.2f}"
         run_dir.append_history(self.model_dir, row)
         parts = [f"step {step}" + (f"/{self.progress.total_steps}" if self.progress else "")]
         for key in ("loss", "val_loss"):

@@ -227,17 +227,20 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
         console.say_onednn_fallback()  # said and dropped here, not among the first round's lines
 
     translator = Translator(model, config, tokenizer.model_bytes)
+    # A resumed run's minutes (history.csv, results.json's `train_minutes`) go on from the
+    # parts before it; its time budget (`--max-minutes`) is this process's own.
+    trained_before = run_dir.minutes_before(model_dir, start_step) if chief and start_step else 0.0
     progress = Progress(run.steps, budget_seconds=run.max_minutes * 60 or None, started=started)
     signals = StopSignals()
     callbacks, budget = _callbacks(run, store, translator, data, model_dir, progress, signals, strategy, chief,
-                                   started)
+                                   started, trained_before)
     interrupted = _train(run, model, data, callbacks, start_step, store, progress, signals, budget, strategy)
     if interrupted is not None:
         return TrainedRun(model, config, tokenizer, {"steps": interrupted, "interrupted": signals.received},
                           model_dir, interrupted=True)
     if not chief:  # the chief averages, evaluates and exports
         return _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy)
-    results = _average(run, model, config, store, model_dir, started, budget)
+    results = _average(run, model, config, store, model_dir, started, budget, trained_before)
     if run.mixed_precision:
         model, translator = _float32_model(config, tokenizer, model_dir)
     results.update(_evaluate(run, translator, data, model_dir))
@@ -373,16 +376,19 @@ def _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run):
     return store, start_step, worker_dir
 
 
-def _callbacks(run, store, translator, data, model_dir, progress, signals, strategy, chief, started):
+def _callbacks(run, store, translator, data, model_dir, progress, signals, strategy, chief, started,
+               trained_before=0.0):
     """`fit`'s callbacks, in order, and the time budget (None without one), which comes
-    last: after the round's checkpoint."""
+    last: after the round's checkpoint. `trained_before`: the minutes of the run's parts
+    before this process (`run_dir.minutes_before`)."""
     every = run.checkpoint_every
     if chief:
         callbacks = [
             StepGuard(signals, strategy),
             progress,
             CheckpointAndBleu(store, translator, data.pairs(data.valid_split) if data.valid_split else None,
-                              run.bleu_every_sentences, model_dir, progress, started),
+                              run.bleu_every_sentences, model_dir, progress, started,
+                              minutes_before=trained_before),
             keras.callbacks.TensorBoard(log_dir=str(model_dir / run_dir.LOG_DIR), update_freq=max(1, every // 4)),
         ]
     else:
@@ -435,9 +441,10 @@ def _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy) -> 
     return TrainedRun(model, config, tokenizer, {"steps": step}, model_dir, chief=False)
 
 
-def _average(run, model, config, store, model_dir, started, budget) -> dict:
+def _average(run, model, config, store, model_dir, started, budget, trained_before=0.0) -> dict:
     """Averages the last `run.average` round checkpoints into `model`, saves them as the
-    final weights; returns the run's figures so far."""
+    final weights; returns the run's figures so far (`train_minutes`: this process's and
+    `trained_before`, the parts' before it)."""
     from keras_transformer.training.checkpoints import average_checkpoints
 
     averaged = averaged_checkpoints(store, run.checkpoint_every, run.steps, run.average)
@@ -445,7 +452,7 @@ def _average(run, model, config, store, model_dir, started, budget) -> dict:
     average_checkpoints(model, averaged)
     run_dir.save_final_weights(model, config, model_dir)
     results = {"steps": int(model.optimizer.iterations.numpy()), "averaged_checkpoints": len(averaged),
-               "train_minutes": round((time.time() - started) / 60, 2)}
+               "train_minutes": round(trained_before + (time.time() - started) / 60, 2)}
     if hasattr(model.optimizer, "skipped_steps"):  # mixed_float16: steps skipped by loss scaling
         results["skipped_steps"] = int(model.optimizer.skipped_steps.numpy())
     if budget and budget.exhausted:
