@@ -342,6 +342,36 @@ def test_multi30k_benchmark_names_a_split_whose_sides_differ_in_length(tmp_path)
                                   f"the split's files must be line-aligned")
 
 
+def test_multi30k_benchmark_trains_with_the_presets_budget_unless_given_one(tmp_path, monkeypatch, capsys):
+    """The train.py command the benchmark runs: `--max-minutes` only when `--minutes` is given,
+    so that each preset keeps its own budget (`multi30k-literature` has none: a 56-minute
+    default cut its 8,000 updates at about 2,400)."""
+    from benchmarks import multi30k
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("test2016.en", "test2016.de"):
+        (data / name).write_text("a\n", encoding="utf-8")
+    commands = []
+
+    def train_py(command, **kwargs):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 1, stdout="")
+
+    monkeypatch.setattr(multi30k.subprocess, "run", train_py)
+    for flags in ([], ["--minutes", "20"]):
+        with pytest.raises(SystemExit, match="^multi30k: train.py failed with exit code 1$"):
+            multi30k.main(["--model-dir", str(tmp_path / "run"), "--data", str(data), "--config",
+                           "multi30k-literature", *flags])
+    assert [command[1:] for command in commands] == [
+        ["train.py", "--config", "multi30k-literature", "--data", str(data), "--model-dir", str(tmp_path / "run")],
+        ["train.py", "--config", "multi30k-literature", "--data", str(data), "--model-dir", str(tmp_path / "run"),
+         "--max-minutes", "20"]]
+    headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("# multi30k:")]
+    assert [header.rsplit("; ", 1)[-1] for header in headers] == [
+        "the preset's budget, preset multi30k-literature", "budget 20 min, preset multi30k-literature"]
+
+
 def test_step_nodes_counts_each_loop_step_once(tmp_path, capsys):
     """benchmarks/step_nodes.py on a random tiny model whose outputs never end: the loop
     runs exactly to the limit (source + EOS + 50 steps), and every loop variable's
