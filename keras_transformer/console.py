@@ -185,11 +185,12 @@ def _stderr_captured():
 # logs one: TensorFlow reads the binary entry it wrote as text first
 # (`ReadTextOrBinaryProto`), logs that parse's failure as an error, then reads it as binary.
 HARMLESS_CACHE_LINES = ("Error parsing text-format tensorflow.XlaSerializedCacheEntry",)
-# With oneDNN on (`onednn_requested`) on a CPU without AVX-512, the first int32 op that its
-# graph rewrite gave to oneDNN logs, as an error, that it runs TensorFlow's own kernel
-# instead: `oneDNN supports DT_INT32 only on platforms with AVX-512. Falling back to the
-# default Eigen-based implementation if present.` (`serving_default`'s and
-# `translate_options`' plain search on a 2-vCPU AVX2 EPYC, TensorFlow 2.21).
+# With oneDNN on (`onednn_requested`), the first int32 op that its graph rewrite gave to
+# oneDNN logs, as an error, that it runs TensorFlow's own kernel instead: `oneDNN supports
+# DT_INT32 only on platforms with AVX-512. Falling back to the default Eigen-based
+# implementation if present.` (`serving_default`'s and `translate_options`' plain search on a
+# 2-vCPU AVX2 EPYC, TensorFlow 2.21; a Multi30k model's `serving_default` logged it on the
+# 2-vCPU AVX-512 Zen 4 as well, 2026-12-07).
 ONEDNN_FALLBACK_LINES = ("only on platforms with AVX-512. Falling back to the default Eigen-based implementation",)
 # LiteRT (ai-edge-litert) logs, from C++ and whatever TF_CPP_MIN_LOG_LEVEL says, when its
 # interpreter first runs a model: `INFO: Created TensorFlow Lite XNNPACK delegate for CPU.`

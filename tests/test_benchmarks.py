@@ -372,6 +372,31 @@ def test_multi30k_benchmark_trains_with_the_presets_budget_unless_given_one(tmp_
         "the preset's budget, preset multi30k-literature", "budget 20 min, preset multi30k-literature"]
 
 
+def test_multi30k_benchmark_drops_tensorflows_harmless_lines_and_keeps_the_others(monkeypatch, capfd):
+    """`benchmarks.multi30k.translate` runs the export's signature with TensorFlow's lines that ask
+    nothing of the user (`console.HARMLESS_LINES`: oneDNN's int32 fallback, logged as an error)
+    dropped from file descriptor 2, as `export.translate` does; any other line stays."""
+    import os
+
+    import tensorflow as tf
+
+    from benchmarks import multi30k
+    from keras_transformer.console import ONEDNN_FALLBACK_LINES, QUIET_ENV
+
+    fallback = ("E0000 util.cc:131] oneDNN supports DT_INT32 " + ONEDNN_FALLBACK_LINES[0] + " if present.\n")
+
+    def serving_default(text):
+        os.write(2, fallback.encode() + b"a line that asks something\n")
+        return {"translation": tf.strings.upper(text)}
+
+    export = type("Export", (), {"signatures": {multi30k.SIGNATURE: serving_default}})()
+    monkeypatch.setattr(tf.saved_model, "load", lambda path: export)
+    monkeypatch.setenv(QUIET_ENV, "1")
+    capfd.readouterr()
+    assert multi30k.translate("EXPORT", ["a", "b", "c"], batch_size=2) == ["A", "B", "C"]
+    assert capfd.readouterr().err == "a line that asks something\n" * 2
+
+
 def test_step_nodes_counts_each_loop_step_once(tmp_path, capsys):
     """benchmarks/step_nodes.py on a random tiny model whose outputs never end: the loop
     runs exactly to the limit (source + EOS + 50 steps), and every loop variable's
