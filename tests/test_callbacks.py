@@ -76,6 +76,33 @@ def test_progress_figures(monkeypatch):
     assert last.startswith("step 3/10 [=======                 ]  loss 2.5000  500 tok/s  ETA 0:11")
 
 
+def test_the_rate_is_the_current_rounds_after_a_paused_round(monkeypatch):
+    """tok/s counts the current round (its first step, with tracing, aside): a round in which
+    the process was paused for 600 s (Ctrl-Z, SIGSTOP) reads slow, the next round reads its
+    own 500 tok/s again (an average over the run read 1000 tokens in ~602 s)."""
+    import io
+
+    import tensorflow as tf
+
+    now = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    progress = Progress(total_steps=10, live=False, stream=io.StringIO())
+    iterations = tf.Variable(0, dtype=tf.int64)
+    progress.set_model(type("M", (), {"optimizer": type("O", (), {"iterations": iterations})()})())
+    progress.on_train_begin()
+    step = 0
+    for pause in (600.0, 0.0):  # two rounds of 3 steps, 500 tokens each, 1 s a step
+        progress.on_epoch_begin(0)
+        for batch in range(3):
+            now[0] += 1.0 + (pause if batch == 1 else 0.0)
+            step += 1
+            iterations.assign(step)
+            progress.on_train_batch_end(batch, {"loss": 2.0, "target_tokens": 500.0 * (batch + 1)})
+        if pause:
+            assert progress.tokens_per_second == pytest.approx(1000.0 / 602.0)
+    assert progress.tokens_per_second == pytest.approx(500.0)
+
+
 def test_the_eta_is_the_time_budgets_when_it_ends_the_run_first(monkeypatch):
     """The Multi30k preset trains for 56 minutes, capped at 40,000 steps: the ETA said
     '5:58:26' at step 3,000 of a run that stopped 45 minutes later. With a budget the ETA

@@ -62,8 +62,8 @@ class StepGuard(keras.callbacks.Callback):
 
 
 class Progress(keras.callbacks.Callback):
-    """Step, loss, target tokens/s and ETA: a live line on a terminal, and
-    (from `CheckpointAndBleu`) one line per checkpoint otherwise."""
+    """Step, loss, target tokens/s (of the current round) and ETA: a live line on a
+    terminal, and (from `CheckpointAndBleu`) one line per checkpoint otherwise."""
 
     def __init__(self, total_steps, live=None, stream=None, budget_seconds=None, started=None):
         """`budget_seconds` from `started` (`time.time()`): the run's time budget
@@ -88,7 +88,11 @@ class Progress(keras.callbacks.Callback):
         self._start_time = time.perf_counter()
 
     def on_epoch_begin(self, epoch, logs=None):
+        # tok/s is the current round's (its first step aside): a pause of the process (Ctrl-Z,
+        # a suspended laptop, SIGSTOP) slowed only its own round's figure, where a run-long
+        # average read 483 tok/s after a 10-minute stop and stayed low for the rest of the run.
         self._tokens = 0.0
+        self._rate_tokens = self._rate_seconds = 0.0
         self._last = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
