@@ -170,17 +170,20 @@ def patience_table(export, data, splits, values, decoding, batch_size=64):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the tokenizer ops)
 
+    from keras_transformer.console import harmless_lines_dropped
+
     options = tf.saved_model.load(str(export)).signatures["translate_options"]
     beam, alpha, extra = decoding
 
     def translate(sources, patience):
         out = []
-        for i in range(0, len(sources), batch_size):
-            result = options(text=tf.constant(sources[i:i + batch_size]), beam_size=tf.constant(beam),
-                             alpha=tf.constant(alpha, tf.float32), extra_length=tf.constant(extra),
-                             num_results=tf.constant(1),
-                             patience=tf.constant(patience, tf.float32))
-            out.extend(t.decode("utf-8") for t in result["translations"].numpy()[:, 0])
+        with harmless_lines_dropped():  # (as `translate` above: the same plain-graph search)
+            for i in range(0, len(sources), batch_size):
+                result = options(text=tf.constant(sources[i:i + batch_size]), beam_size=tf.constant(beam),
+                                 alpha=tf.constant(alpha, tf.float32), extra_length=tf.constant(extra),
+                                 num_results=tf.constant(1),
+                                 patience=tf.constant(patience, tf.float32))
+                out.extend(t.decode("utf-8") for t in result["translations"].numpy()[:, 0])
         return out
 
     header = " | ".join(f"{split} BLEU | {split} = exact | {split} s" for split in splits)

@@ -372,10 +372,11 @@ def test_multi30k_benchmark_trains_with_the_presets_budget_unless_given_one(tmp_
         "the preset's budget, preset multi30k-literature", "budget 20 min, preset multi30k-literature"]
 
 
-def test_multi30k_benchmark_drops_tensorflows_harmless_lines_and_keeps_the_others(monkeypatch, capfd):
-    """`benchmarks.multi30k.translate` runs the export's signature with TensorFlow's lines that ask
-    nothing of the user (`console.HARMLESS_LINES`: oneDNN's int32 fallback, logged as an error)
-    dropped from file descriptor 2, as `export.translate` does; any other line stays."""
+def test_multi30k_benchmark_drops_tensorflows_harmless_lines_and_keeps_the_others(tmp_path, monkeypatch, capfd):
+    """`benchmarks.multi30k.translate` and its `--patience` table run the export's signatures with
+    TensorFlow's lines that ask nothing of the user (`console.HARMLESS_LINES`: oneDNN's int32
+    fallback, logged as an error) dropped from file descriptor 2, as `export.translate` does; any
+    other line stays."""
     import os
 
     import tensorflow as tf
@@ -389,12 +390,22 @@ def test_multi30k_benchmark_drops_tensorflows_harmless_lines_and_keeps_the_other
         os.write(2, fallback.encode() + b"a line that asks something\n")
         return {"translation": tf.strings.upper(text)}
 
-    export = type("Export", (), {"signatures": {multi30k.SIGNATURE: serving_default}})()
+    def translate_options(text, **options):
+        return {"translations": serving_default(text)["translation"][:, None]}
+
+    export = type("Export", (), {"signatures": {multi30k.SIGNATURE: serving_default,
+                                                "translate_options": translate_options}})()
     monkeypatch.setattr(tf.saved_model, "load", lambda path: export)
     monkeypatch.setenv(QUIET_ENV, "1")
     capfd.readouterr()
     assert multi30k.translate("EXPORT", ["a", "b", "c"], batch_size=2) == ["A", "B", "C"]
     assert capfd.readouterr().err == "a line that asks something\n" * 2
+    sources = ["a man sees the dog", "the cat buys a book", "a red house today"]  # (4-grams: BLEU 100)
+    (tmp_path / "valid.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    (tmp_path / "valid.de").write_text("\n".join(sources).upper() + "\n", encoding="utf-8")
+    table = multi30k.patience_table("EXPORT", tmp_path, ["valid"], [1.0], (4, 0.6, 10), batch_size=2)
+    assert [line.split(" | ")[:3] for line in table[2:]] == [["| 0 (exact)", "100.00", "3/3"], ["| 1", "100.00", "3/3"]]
+    assert capfd.readouterr().err == "a line that asks something\n" * 4  # two requests for each patience
 
 
 def test_step_nodes_counts_each_loop_step_once(tmp_path, capsys):
