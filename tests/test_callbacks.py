@@ -9,6 +9,13 @@ import pytest
 from keras_transformer.training.callbacks import CheckpointAndBleu, Progress, TimeBudget
 
 
+def _stand_in_model():
+    """What `Progress` reads of a model: `optimizer.iterations`, a variable at step 0."""
+    import tensorflow as tf
+
+    return type("M", (), {"optimizer": type("O", (), {"iterations": tf.Variable(0, dtype=tf.int64)})()})()
+
+
 def _rounds(monkeypatch, seconds, first_step, rounds, steps_per_round):
     """A TimeBudget of `seconds` (clock started at 0) fed `rounds` of (begin, end) times, each
     `steps_per_round` steps from `first_step`; yields the budget after each round."""
@@ -53,15 +60,13 @@ def test_time_budget_projects_from_this_process_s_second_round(monkeypatch):
 def test_progress_figures(monkeypatch):
     import io
 
-    import tensorflow as tf
-
     # begin, epoch, then per batch: the rate's reading and the ETA's reading.
     clock = iter([100.0, 100.0, 101.0, 101.0, 103.0, 103.0, 105.0, 105.0])
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     stream = io.StringIO()
     progress = Progress(total_steps=10, live=True, stream=stream)
-    iterations = tf.Variable(0, dtype=tf.int64)
-    progress.set_model(type("M", (), {"optimizer": type("O", (), {"iterations": iterations})()})())
+    progress.set_model(_stand_in_model())
+    iterations = progress.model.optimizer.iterations
     progress.on_train_begin()  # t=100, step 0
     progress.on_epoch_begin(0)  # t=100
     for batch, (tokens, step) in enumerate([(500.0, 1), (1500.0, 2), (2500.0, 3)]):
@@ -82,13 +87,11 @@ def test_the_rate_is_the_current_rounds_after_a_paused_round(monkeypatch):
     own 500 tok/s again (an average over the run read 1000 tokens in ~602 s)."""
     import io
 
-    import tensorflow as tf
-
     now = [100.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     progress = Progress(total_steps=10, live=False, stream=io.StringIO())
-    iterations = tf.Variable(0, dtype=tf.int64)
-    progress.set_model(type("M", (), {"optimizer": type("O", (), {"iterations": iterations})()})())
+    progress.set_model(_stand_in_model())
+    iterations = progress.model.optimizer.iterations
     progress.on_train_begin()
     step = 0
     for pause in (600.0, 0.0):  # two rounds of 3 steps, 500 tokens each, 1 s a step
@@ -107,12 +110,10 @@ def test_the_eta_is_the_time_budgets_when_it_ends_the_run_first(monkeypatch):
     """The Multi30k preset trains for 56 minutes, capped at 40,000 steps: the ETA said
     '5:58:26' at step 3,000 of a run that stopped 45 minutes later. With a budget the ETA
     is the sooner of the steps' and the budget's."""
-    import tensorflow as tf
-
     clock = iter([100.0, 105.0, 105.0, 110.0])  # perf_counter: begin, then two readings
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     monkeypatch.setattr(time, "time", lambda: 1_000.0 + 20.0)  # 20 s into the budget
-    model = type("M", (), {"optimizer": type("O", (), {"iterations": tf.Variable(0, dtype=tf.int64)})()})()
+    model = _stand_in_model()
     budgeted = Progress(total_steps=40_000, live=False, budget_seconds=60.0, started=1_000.0)
     plain = Progress(total_steps=40_000, live=False)
     for progress in (budgeted, plain):

@@ -235,15 +235,16 @@ def test_sigterm_checkpoints_exits_0_then_sigkill_and_resume_continue(interrupte
     model_dir = run["model_dir"]
     results = json.loads((model_dir / "results.json").read_text())
     assert results["steps"] == killed_at + 15
-    history = [int(row["step"]) for row in read_history(model_dir)]
+    rows = read_history(model_dir)
+    history = [int(row["step"]) for row in rows]
     # continues, no step repeated or lost; rounds stay on multiples of 10, a signal's checkpoint is extra
     assert history == list(range(10, killed_at + 16, 10)) + [killed_at + 15]
     # Each resumed part's minutes go on from the part before: they never go back, and
     # results.json's training minutes sum the parts (they restarted at 0 in each part).
-    minutes = [float(row["minutes"]) for row in read_history(model_dir)]
+    minutes = [float(row["minutes"]) for row in rows]
     assert minutes == sorted(minutes), minutes
     assert results["train_minutes"] >= minutes[-1]
-    losses = [float(row["loss"]) for row in read_history(model_dir)]
+    losses = [float(row["loss"]) for row in rows]
     # The loss continues from where it was, it does not restart from scratch.
     assert losses[len(run["killed_history"])] < losses[0]
     assert (model_dir / "curves.png").stat().st_size > 1000
