@@ -223,15 +223,18 @@ def _penalized(toy, beam_size, penalty):
     return [until_eos(row) for row in ids.numpy()[:, 0]], scores.numpy()[:, 0], theirs_ids, theirs_scores
 
 
-@pytest.mark.parametrize("penalty", [1.5, 3.0, 0.7])
+@pytest.mark.parametrize("penalty", [1.5, 3.0, 10.0, 0.7])
 def test_repetition_penalty_gives_ctranslate2s_greedy_ids(toy, penalty):
     """Issue #91: `repetition_penalty` penalizes the logits of the pieces already generated as
     CTranslate2's option of that name does (before the masks and the log-softmax): greedy ids
     identical on every sentence of GOLDEN and REPEATING, log-probabilities within 1e-4 a piece
     (each engine's score times its own length penalty); and the comparison is of searches the
-    penalty changes: with a penalty of 3, at least MIN_CHANGED translations differ from the
-    unpenalized ones (REPEATING's word-for-word translations repeat by construction; 1.5 and
-    0.7, which favours repeats, are compared whatever they change)."""
+    penalty changes: with a penalty of 10, at least MIN_CHANGED translations differ from the
+    unpenalized ones (REPEATING's word-for-word translations repeat a piece by construction,
+    and a tenth of its logit loses to the next piece's; 1.5, 3 and 0.7, which favours repeats,
+    are compared whatever they change). The floor was checked at 3 until the toy of an Intel
+    Xeon with AMX and `TF_ENABLE_ONEDNN_OPTS=0` kept all but 2 of the 28 (4 with oneDNN on,
+    where 10 changed 14 and 15 of the 15 translations that repeat a piece)."""
     sentences = on(toy, GOLDEN + REPEATING)
     mine, scores, theirs_ids, theirs_scores = _penalized(sentences, 1, penalty)
     assert mine == theirs_ids
@@ -241,7 +244,7 @@ def test_repetition_penalty_gives_ctranslate2s_greedy_ids(toy, penalty):
     plain = ours(sentences, 1)[0]
     changed = sum(a != b for a, b in zip(mine, plain))
     print(f"\nrepetition_penalty={penalty}: {changed} of {len(plain)} greedy translations changed")
-    if penalty >= 3:
+    if penalty >= 10:
         assert changed >= MIN_CHANGED
 
 
