@@ -2136,6 +2136,12 @@ def test_request_sized_buffer_equals_the_static_buffer(exported, beam_size, num_
         assert ids.shape[2] == width and static_ids.shape[2] == static_length > width
         assert (static_ids.numpy()[:, :, width:] == PAD_ID).all()
         np.testing.assert_array_equal(ids.numpy(), static_ids.numpy()[:, :, :width])
-        np.testing.assert_allclose(scores.numpy(), static_scores.numpy(), rtol=0, atol=1e-5)
+        # The same ids; the scores summed over other buffer widths (the attention's products and
+        # sums blocked otherwise) move in their last bits: 1e-5 relative and absolute, as the
+        # goldens' (test_goldens.SCORE_TOLERANCE). Absolute 1e-5 alone held on the AMD EPYCs; on an
+        # Intel Xeon with AMX (KERAS_TRANSFORMER_TEST_SEED=3) the repeated word's second
+        # hypothesis, 9 pieces at -1.650882, moved by 1.2e-5 (7e-6 relative), the other 27 by
+        # less than 1e-5.
+        np.testing.assert_allclose(scores.numpy(), static_scores.numpy(), rtol=1e-5, atol=1e-5)
         if extra == 0:  # every hypothesis stops at its source length: some are cut, not ended
             assert (np.sum(ids.numpy()[:, 0] != PAD_ID, axis=-1) == lengths.numpy()).any()
