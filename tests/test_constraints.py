@@ -146,7 +146,7 @@ def eos_averse(searcher):
     model = build_transformer(CONFIG)
     model.set_weights(searcher.decoder.model.get_weights())
     eos = keras.ops.convert_to_numpy(model.embedding.embeddings)[EOS_ID]
-    beta = next(w for w in model.weights if w.path == "decoder_layer_0/feed_forward_residual/norm/beta")
+    beta = model.decoder_layers[-1].feed_forward_residual.norm.beta  # (post-norm: no final norm after it)
     beta.assign(keras.ops.convert_to_numpy(beta) - 3.0 * eos / (eos @ eos))
     return Searcher(model, CONFIG)
 
