@@ -1277,12 +1277,14 @@ def test_warmup_requests_run_through_the_signature(exported, loaded):
     assert [t.decode() for t in default["translation"].numpy()] == want
     assert [t.decode() for t in n_best["translations"].numpy()[:, 0]] == want and n_best["translations"].shape == (3, 1)
     np.testing.assert_allclose(n_best["scores"].numpy()[:, 0], want_scores, atol=1e-5)
-    # A real translation among them, and the empty sentence's "" with score exactly 0 (never
-    # searched), where each searched sentence has its hypothesis's negative score. Which of the
-    # two sentences the toy model translates to "" depends on the CPU's kernels: on an AVX-512
-    # EPYC (oneDNN on) its best hypothesis for "Hello." is the empty one, at -0.96.
-    assert any(want[:2]) and want[2] == ""
-    assert want_scores[0] < 0 and want_scores[1] < 0 and want_scores[2] == 0.0
+    # The empty sentence's "" with score exactly 0 (never searched), where each searched sentence
+    # has its own hypothesis's negative score: the agreement above is not that of constants. The
+    # translations themselves are the toy's: whether it translates either warm-up sentence to ""
+    # depends on the CPU's kernels and the seed (on an AVX-512 EPYC, oneDNN on, its best hypothesis
+    # for "Hello." is the empty one, at -0.96), so the check is on the scores, which every model
+    # gives (issue #90: preconditions that hold by construction).
+    assert want[2] == "" and want_scores[2] == 0.0
+    assert want_scores[0] < 0 and want_scores[1] < 0 and want_scores[0] != want_scores[1]
 
 
 def test_tf_serving_batching_merges_requests_and_each_gets_its_own_translations(exported, loaded):
