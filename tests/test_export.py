@@ -239,7 +239,11 @@ def test_fresh_process_with_only_tensorflow_translates_as_in_process(exported, e
     want, want_scores = in_process(exported["translator"], GOLDEN)
     got = export_processes[LOADERS].result()["fresh"]  # (FRESH_AND_TF1)
     assert got["translation"] == want
-    assert all(t and not t.startswith("\u2581") for t in want)  # real translations
+    # Real translations: detokenized (no piece's "\u2581" left at the front), and most of them
+    # words, not "" (issue #90: a floor on how many, not every one of the 20: which sentence
+    # a toy trained on another CPU or seed ends at once is its weights', not the export's).
+    assert not any(t.startswith("\u2581") for t in want)
+    assert sum(1 for t in want if t) >= len(GOLDEN) // 2, want
     np.testing.assert_allclose(got["score"], want_scores, atol=1e-5)
     assert got["greedy"] == in_process(exported["translator"], GOLDEN, beam_size=1)[0]
 
