@@ -49,6 +49,26 @@ def test_attention_matches_numpy_with_padding_and_causal_masks():
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_attention_over_one_key_equals_numpy_without_keras_softmax_warning():
+    """One key (a one-token source, a decoding loop's first target position): every weight is
+    1, so the output is that key's value projected; computed as numpy does, and without the
+    warning Keras gives for a softmax over one value ("Did you mean to use a sigmoid
+    instead?"), which a user's own decoding loop around the model met at its first step."""
+    import warnings
+
+    rng = np.random.default_rng(3)
+    layer = MultiHeadAttention(num_heads=4, d_model=16)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    memory = rng.normal(size=(2, 1, 16)).astype("float32")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = np.asarray(layer(x, memory))
+        weights = np.asarray(layer.attention_weights(x, memory))
+    assert not [str(w.message) for w in caught if "softmax" in str(w.message)]
+    np.testing.assert_allclose(got, numpy_attention(layer, x, memory), atol=1e-5)
+    np.testing.assert_array_equal(weights, np.ones((2, 4, 5, 1), "float32"))
+
+
 def test_attention_bias_is_added_to_scaled_logits():
     rng = np.random.default_rng(1)
     layer = MultiHeadAttention(num_heads=2, d_model=8)

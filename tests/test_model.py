@@ -50,6 +50,29 @@ def test_causal_no_leak_from_future_targets():
     assert np.abs(a[:, 4:] - b[:, 4:]).max() > 1e-3
 
 
+def test_a_one_position_target_or_source_gives_the_longer_calls_logits_without_a_warning():
+    """`model([source, [[BOS]]])`, the first step of a decoding loop written around the model,
+    and a one-token source: the logits of the longer calls (the first target position of a
+    longer target, causality; the source padded), and no Keras warning about a softmax over one
+    value ("Did you mean to use a sigmoid instead?"), which every such call gave."""
+    import warnings
+
+    rng = np.random.default_rng(4)
+    model = build_transformer(TransformerConfig(**TINY))
+    source = random_ids(rng, (2, 5))
+    target = random_ids(rng, (2, 4))
+    target[:, 0] = BOS_ID
+    one_token = random_ids(rng, (2, 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = np.asarray(model([source, target[:, :1]]))
+        from_one_token = np.asarray(model([one_token, target]))
+    assert not [str(w.message) for w in caught if "softmax" in str(w.message)]
+    np.testing.assert_allclose(first, np.asarray(model([source, target]))[:, :1], atol=1e-6)
+    padded = np.concatenate([one_token, np.full((2, 4), PAD_ID, "int32")], axis=1)
+    np.testing.assert_allclose(from_one_token, np.asarray(model([padded, target])), atol=1e-5)
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_source_padding_does_not_change_logits(norm_first):
     rng = np.random.default_rng(1)

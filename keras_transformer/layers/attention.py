@@ -55,6 +55,24 @@ def write_cache(cache, update, index):
     return ops.where(written > 0, placed, cache)
 
 
+def _written_out_softmax(scores):
+    """The softmax over the last axis (the keys) as exp, max and sum ops."""
+    exp = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))  # as scores
+    return exp / ops.sum(exp, axis=-1, keepdims=True)
+
+
+def _softmax_over_keys(scores):
+    """`ops.softmax(scores, axis=-1)`, written out where the keys axis has one position.
+
+    Keras warns about a softmax over an axis of size 1 ("Did you mean to use a sigmoid
+    instead?"); here that is a model called on a one-token target or source, such as the
+    first step of a decoding loop written around `model([source, target])`, and every
+    weight is 1 either way (exp(0) / exp(0), exactly)."""
+    if scores.shape[-1] == 1:
+        return _written_out_softmax(scores)
+    return ops.softmax(scores, axis=-1)
+
+
 def sublayer_initializer(identifier):
     """What to pass as the initializer of one sub-layer's weights.
 
@@ -361,11 +379,7 @@ class MultiHeadAttention(keras.layers.Layer):
             if attention_mask is not None:
                 mask = ops.expand_dims(ops.cast(attention_mask, "bool"), heads_axis)  # heads axis of 1
                 scores = ops.where(mask, scores, NEG_INF)
-            if few or batched:
-                exp = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))  # as scores
-                weights = exp / ops.sum(exp, axis=-1, keepdims=True)
-            else:
-                weights = ops.softmax(scores, axis=-1)
+            weights = _written_out_softmax(scores) if few or batched else _softmax_over_keys(scores)
             weights = self.dropout_layer(ops.cast(weights, self.compute_dtype), training=training)
             if batched:
                 out = batch_matmul(weights, v)  # [batch, heads, T_q, head_size]
@@ -416,7 +430,7 @@ class MultiHeadAttention(keras.layers.Layer):
         scores = ops.cast(self._products(q, k, False), "float32") / math.sqrt(self.head_size)
         if attention_mask is not None:
             scores = ops.where(ops.expand_dims(ops.cast(attention_mask, "bool"), 1), scores, NEG_INF)
-        return ops.softmax(scores, axis=-1)  # [batch, heads, T_q, T_k]
+        return _softmax_over_keys(scores)  # [batch, heads, T_q, T_k]
 
     @staticmethod
     def _products(q, k, few):
