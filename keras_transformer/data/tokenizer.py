@@ -327,7 +327,9 @@ class Tokenizer:
         try:
             model_bytes = path.read_bytes()
         except FileNotFoundError:
-            raise TokenizerError(f"{path}: tokenizer file does not exist") from None
+            written = path.with_name(path.name + ".model")  # train_tokenizer's PREFIX -> PREFIX.model
+            hint = f"; {written} does: train_tokenizer writes PREFIX.model" if written.is_file() else ""
+            raise TokenizerError(f"{path}: tokenizer file does not exist{hint}") from None
         except OSError as e:
             raise TokenizerError(f"{path}: cannot read tokenizer file ({e.strerror or e})") from None
         tokenizer = cls(model_bytes, name=str(path))

@@ -148,6 +148,17 @@ def test_missing_file(tmp_path):
     assert "nothing.model" in one_line(error) and "does not exist" in one_line(error)
 
 
+def test_the_prefix_given_to_train_tokenizer_names_the_file_it_wrote(tmp_path):
+    """`Tokenizer.load(PREFIX)` with the prefix `train_tokenizer` was given: the error names the
+    `PREFIX.model` it wrote, which loads."""
+    written = train_tokenizer(sentences(300, seed=8), tmp_path / "tokenizer", vocab_size=60)
+    with pytest.raises(TokenizerError) as error:
+        Tokenizer.load(tmp_path / "tokenizer")
+    assert one_line(error) == (f"{tmp_path / 'tokenizer'}: tokenizer file does not exist; {written} does: "
+                               "train_tokenizer writes PREFIX.model")
+    assert Tokenizer.load(written).model_bytes == written.read_bytes()
+
+
 def test_corrupt_file(tmp_path):
     path = tmp_path / "tokenizer.model"
     path.write_bytes(np.random.default_rng(0).bytes(300))
