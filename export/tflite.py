@@ -31,7 +31,7 @@ import sys
 
 from export.errors import ConversionError, ExportWriteError, missing_saved_model, newest_version, output_problem
 from export.op_audit import audit_tflite
-from export.signatures import LITERT_MAX_BATCH, LITERT_SIGNATURE
+from export.signatures import LITERT_MAX_BATCH, LITERT_SIGNATURE, SERVING_DEFAULT
 from keras_transformer.atomic_writes import write_bytes_atomically
 from keras_transformer.console import (OneLineArgumentParser, harmless_lines_dropped, input_lines, interrupted,
                                        sigterm_raises, stdout_failed)
@@ -58,9 +58,13 @@ def convert(saved_model_dir, output, quantize: str = "none") -> pathlib.Path:
 
     signatures = loader_impl.parse_saved_model(str(saved_model_dir)).meta_graphs[0].signature_def
     if LITERT_SIGNATURE not in signatures:
+        if SERVING_DEFAULT in signatures and "conllu" in signatures[SERVING_DEFAULT].inputs:  # syntax-aware
+            why = "a syntax-aware model takes CoNLL-U and is served as a SavedModel only: LiteRT stays plain-text"
+        else:
+            why = (f"it was exported without it (export.saved_model --signatures, export_model(signatures=...)); "
+                   f"export it with {LITERT_SIGNATURE}")
         raise ConversionError(f"{saved_model_dir} has no {LITERT_SIGNATURE} signature (signatures: "
-                              f"{sorted(signatures)}); a syntax-aware model takes CoNLL-U and is served as a "
-                              f"SavedModel only: LiteRT stays plain-text")
+                              f"{sorted(signatures)}); {why}")
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[LITERT_SIGNATURE])
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     converter.allow_custom_ops = True  # the TF Text ops; anything else is caught by the audit

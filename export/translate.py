@@ -240,10 +240,18 @@ def _open_export(args, advanced):
         raise _Refused(f"{args.saved_model} is not an export of this project (its signatures "
                        f"are {sorted(loaded.signatures)}; export.saved_model writes serving_default and "
                        f"translate_options)")
+    syntax_aware = "conllu" in loaded.signatures[SERVING_DEFAULT].structured_input_signature[1]
+
+    def lacks(name):  # why the export has no `name` signature, from what it records
+        if syntax_aware and name == XLA_SIGNATURE:
+            return "a syntax-aware export has none: its CoNLL-U sources are searched in the plain graph"
+        if chosen is not None and name not in chosen:
+            return f"it was exported without it (export.saved_model --signatures); export it with {name}"
+        return "an export older than that signature"
+
     if args.xla and XLA_SIGNATURE not in loaded.signatures:
-        raise _Refused(f"--xla: {args.saved_model} has no translate_xla signature (a "
-                       f"syntax-aware export, one older than that signature, or one exported without it by "
-                       f"--signatures); translate without --xla")
+        raise _Refused(f"--xla: {args.saved_model} has no translate_xla signature ({lacks(XLA_SIGNATURE)}); "
+                       f"translate without --xla")
     default = loaded.signatures[XLA_SIGNATURE if args.xla else SERVING_DEFAULT]
     xla_flags = os.environ.get("TF_XLA_FLAGS", "")
     problem = args.xla and _xla_cache_problem(xla_flags)
@@ -259,8 +267,7 @@ def _open_export(args, advanced):
     options = loaded.signatures.get(OPTIONS_SIGNATURE, default)
     if advanced and ADVANCED_SIGNATURE not in loaded.signatures:
         raise _Refused(f"{', '.join(advanced)}: {args.saved_model} has no translate_advanced "
-                       f"signature (a syntax-aware export, one older than that signature, or one exported without it "
-                       f"by --signatures)")
+                       f"signature ({lacks(ADVANCED_SIGNATURE)})")
 
     # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
     # sentences separated by blank lines, one translation printed per sentence.

@@ -714,9 +714,9 @@ def test_translate_command_turns_grappler_off_before_its_first_xla_request(expor
         assert capsys.readouterr().out == f"{name}\n{name}\n"
     del signatures["translate_xla"]
     assert translate.main(["--saved-model", str(exported["path"]), "--xla"]) == 2
+    # (its record names translate_xla: an export older than that signature would be the reason)
     assert capsys.readouterr().err == (f"export.translate: error: --xla: {exported['path']} has no translate_xla "
-                                       f"signature (a syntax-aware export, one older than that signature, or one "
-                                       f"exported without it by --signatures); translate without --xla\n")
+                                       f"signature (an export older than that signature); translate without --xla\n")
 
 
 def test_translate_command_keeps_tensorflows_harmless_lines_off_the_terminal(exported, loaded, monkeypatch,
@@ -1600,6 +1600,21 @@ def test_an_export_of_chosen_signatures_holds_them_alone_and_translates_as_the_f
     assert capsys.readouterr().err.strip() == (
         f"export.translate: error: --beam-size, --n-best, --alpha and --patience call translate_options, which "
         f"{path} leaves out (export.saved_model --signatures); export it with translate_options")
+    for flags, name in ((["--xla"], "translate_xla"), (["--min-length", "2"], "translate_advanced")):
+        assert translate.main(["--saved-model", str(path), *flags]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"export.translate: error: {flags[0]}: {path} has no {name} signature (it was exported without it "
+            f"(export.saved_model --signatures); export it with {name})" + ("; translate without --xla" if
+                                                                           name == "translate_xla" else ""))
+    # and the LiteRT converter names what the export left out (not the syntax-aware model's reason)
+    from export import tflite
+    with pytest.raises(tflite.ConversionError) as error:
+        tflite.convert(path, tmp_path / "few.tflite")
+    assert str(error.value) == (
+        f"{path} has no translate_litert signature (signatures: ['__saved_model_init_op', 'serving_default']); it "
+        f"was exported without it (export.saved_model --signatures, export_model(signatures=...)); export it with "
+        f"translate_litert")
+    assert not (tmp_path / "few.tflite").exists()
 
     # A name that is no signature, or none of the model's kind: before anything is traced or written.
     with pytest.raises(ValueError, match="^translate_fast: not a signature of an export; choose among "

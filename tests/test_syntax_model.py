@@ -742,6 +742,11 @@ def test_translate_command_names_a_malformed_conllu_sentence_in_one_line(syntax_
     assert translate.main(["--saved-model", str(export), "--batch-size", "2"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines() == expected[:2] and err == ""
+    # --xla: a syntax-aware export has no translate_xla, and the command says why
+    assert translate.main(["--saved-model", str(export), "--xla"]) == 2
+    assert capsys.readouterr().err == (
+        f"export.translate: error: --xla: {export} has no translate_xla signature (a syntax-aware export has "
+        f"none: its CoNLL-U sources are searched in the plain graph); translate without --xla\n")
 
 
 def test_linearised_trees_as_a_target_side(tmp_path):
