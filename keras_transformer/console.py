@@ -190,7 +190,7 @@ HARMLESS_CACHE_LINES = ("Error parsing text-format tensorflow.XlaSerializedCache
 # DT_INT32 only on platforms with AVX-512. Falling back to the default Eigen-based
 # implementation if present.` (`serving_default`'s and `translate_options`' plain search on a
 # 2-vCPU AVX2 EPYC, TensorFlow 2.21; a Multi30k model's `serving_default` logged it on the
-# 2-vCPU AVX-512 Zen 4 as well, 2026-12-07).
+# 2-vCPU AVX-512 Zen 4 as well, 2026-12-07, and `train_and_evaluate` on a 2-vCPU Intel Xeon with AMX).
 ONEDNN_FALLBACK_LINES = ("only on platforms with AVX-512. Falling back to the default Eigen-based implementation",)
 # LiteRT (ai-edge-litert) logs, from C++ and whatever TF_CPP_MIN_LOG_LEVEL says, when its
 # interpreter first runs a model: `INFO: Created TensorFlow Lite XNNPACK delegate for CPU.`

@@ -263,6 +263,37 @@ def test_signal_checkpoint_is_not_averaged():
         "d/ckpt-10", "d/ckpt-20", "d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]
 
 
+def test_rounds_validate_on_the_whole_validation_set_without_kerass_ran_out_of_data_warning():
+    """`train_and_evaluate`'s `fit` calls (`_fit`) on a validation set of unknown length, as
+    `make_batches`' are: no "Your input ran out of data" warning (Keras <= 3.15.1 gave it at
+    the end of every such set, which a program of one's own calling `train_and_evaluate`
+    printed), and the validation loss is that of every validation batch: `evaluate`'s on the
+    same set with the trained weights."""
+    import warnings
+
+    import keras
+    import tensorflow as tf
+
+    from keras_transformer.training.run import _fit
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 3)).astype("float32"), rng.normal(size=(40, 1)).astype("float32")
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(4).repeat()
+    valid = tf.data.Dataset.from_tensor_slices((x[:22], y[:22])).filter(lambda a, b: True).batch(4)
+    assert int(valid.cardinality()) == tf.data.UNKNOWN_CARDINALITY  # as make_batches' (bucketing, filters)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit(model, train, epochs=2, steps_per_epoch=3, validation_data=valid, verbose=0, shuffle=False)
+    assert not [str(w.message) for w in caught if "ran out of data" in str(w.message)]
+    whole = float(np.mean((model.predict(x[:22], verbose=0) - y[:22]) ** 2))
+    assert model.history.history["val_loss"][-1] == pytest.approx(whole, rel=1e-5)
+    assert model.history.history["val_loss"][-1] != pytest.approx(
+        float(np.mean((model.predict(x[:20], verbose=0) - y[:20]) ** 2)), rel=1e-5)  # (the last batch counts)
+
+
 def test_validation_batches_are_the_pipelines_own_with_autotuning_off(toy_data, tmp_path, caplog):
     """Keras's evaluate deletes the last round's validation iterator every round, and with
     tf.data's autotuning on that deletion sometimes waited ~44 s, idle (training._validation_options):

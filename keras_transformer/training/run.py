@@ -24,6 +24,7 @@ import logging
 import os
 import pathlib
 import time
+import warnings
 
 import keras
 import tensorflow as tf
@@ -138,6 +139,18 @@ def mixed_precision_warnings(policy: str, has_bfloat16: bool | None, jit_compile
     return lines
 
 
+def _fit(model, train_ds, **kwargs):
+    """`model.fit(train_ds, **kwargs)` without Keras's "Your input ran out of data;
+    interrupting training" warning. Keras 3.15.1 and earlier give it whenever a dataset of
+    unknown length ends (keras-team/keras#23360 restricts it to a `steps_per_epoch` that the
+    data could not fill): here the validation set at the end of every evaluation, while the
+    training batches repeat without end, so the warning never means what it says. A program
+    of the user's own calling `train_and_evaluate` printed it once a `fit` call."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*[Yy]our input ran out of data.*")
+        model.fit(train_ds, **kwargs)
+
+
 def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every, stopped=lambda: False):
     """Runs `fit` from `start_step` to `steps` in rounds ending at multiples of
     `every` (and at `steps`), so checkpoints fall on the same steps whether or
@@ -149,21 +162,21 @@ def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every, 
         # Resumed mid-round (after a signal): finish that round first; the
         # rest then reads on from where this part's batches end.
         first = min(every - offset, steps - step)
-        model.fit(train_ds, epochs=1, steps_per_epoch=first, validation_data=valid_ds,
-                  callbacks=callbacks, verbose=0, shuffle=False)
+        _fit(model, train_ds, epochs=1, steps_per_epoch=first, validation_data=valid_ds,
+             callbacks=callbacks, verbose=0, shuffle=False)
         train_ds = train_ds.skip(first)
         step += first
     if step >= steps or stopped():
         return
     full_rounds, last = divmod(steps - step, every)
     if full_rounds:
-        model.fit(train_ds, epochs=step // every + full_rounds, initial_epoch=step // every,
-                  steps_per_epoch=every, validation_data=valid_ds, callbacks=callbacks, verbose=0,
-                  shuffle=False)  # the dataset shuffles itself
+        _fit(model, train_ds, epochs=step // every + full_rounds, initial_epoch=step // every,
+             steps_per_epoch=every, validation_data=valid_ds, callbacks=callbacks, verbose=0,
+             shuffle=False)  # the dataset shuffles itself
         train_ds = train_ds.skip(full_rounds * every)
     if last and not stopped():
-        model.fit(train_ds, epochs=1, steps_per_epoch=last, validation_data=valid_ds,
-                  callbacks=callbacks, verbose=0, shuffle=False)
+        _fit(model, train_ds, epochs=1, steps_per_epoch=last, validation_data=valid_ds,
+             callbacks=callbacks, verbose=0, shuffle=False)
 
 
 def averaged_checkpoints(store, every, steps, count):
