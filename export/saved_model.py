@@ -200,6 +200,16 @@ def read_export_signatures(directory) -> tuple[str, ...] | None:
     return None if signatures is None else tuple(signatures)
 
 
+def left_out_reason(directory, name: str) -> str:
+    """Why a plain-text export in `directory` has no `name` signature, from its record, for a
+    command's error: left out by `--signatures` where the record names the others, else an
+    export older than that signature."""
+    chosen = read_export_signatures(directory)
+    if chosen is not None and name not in chosen:
+        return f"it was exported without it (export.saved_model --signatures); export it with {name}"
+    return "an export older than that signature"
+
+
 def export_model(model, config: TransformerConfig, tokenizer, output, version: int | None = None,
                  xla_warmup: bool = False, signatures=None, patience: float = 0.0) -> pathlib.Path:
     """Exports `model` to `output/<version>` atomically; returns that path.

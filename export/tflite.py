@@ -58,11 +58,12 @@ def convert(saved_model_dir, output, quantize: str = "none") -> pathlib.Path:
 
     signatures = loader_impl.parse_saved_model(str(saved_model_dir)).meta_graphs[0].signature_def
     if LITERT_SIGNATURE not in signatures:
+        from export.saved_model import left_out_reason
+
         if SERVING_DEFAULT in signatures and "conllu" in signatures[SERVING_DEFAULT].inputs:  # syntax-aware
             why = "a syntax-aware model takes CoNLL-U and is served as a SavedModel only: LiteRT stays plain-text"
         else:
-            why = (f"it was exported without it (export.saved_model --signatures, export_model(signatures=...)); "
-                   f"export it with {LITERT_SIGNATURE}")
+            why = left_out_reason(saved_model_dir, LITERT_SIGNATURE)
         raise ConversionError(f"{saved_model_dir} has no {LITERT_SIGNATURE} signature (signatures: "
                               f"{sorted(signatures)}); {why}")
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir), signature_keys=[LITERT_SIGNATURE])

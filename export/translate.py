@@ -230,7 +230,7 @@ def _open_export(args, advanced):
     missing = missing_saved_model(args.saved_model)
     if missing:
         raise _Refused(missing)
-    from export.saved_model import read_export_signatures
+    from export.saved_model import left_out_reason, read_export_signatures
 
     loaded = tf.saved_model.load(args.saved_model)
     # An export that records its signatures (`export.saved_model --signatures`) is ours with any
@@ -242,12 +242,10 @@ def _open_export(args, advanced):
                        f"translate_options)")
     syntax_aware = "conllu" in loaded.signatures[SERVING_DEFAULT].structured_input_signature[1]
 
-    def lacks(name):  # why the export has no `name` signature, from what it records
+    def lacks(name):  # why the export has no `name` signature
         if syntax_aware and name == XLA_SIGNATURE:
             return "a syntax-aware export has none: its CoNLL-U sources are searched in the plain graph"
-        if chosen is not None and name not in chosen:
-            return f"it was exported without it (export.saved_model --signatures); export it with {name}"
-        return "an export older than that signature"
+        return left_out_reason(args.saved_model, name)
 
     if args.xla and XLA_SIGNATURE not in loaded.signatures:
         raise _Refused(f"--xla: {args.saved_model} has no translate_xla signature ({lacks(XLA_SIGNATURE)}); "

@@ -1612,8 +1612,7 @@ def test_an_export_of_chosen_signatures_holds_them_alone_and_translates_as_the_f
         tflite.convert(path, tmp_path / "few.tflite")
     assert str(error.value) == (
         f"{path} has no translate_litert signature (signatures: ['__saved_model_init_op', 'serving_default']); it "
-        f"was exported without it (export.saved_model --signatures, export_model(signatures=...)); export it with "
-        f"translate_litert")
+        f"was exported without it (export.saved_model --signatures); export it with translate_litert")
     assert not (tmp_path / "few.tflite").exists()
 
     # A name that is no signature, or none of the model's kind: before anything is traced or written.
