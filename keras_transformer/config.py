@@ -410,6 +410,9 @@ class TrainingConfig:
         model_dir: where tokenizer, checkpoints, logs and results go.
         steps: total optimizer steps (preset's `train_steps`).
         batch_tokens: padded tokens per side in one global batch (`BATCH_TOKENS`).
+        accumulate: batches whose gradients are averaged into one update (1: each
+            batch is an update). Keras's `gradient_accumulation_steps`; `steps`,
+            `checkpoint_every` and the schedule count updates.
         vocab_size: SentencePiece pieces when a tokenizer is trained.
         max_length: longest source/target in tokens (None: the preset's).
         checkpoint_every: steps between checkpoints (steps / 10).
@@ -452,6 +455,10 @@ class TrainingConfig:
                                             "an existing run there is resumed")
     steps: int = option(0, "total optimizer steps (the preset's train_steps)")
     batch_tokens: int = option(0, "padded tokens per side in one global batch (paper: 25000)")
+    accumulate: int = option(1, "batches whose gradients are averaged into each update (gradient "
+                                "accumulation): an update then sees accumulate x --batch-tokens, as "
+                                "that many GPUs would; --steps and --checkpoint-every count updates "
+                                "(1: off). Fixed for a run: resuming with another value is refused")
     vocab_size: int = option(0, "SentencePiece vocabulary size when a tokenizer is trained (paper: ~37000)")
     max_length: int | None = option(None, "longest source/target in tokens; longer pairs are dropped and "
                                           "counted")
@@ -498,7 +505,7 @@ class TrainingConfig:
             raise ValueError(f"unknown TrainingConfig field(s) {sorted(unknown)}")
         model = PRESETS[preset]
         given = {k: v for k, v in values.items() if v is not None}
-        for name in ("steps", "batch_tokens", "vocab_size", "max_length", "checkpoint_every",
+        for name in ("steps", "batch_tokens", "accumulate", "vocab_size", "max_length", "checkpoint_every",
                      "keep_checkpoints", "average", "beam_size"):
             if name in given and (isinstance(given[name], bool) or not isinstance(given[name], int)
                                   or given[name] <= 0):

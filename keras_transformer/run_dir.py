@@ -141,9 +141,11 @@ def _compared(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in SCHEDULE_ONLY_FIELDS}
 
 
-def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, allow_data_change=False):
+def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, allow_data_change=False,
+                   accumulate=1):
     """Writes `run.json` for a new run; for an existing one, refuses a changed
-    model config, tokenizer or data (resuming with them would silently mix runs).
+    model config, tokenizer, gradient accumulation or data (resuming with them
+    would silently mix runs, or fail deep in a checkpoint restore).
 
     Args:
         model_dir: the run directory.
@@ -155,12 +157,16 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
         allow_data_change: resume on other data anyway; `run.json` then
             records the new data and keeps the old descriptions under
             `"previous_data"`.
+        accumulate: batches per update (`TrainingConfig.accumulate`), recorded when
+            above 1 (a run.json without it: 1).
     """
     path = pathlib.Path(model_dir) / RUN_FILE
     data = dict(data_args)
     if fingerprint is not None:
         data["fingerprint"] = fingerprint
     record = {"config": config.to_dict(), "tokenizer_sha256": tokenizer.sha256, "data": data}
+    if accumulate > 1:
+        record["accumulate"] = accumulate
     if not path.exists():
         _write_json_atomically(path, record)
         return
@@ -173,6 +179,12 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
                          if old_config.get(k) != new_config.get(k))
         raise RunError(f"{path}: the existing run has a different model config ({', '.join(changed)}); "
                        f"use the same --config/--vocab-size/--max-length or a new --model-dir")
+    if old.get("accumulate", 1) != accumulate:
+        # Keras keeps the accumulated gradients among the optimizer's variables, which a
+        # checkpoint stores by position: another value cannot restore the run's checkpoints.
+        raise RunError(f"{path}: the existing run accumulates {old.get('accumulate', 1)} batch(es) per update, "
+                       f"not {accumulate}; its checkpoints hold the optimizer state of that setting. Use "
+                       f"--accumulate {old.get('accumulate', 1)} or a new --model-dir")
     old_data = dict(old.get("data") or {})
     old_fingerprint = old_data.pop("fingerprint", None)
     change = ""

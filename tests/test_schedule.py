@@ -137,3 +137,56 @@ def test_fused_adam_updates_as_keras_adam_in_one_kernel_per_variable(tmp_path):
     for a, b in zip(restored.variables, keras_adam.variables):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert int(restored.iterations.numpy()) == 3
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_accumulated_updates_are_the_papers_adam_on_each_updates_mean_gradient_at_its_update_number(jit):
+    """`make_optimizer(config, accumulate=2)` (`train.py --accumulate 2`): six batches' gradients
+    make three updates, each the formula's Adam step on the mean of its two batches'
+    gradients, with the schedule's rate and the bias correction of the update's number
+    (1, 2, 3): Keras 3.15.1 called a schedule with the batch count, a warm-up twice as fast.
+    `iterations` counts updates, the learning rate read afterwards is the fourth update's."""
+    import tensorflow as tf
+
+    config = TransformerConfig.from_preset("tiny", warmup_steps=3)
+    rng = np.random.default_rng(1)
+    shapes = [(5, 3), (3,), (7, 2)]
+    initial = [rng.normal(size=s).astype("float32") for s in shapes]
+    gradients = [[rng.normal(size=s).astype("float32") for s in shapes] for _ in range(6)]
+    optimizer = make_optimizer(config, accumulate=2)
+    variables = [keras.Variable(w) for w in initial]
+    optimizer.build(variables)
+    apply = tf.function(lambda grads: optimizer.apply(grads, variables), jit_compile=jit)
+    for grads in gradients:
+        apply([tf.constant(g) for g in grads])
+    assert int(optimizer.iterations.numpy()) == 3
+    assert float(optimizer.learning_rate) == pytest.approx(paper_rate(4, config.d_model, 3), rel=1e-6)
+
+    weights, m, v = [w.astype("float64") for w in initial], [0.0] * 3, [0.0] * 3
+    for step in (1, 2, 3):
+        lr = paper_rate(step, config.d_model, 3)
+        for i in range(3):
+            g = (gradients[2 * step - 2][i].astype("float64") + gradients[2 * step - 1][i]) / 2
+            m[i] = 0.9 * m[i] + 0.1 * g
+            v[i] = 0.98 * v[i] + 0.02 * g * g
+            weights[i] = weights[i] - lr * np.sqrt(1 - 0.98 ** step) / (1 - 0.9 ** step) * m[i] / (np.sqrt(v[i]) + 1e-9)
+    for got, want in zip(variables, weights):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7)
+
+
+def test_a_skipped_batch_that_closes_an_accumulated_update_skips_it_and_drops_its_gradients():
+    """mixed_float16 with `--accumulate 2`: an overflowing batch counts as one of its update's
+    two batches; when it is the second, the update is skipped and the first batch's gradient
+    dropped, so the next update is the mean of its own two batches only."""
+    from keras_transformer.training.schedule import CountingLossScaleOptimizer
+
+    variable = keras.Variable(np.ones(1, "float32"))
+    optimizer = CountingLossScaleOptimizer(keras.optimizers.SGD(learning_rate=0.5, gradient_accumulation_steps=2),
+                                           initial_scale=4.0)
+    optimizer.build([variable])
+    seen = []
+    for scaled in (4.0, np.inf, 2.0, 6.0):  # unscaled 1; overflow (the scale halves to 2); 1; 3
+        optimizer.apply([np.array([scaled], "float32")], [variable])
+        seen.append((float(variable.numpy()[0]), int(optimizer.iterations.numpy()), int(optimizer.skipped_steps.numpy())))
+    # The last update: 1 - 0.5 * (1 + 3) / 2 = 0.0 (with the dropped batch kept: -0.25).
+    assert seen == [(1.0, 0, 0), (1.0, 1, 1), (1.0, 1, 1), (0.0, 2, 1)]

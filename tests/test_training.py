@@ -254,6 +254,46 @@ def test_stop_waits_for_the_checkpoint_of_a_rounds_last_step():
         guard.on_train_batch_end(2, {"loss": 1.0})
 
 
+def test_with_accumulation_a_stop_waits_for_the_last_batch_of_its_update():
+    """`--accumulate 3`: a signal after an update's first or second batch waits for its
+    third, so that the checkpoint written at the stop holds no half-accumulated gradients."""
+    signals = StopSignals()
+    guard = StepGuard(signals, accumulate=3)
+    guard.set_params({"steps": 12})
+    signals.received = "SIGTERM"
+    guard.on_train_batch_end(3, {"loss": 1.0})  # the second update's first batch
+    guard.on_train_batch_end(4, {"loss": 1.0})
+    with pytest.raises(Interrupted):
+        guard.on_train_batch_end(5, {"loss": 1.0})  # its last: two updates done
+
+
+def test_accumulated_runs_count_updates_and_resume_only_with_the_same_accumulation(toy_data, tmp_path):
+    """`--accumulate 2`: `--steps`, `--checkpoint-every`, the history and the checkpoints
+    count updates, each of which read two batches (Keras's batch counter: twice the
+    updates); the learning rate is the schedule's at the update count. Resuming the run
+    with another value is refused in one line naming it (the checkpoints' optimizer state
+    is that setting's); with the same value it goes on."""
+    from keras_transformer import TransformerSchedule
+
+    narrow = {"d_model": 32, "d_ff": 64, "num_heads": 2}
+    trained = train_and_evaluate(run_config(toy_data, tmp_path / "run", steps=4, checkpoint_every=2, average=2,
+                                            accumulate=2, model=narrow))
+    optimizer = trained.model.optimizer
+    assert (trained.results["steps"], int(optimizer.iterations.numpy()), int(optimizer._iterations.numpy())) == (4, 4, 8)
+    assert [int(row["step"]) for row in run_dir.read_history(tmp_path / "run")] == [2, 4]
+    assert sorted(p.name for p in (tmp_path / "run" / run_dir.CHECKPOINT_DIR).glob("*.index")) == [
+        "ckpt-2.index", "ckpt-4.index"]
+    schedule = TransformerSchedule(trained.config.d_model, trained.config.warmup_steps)
+    assert float(optimizer.learning_rate) == pytest.approx(float(schedule(4)), rel=1e-6)
+    with pytest.raises(RunError, match="accumulates 2 batch.*not 1.*--accumulate 2"):
+        train_and_evaluate(run_config(toy_data, tmp_path / "run", steps=6, checkpoint_every=2, average=2,
+                                      model=narrow))
+    resumed = train_and_evaluate(run_config(toy_data, tmp_path / "run", steps=6, checkpoint_every=2, average=2,
+                                            accumulate=2, model=narrow))
+    assert (resumed.results["steps"], int(resumed.model.optimizer._iterations.numpy())) == (6, 12)
+    assert [int(row["step"]) for row in run_dir.read_history(tmp_path / "run")] == [2, 4, 6]
+
+
 def test_signal_checkpoint_is_not_averaged():
     class Store:
         paths = ["d/ckpt-10", "d/ckpt-20", "d/ckpt-23", "d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]

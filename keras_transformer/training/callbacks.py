@@ -34,13 +34,18 @@ class StepGuard(keras.callbacks.Callback):
     With several workers (`strategy` multi-worker) a signal is acted on only at
     a round's end, after its checkpoint, and by all workers together (a worker
     leaving alone would leave the others waiting in a collective); the loss is
-    the same on every worker, so all stop together on a NaN."""
+    the same on every worker, so all stop together on a NaN.
 
-    def __init__(self, signals: StopSignals, strategy=None):
+    With `accumulate` batches an update (gradient accumulation; rounds then start on an
+    update's first batch) a signal waits for the update's last batch, so that the
+    checkpoint it writes holds no half-accumulated gradients."""
+
+    def __init__(self, signals: StopSignals, strategy=None, accumulate: int = 1):
         super().__init__()
         self.signals = signals
         self.multi_worker = strategy is not None and is_multi_worker(strategy)
         self.strategy = strategy
+        self.accumulate = accumulate
 
     def on_train_batch_end(self, batch, logs=None):
         loss = float((logs or {}).get("loss", 0.0))
@@ -50,7 +55,8 @@ class StepGuard(keras.callbacks.Callback):
         # The last step of a round goes on to its own checkpoint (and history
         # row); the stop then comes at the next round's start.
         last_of_round = batch + 1 >= (self.params or {}).get("steps", 0)
-        if self.signals.received and not last_of_round and not self.multi_worker:
+        mid_update = (batch + 1) % self.accumulate != 0
+        if self.signals.received and not last_of_round and not mid_update and not self.multi_worker:
             raise Interrupted(self.signals.received)
 
     def on_epoch_begin(self, epoch, logs=None):

@@ -151,31 +151,36 @@ def _fit(model, train_ds, **kwargs):
         model.fit(train_ds, **kwargs)
 
 
-def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every, stopped=lambda: False):
+def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every, stopped=lambda: False,
+                accumulate=1):
     """Runs `fit` from `start_step` to `steps` in rounds ending at multiples of
     `every` (and at `steps`), so checkpoints fall on the same steps whether or
     not the run was interrupted in between. `stopped()` true after a part:
-    the time budget ran out, no further part runs."""
+    the time budget ran out, no further part runs. Steps are updates; with
+    `accumulate` batches an update, `fit` reads that many batches per step."""
+    def batches(updates):
+        return updates * accumulate
+
     step = start_step
     offset = step % every
     if offset and step < steps:
         # Resumed mid-round (after a signal): finish that round first; the
         # rest then reads on from where this part's batches end.
         first = min(every - offset, steps - step)
-        _fit(model, train_ds, epochs=1, steps_per_epoch=first, validation_data=valid_ds,
+        _fit(model, train_ds, epochs=1, steps_per_epoch=batches(first), validation_data=valid_ds,
              callbacks=callbacks, verbose=0, shuffle=False)
-        train_ds = train_ds.skip(first)
+        train_ds = train_ds.skip(batches(first))
         step += first
     if step >= steps or stopped():
         return
     full_rounds, last = divmod(steps - step, every)
     if full_rounds:
         _fit(model, train_ds, epochs=step // every + full_rounds, initial_epoch=step // every,
-             steps_per_epoch=every, validation_data=valid_ds, callbacks=callbacks, verbose=0,
+             steps_per_epoch=batches(every), validation_data=valid_ds, callbacks=callbacks, verbose=0,
              shuffle=False)  # the dataset shuffles itself
-        train_ds = train_ds.skip(full_rounds * every)
+        train_ds = train_ds.skip(batches(full_rounds * every))
     if last and not stopped():
-        _fit(model, train_ds, epochs=1, steps_per_epoch=last, validation_data=valid_ds,
+        _fit(model, train_ds, epochs=1, steps_per_epoch=batches(last), validation_data=valid_ds,
              callbacks=callbacks, verbose=0, shuffle=False)
 
 
@@ -231,8 +236,10 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     model = _compile_model(run, config, strategy)
     store, start_step, worker_dir = _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run)
     onednn = console.onednn_state()
-    log.info("%d replica(s); %d steps in rounds of %d; resuming at step %d; TensorFlow's oneDNN kernels %s",
-             strategy.num_replicas_in_sync, run.steps, run.checkpoint_every, start_step, onednn)
+    log.info("%d replica(s); %d steps in rounds of %d%s; resuming at step %d; TensorFlow's oneDNN kernels %s",
+             strategy.num_replicas_in_sync, run.steps, run.checkpoint_every,
+             f" (each step an update of {run.accumulate} batches of {run.batch_tokens} tokens)"
+             if run.accumulate > 1 else "", start_step, onednn)
     if start_step >= run.steps:  # (a rerun with a lower --steps said only "20 steps ...; resuming at step 40")
         log.info("the run is at step %d, %s --steps %d: nothing to train; it is averaged and evaluated "
                  "as it is", start_step, "past" if start_step > run.steps else "at", run.steps)
@@ -289,7 +296,7 @@ def _prepare_data(run, model_dir, chief):
     data_args = {"data": corpus.name, "source_lang": corpus.source_lang, "target_lang": corpus.target_lang}
     if chief:
         run_dir.check_run_file(model_dir, config, tokenizer, data_args, fingerprint=corpus.fingerprint(),
-                               allow_data_change=run.allow_data_change)
+                               allow_data_change=run.allow_data_change, accumulate=run.accumulate)
     log.info("config %s: %s", run.preset, config)
     overlong = count_overlong(corpus.splits["train"], tokenizer, config.max_length)
     log.info("training split: %s", overlong)
@@ -358,7 +365,8 @@ def _compile_model(run, config, strategy):
 
     with strategy.scope():
         model = build_transformer(config)
-        optimizer = make_optimizer(config)
+        # (`make_optimizer(config)` where nothing accumulates: the call every run made before)
+        optimizer = make_optimizer(config, run.accumulate) if run.accumulate > 1 else make_optimizer(config)
         if keras.mixed_precision.global_policy().name == "mixed_float16":  # loss scaling, skips counted
             optimizer = CountingLossScaleOptimizer(optimizer, initial_scale=INITIAL_LOSS_SCALE)
         model.compile(optimizer=optimizer,
@@ -397,15 +405,17 @@ def _callbacks(run, store, translator, data, model_dir, progress, signals, strat
     every = run.checkpoint_every
     if chief:
         callbacks = [
-            StepGuard(signals, strategy),
+            StepGuard(signals, strategy, run.accumulate),
             progress,
             CheckpointAndBleu(store, translator, data.pairs(data.valid_split) if data.valid_split else None,
                               run.bleu_every_sentences, model_dir, progress, started,
                               minutes_before=trained_before),
-            keras.callbacks.TensorBoard(log_dir=str(model_dir / run_dir.LOG_DIR), update_freq=max(1, every // 4)),
+            keras.callbacks.TensorBoard(log_dir=str(model_dir / run_dir.LOG_DIR),
+                                        update_freq=max(1, every * run.accumulate // 4)),  # in batches
         ]
     else:
-        callbacks = [StepGuard(signals, strategy), CheckpointAndBleu(store, None, None, 0, model_dir, chief=False)]
+        callbacks = [StepGuard(signals, strategy, run.accumulate),
+                     CheckpointAndBleu(store, None, None, 0, model_dir, chief=False)]
     budget = (TimeBudget(run.max_minutes * 60, started, strategy if is_multi_worker(strategy) else None)
               if run.max_minutes else None)
     if budget:
@@ -421,7 +431,7 @@ def _train(run, model, data, callbacks, start_step, store, progress, signals, bu
     with signals:
         try:
             _fit_rounds(model, data.train, data.valid, callbacks, start_step, run.steps, run.checkpoint_every,
-                        stopped=lambda: bool(budget and budget.exhausted))
+                        stopped=lambda: bool(budget and budget.exhausted), accumulate=run.accumulate)
             if any_worker(strategy, bool(signals.received)):  # arrived during the last round's checkpoint
                 raise Interrupted(signals.received or "a stop signal on another worker")
         except Interrupted:

@@ -74,6 +74,48 @@ class FusedAdam(keras.optimizers.Adam):
         >>> optimizer = FusedAdam(learning_rate=1e-3, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
     """
 
+    def _get_current_learning_rate(self):
+        # Under gradient accumulation Keras (3.15.1) calls a schedule with `_iterations`, which
+        # counts batches, although its docs promise the "real" iterations (updates): the
+        # warm-up would end `gradient_accumulation_steps` times too early. The schedule here
+        # reads `iterations`, the update count, as Adam's bias correction does.
+        if self.gradient_accumulation_steps and isinstance(
+                self._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+            return self._learning_rate(self.iterations)
+        return super()._get_current_learning_rate()
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        if not self.gradient_accumulation_steps or self.use_ema or keras.backend.backend() != "tensorflow":
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        import tensorflow as tf
+
+        if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        # Keras's accumulation chooses between the update and the accumulation with a cond in
+        # the replica context, whose branches call `merge_call`: MirroredStrategy refuses that
+        # ("`merge_call` called while defining a new graph", at the first step). Here the cond
+        # is in the cross-replica context and each branch runs in the replicas, as Keras's
+        # LossScaleOptimizer does with its own cond; the branches are Keras's.
+        steps = self.gradient_accumulation_steps
+
+        def update(grads, variables):
+            accumulated = [self._accumulated_gradients[self._get_variable_index(v)] for v in variables]
+            grads = self._clip_gradients([(g + a) / steps for g, a in zip(grads, accumulated)])
+            self._apply_weight_decay(variables)
+            self._backend_update_step(grads, variables, self.learning_rate)
+            self._backend_reset_gradient_accumulators()
+
+        def accumulate(grads, variables):
+            self._backend_increment_gradient_accumulators(
+                grads, [self._accumulated_gradients[self._get_variable_index(v)] for v in variables])
+
+        def cross_replica(distribution, grads, variables):
+            ops.cond((self._iterations + 1) % steps == 0,
+                     lambda: distribution.extended.call_for_each_replica(update, args=(grads, variables)),
+                     lambda: distribution.extended.call_for_each_replica(accumulate, args=(grads, variables)))
+
+        tf.distribute.get_replica_context().merge_call(cross_replica, args=(grads, trainable_variables))
+
     def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
         # Called by Keras's TensorFlow optimizer only (keras/src/backend/tensorflow/optimizer.py),
         # inside the replica context's merge call, as its per-variable loop is.
@@ -106,12 +148,18 @@ class FusedAdam(keras.optimizers.Adam):
             distribution.extended.update(variable, apply, args=(gradient, learning_rate), group=False)
 
 
-def make_optimizer(config: TransformerConfig) -> keras.optimizers.Adam:
+def make_optimizer(config: TransformerConfig, accumulate: int = 1) -> keras.optimizers.Adam:
     """Adam with beta1 0.9, beta2 0.98, epsilon 1e-9 and `TransformerSchedule`
-    (`FusedAdam`: Keras's Adam with one TensorFlow kernel per variable)."""
+    (`FusedAdam`: Keras's Adam with one TensorFlow kernel per variable).
+
+    `accumulate` > 1 averages the gradients of that many batches into each update
+    (Keras's `gradient_accumulation_steps`; `iterations` and the schedule then count
+    updates, not batches)."""
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ValueError(f"accumulate must be a positive integer, got {accumulate!r}")
     return FusedAdam(
         learning_rate=TransformerSchedule(config.d_model, config.warmup_steps, config.learning_rate_scale),
-        beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+        beta_1=0.9, beta_2=0.98, epsilon=1e-9, gradient_accumulation_steps=accumulate if accumulate > 1 else None)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -123,7 +171,8 @@ class CountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     the learning-rate schedule) does not advance: rounds would then end one step
     short of their multiple of `--checkpoint-every`, and averaging, which takes
     checkpoints on those multiples, would find none. Here a skipped step advances
-    `iterations` like any other batch and is counted in `skipped_steps`.
+    `iterations` like any other batch and is counted in `skipped_steps` (batches,
+    under gradient accumulation).
     """
 
     def build(self, var_list):
@@ -134,4 +183,14 @@ class CountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def _stateful_handle_non_finite_grads(self):
         super()._stateful_handle_non_finite_grads()
         self.skipped_steps.assign_add(1)
-        self.inner_optimizer.iterations.assign_add(1)
+        inner = self.inner_optimizer
+        steps = inner.gradient_accumulation_steps
+        if not steps:
+            inner.iterations.assign_add(1)
+            return
+        # Accumulating: a skipped batch still counts as one of its update's batches, so that
+        # updates stay `steps` batches apart. When it is the last of them, that update is
+        # skipped too, and the gradients its other batches accumulated are dropped with it.
+        ops.cond((inner._iterations + 1) % steps == 0, inner._backend_reset_gradient_accumulators,
+                 lambda: None)
+        inner._iterations.assign_add(1)
