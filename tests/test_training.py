@@ -254,6 +254,32 @@ def test_stop_waits_for_the_checkpoint_of_a_rounds_last_step():
         guard.on_train_batch_end(2, {"loss": 1.0})
 
 
+def test_a_tokenizer_put_in_the_run_directory_before_the_first_run_is_the_runs(toy_data, tmp_path, caplog):
+    """docs/data.md, "The tokenizer": a SentencePiece model of one's own (trained with the
+    project's ids, here on other text than the run's) put at MODEL_DIR/tokenizer.model before
+    the first run is the run's tokenizer: kept byte for byte, recorded in run.json, the model's
+    vocabulary its size rather than --vocab-size's, and said in the log."""
+    import hashlib
+
+    from keras_transformer.data import Tokenizer, train_tokenizer
+
+    own = train_tokenizer([" ".join(WORDS_EN[i:] + WORDS_DE[:i]) for i in range(len(WORDS_EN))] * 4,
+                          tmp_path / "own" / "tokenizer", vocab_size=70)
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    (model_dir / "tokenizer.model").write_bytes(own.read_bytes())
+    with caplog.at_level(logging.INFO, logger="keras_transformer"):
+        trained = train_and_evaluate(run_config(toy_data, model_dir, steps=2, checkpoint_every=2,
+                                                model={"d_model": 32, "d_ff": 64, "num_heads": 2}))
+    assert (model_dir / "tokenizer.model").read_bytes() == own.read_bytes()
+    size = Tokenizer.load(own).vocab_size
+    assert size != 60  # run_config's --vocab-size
+    assert trained.config.vocab_size == size
+    assert json.loads((model_dir / "run.json").read_text())["tokenizer_sha256"] == hashlib.sha256(
+        own.read_bytes()).hexdigest()
+    assert f"tokenizer {model_dir / 'tokenizer.model'}: {size} pieces, the run's own" in caplog.text
+
+
 def test_with_accumulation_a_stop_waits_for_the_last_batch_of_its_update():
     """`--accumulate 3`: a signal after an update's first or second batch waits for its
     third, so that the checkpoint written at the stop holds no half-accumulated gradients."""

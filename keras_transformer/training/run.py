@@ -64,7 +64,9 @@ class TrainedRun:
 # -- pieces ----------------------------------------------------------------
 
 def prepare_tokenizer(model_dir, corpus, vocab_size, seed):
-    """Loads `model_dir/tokenizer.model`, or trains it on both sides of the training split."""
+    """Loads `model_dir/tokenizer.model`, or trains it on both sides of the training split.
+    A tokenizer already there is the run's: an earlier part's, or one of the user's own put
+    there before the first part (docs/data.md, "The tokenizer")."""
     from keras_transformer.data import Tokenizer, tokenizer_path, train_tokenizer
 
     path = tokenizer_path(model_dir)
@@ -73,6 +75,8 @@ def prepare_tokenizer(model_dir, corpus, vocab_size, seed):
         log.info("training a %d-piece SentencePiece vocabulary on %s", vocab_size, corpus.name)
         train_tokenizer(corpus.texts("train"), path.with_suffix(""), vocab_size, seed=seed)
     tokenizer = Tokenizer.load(path)
+    if not trained:
+        log.info("tokenizer %s: %d pieces, the run's own (--vocab-size is not used)", path, tokenizer.vocab_size)
     if trained and tokenizer.vocab_size < vocab_size:  # `vocab_size` is an upper bound (hard_vocab_limit off)
         log.info("the vocabulary has %d pieces: the training text holds fewer than the %d asked",
                  tokenizer.vocab_size, vocab_size)
