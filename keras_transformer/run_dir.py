@@ -179,7 +179,8 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
                          if old_config.get(k) != new_config.get(k))
         raise RunError(f"{path}: the existing run has a different model config ({', '.join(changed)}); "
                        f"use the same --config/--vocab-size/--max-length or a new --model-dir")
-    if old.get("accumulate", 1) != accumulate:
+    accumulate_changed = old.get("accumulate", 1) != accumulate
+    if accumulate_changed and has_checkpoints(model_dir):
         # Keras keeps the accumulated gradients among the optimizer's variables, which a
         # checkpoint stores by position: another value cannot restore the run's checkpoints.
         raise RunError(f"{path}: the existing run accumulates {old.get('accumulate', 1)} batch(es) per update, "
@@ -198,13 +199,23 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
     if change and not allow_data_change:
         raise RunError(f"{path}: {change}; pass --allow-data-change to resume on it anyway, "
                        f"or use a new --model-dir")
-    if change or (fingerprint is not None and old_fingerprint is None):
+    if change or accumulate_changed or (fingerprint is not None and old_fingerprint is None):
         # Record the data now in use (an older run.json without a fingerprint
-        # gets one; an allowed change keeps the history).
+        # gets one; an allowed change keeps the history), and the accumulation of a run
+        # that has no checkpoint yet (one that ran out of memory at its first step).
         if change:
             record["previous_data"] = old.get("previous_data", []) + [old.get("data")]
         record["config"] = old["config"]
-        _write_json_atomically(path, {**old, **record})
+        merged = {**old, **record}
+        if accumulate == 1:
+            merged.pop("accumulate", None)
+        _write_json_atomically(path, merged)
+
+
+def has_checkpoints(model_dir) -> bool:
+    """Whether the run directory holds a checkpoint (complete or not: a `ckpt-N.index`)."""
+    directory = pathlib.Path(model_dir) / CHECKPOINT_DIR
+    return directory.is_dir() and any(directory.glob("ckpt-*.index"))
 
 
 def load_config(model_dir):

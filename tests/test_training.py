@@ -280,6 +280,59 @@ def test_a_tokenizer_put_in_the_run_directory_before_the_first_run_is_the_runs(t
     assert f"tokenizer {model_dir / 'tokenizer.model'}: {size} pieces, the run's own" in caplog.text
 
 
+def test_out_of_memory_is_one_line_naming_the_step_the_checkpoint_and_the_flags_that_fit(
+        toy_data, tmp_path, monkeypatch):
+    """A GPU out of memory in `fit` (TensorFlow's ResourceExhaustedError, raised here where
+    `fit` would raise it) is one line: the step, --batch-tokens, TensorFlow's first line, the
+    newest checkpoint and the flags that keep each update's tokens in smaller batches. At the
+    first step there is no checkpoint, so the run directory takes another --accumulate: the
+    advised command then trains, and run.json records it. Later, the checkpoint is kept."""
+    import tensorflow as tf
+
+    from keras_transformer.training import run as training
+
+    real_fit = training._fit
+    calls = []
+
+    def fit_out_of_memory_at(call):
+        def fit(*args, **kwargs):
+            calls.append(call)
+            if len(calls) == call:
+                raise tf.errors.ResourceExhaustedError(
+                    None, None, "OOM when allocating tensor with shape[256,60] and type float on "
+                    "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc\n[[{{node x}}]]")
+            return real_fit(*args, **kwargs)
+        return fit
+
+    narrow = {"d_model": 32, "d_ff": 64, "num_heads": 2}
+    model_dir = tmp_path / "run"
+    monkeypatch.setattr(training, "_fit", fit_out_of_memory_at(1))
+    with pytest.raises(RunError) as error:
+        train_and_evaluate(run_config(toy_data, model_dir, steps=3, checkpoint_every=2, model=narrow))
+    assert str(error.value) == (
+        "out of memory in training at step 0 with --batch-tokens 256 (OOM when allocating tensor with "
+        "shape[256,60] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc); "
+        "no checkpoint was written: rerun with --batch-tokens 128 --accumulate 2: each update keeps its 256 "
+        "tokens in batches half as big")
+    monkeypatch.setattr(training, "_fit", real_fit)
+    trained = train_and_evaluate(TrainingConfig.create(
+        "tiny", data=str(toy_data), model_dir=str(model_dir), vocab_size=60, batch_tokens=128, bleu_every_sentences=0,
+        steps=3, checkpoint_every=2, accumulate=2, model=narrow))
+    assert (trained.results["steps"], int(trained.model.optimizer._iterations.numpy())) == (3, 6)
+    assert json.loads((model_dir / "run.json").read_text())["accumulate"] == 2
+
+    calls.clear()
+    monkeypatch.setattr(training, "_fit", fit_out_of_memory_at(2))  # the round after ckpt-2
+    with pytest.raises(RunError) as error:
+        train_and_evaluate(run_config(toy_data, tmp_path / "later", steps=3, checkpoint_every=2, model=narrow))
+    assert "\n" not in str(error.value)
+    assert str(error.value).startswith("out of memory in training at step 2 with --batch-tokens 256 (OOM when")
+    assert str(error.value).endswith(
+        "the newest checkpoint is ckpt-2: lower --batch-tokens (to 128, say) and rerun to resume from ckpt-2, or keep "
+        "each update's tokens with --batch-tokens 128 --accumulate 2 in a new --model-dir (a run's --accumulate is "
+        "fixed once it has checkpoints)")
+
+
 def test_with_accumulation_a_stop_waits_for_the_last_batch_of_its_update():
     """`--accumulate 3`: a signal after an update's first or second batch waits for its
     third, so that the checkpoint written at the stop holds no half-accumulated gradients."""

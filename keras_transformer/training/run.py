@@ -446,6 +446,9 @@ def _train(run, model, data, callbacks, start_step, store, progress, signals, bu
             print(f"stopped at step {step} of {run.steps} ({signals.received}); checkpoint "
                   f"{os.path.basename(path)} written. Run the same command again to resume.", flush=True)
             return step
+        except tf.errors.ResourceExhaustedError as error:
+            progress.end_live_line()
+            raise run_dir.RunError(_out_of_memory(run, int(model.optimizer.iterations.numpy()), store, error)) from None
         except NonFiniteLossError as error:
             progress.end_live_line()
             newest = store.paths[-1] if store.paths else None
@@ -455,6 +458,23 @@ def _train(run, model, data, callbacks, start_step, store, progress, signals, bu
                                      f"(--config's warmup_steps) or check the data, then rerun to "
                                      f"resume from the last checkpoint") from None
     return None
+
+
+def _out_of_memory(run, step, store, error) -> str:
+    """The one line for a device out of memory in training (`ResourceExhaustedError` from
+    `fit`: a batch, or a validation or BLEU pass, too big for the GPU): where it stopped,
+    what is kept, and the flags that keep each update's tokens with smaller batches."""
+    what = str(error.message if hasattr(error, "message") else error).strip().splitlines()[0][:160]
+    newest = os.path.basename(store.paths[-1]) if store.paths else None
+    smaller = max(run.batch_tokens // 2, 1)
+    advice = (f"rerun with --batch-tokens {smaller} --accumulate {run.accumulate * 2}: each update keeps its "
+              f"{run.batch_tokens * run.accumulate} tokens in batches half as big"
+              if newest is None else
+              f"lower --batch-tokens (to {smaller}, say) and rerun to resume from {newest}, or keep each "
+              f"update's tokens with --batch-tokens {smaller} --accumulate {run.accumulate * 2} in a new "
+              f"--model-dir (a run's --accumulate is fixed once it has checkpoints)")
+    return (f"out of memory in training at step {step} with --batch-tokens {run.batch_tokens} ({what}); "
+            f"{'no checkpoint was written' if newest is None else f'the newest checkpoint is {newest}'}: {advice}")
 
 
 def _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy) -> TrainedRun:
