@@ -458,7 +458,7 @@ class TrainingConfig:
     accumulate: int = option(1, "batches whose gradients are averaged into each update (gradient "
                                 "accumulation): an update then sees accumulate x --batch-tokens, as "
                                 "that many GPUs would; --steps and --checkpoint-every count updates "
-                                "(1: off). Fixed once the run has a checkpoint")
+                                "(1: off); a resumed run may change it")
     vocab_size: int = option(0, "SentencePiece vocabulary size when a tokenizer is trained (paper: ~37000)")
     max_length: int | None = option(None, "longest source/target in tokens; longer pairs are dropped and "
                                           "counted")

@@ -144,8 +144,7 @@ def _compared(config: dict) -> dict:
 def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, allow_data_change=False,
                    accumulate=1):
     """Writes `run.json` for a new run; for an existing one, refuses a changed
-    model config, tokenizer, gradient accumulation or data (resuming with them
-    would silently mix runs, or fail deep in a checkpoint restore).
+    model config, tokenizer or data (resuming with them would silently mix runs).
 
     Args:
         model_dir: the run directory.
@@ -158,7 +157,7 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
             records the new data and keeps the old descriptions under
             `"previous_data"`.
         accumulate: batches per update (`TrainingConfig.accumulate`), recorded when
-            above 1 (a run.json without it: 1).
+            above 1 (a run.json without it: 1); a resume may change it.
     """
     path = pathlib.Path(model_dir) / RUN_FILE
     data = dict(data_args)
@@ -179,13 +178,8 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
                          if old_config.get(k) != new_config.get(k))
         raise RunError(f"{path}: the existing run has a different model config ({', '.join(changed)}); "
                        f"use the same --config/--vocab-size/--max-length or a new --model-dir")
+    # Another --accumulate goes on from the checkpoints (`CheckpointStore.restore_latest`): recorded.
     accumulate_changed = old.get("accumulate", 1) != accumulate
-    if accumulate_changed and has_checkpoints(model_dir):
-        # Keras keeps the accumulated gradients among the optimizer's variables, which a
-        # checkpoint stores by position: another value cannot restore the run's checkpoints.
-        raise RunError(f"{path}: the existing run accumulates {old.get('accumulate', 1)} batch(es) per update, "
-                       f"not {accumulate}; its checkpoints hold the optimizer state of that setting. Use "
-                       f"--accumulate {old.get('accumulate', 1)} or a new --model-dir")
     old_data = dict(old.get("data") or {})
     old_fingerprint = old_data.pop("fingerprint", None)
     change = ""
@@ -201,8 +195,7 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
                        f"or use a new --model-dir")
     if change or accumulate_changed or (fingerprint is not None and old_fingerprint is None):
         # Record the data now in use (an older run.json without a fingerprint
-        # gets one; an allowed change keeps the history), and the accumulation of a run
-        # that has no checkpoint yet (one that ran out of memory at its first step).
+        # gets one; an allowed change keeps the history), and the accumulation now in use.
         if change:
             record["previous_data"] = old.get("previous_data", []) + [old.get("data")]
         record["config"] = old["config"]
@@ -210,12 +203,6 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
         if accumulate == 1:
             merged.pop("accumulate", None)
         _write_json_atomically(path, merged)
-
-
-def has_checkpoints(model_dir) -> bool:
-    """Whether the run directory holds a checkpoint (complete or not: a `ckpt-N.index`)."""
-    directory = pathlib.Path(model_dir) / CHECKPOINT_DIR
-    return directory.is_dir() and any(directory.glob("ckpt-*.index"))
 
 
 def load_config(model_dir):

@@ -195,3 +195,53 @@ def test_what_a_killed_save_left_is_removed_and_listed_checkpoints_are_kept(tmp_
                                             "ckpt-5.data-00000-of-00001", "ckpt-5.index", "ckpt-7.txt"]
     assert store.restore_latest() == 10 and store.remove_unfinished_saves() == []
     assert CheckpointStore(tmp_path / "none", *fresh(), "hash").remove_unfinished_saves() == []
+
+
+def test_a_resume_with_another_accumulation_restores_the_moments_and_counts_on_from_the_update(tmp_path):
+    """`--accumulate` changed on resume (8 GPUs' run going on on 2, or half the batch after
+    running out of memory): Keras stores the accumulators among the optimizer's variables by
+    position, so a plain restore fails ("incompatible tensor"). The store restores such a
+    checkpoint through an optimizer of its form: weights and Adam's moments as saved, the
+    update count the checkpoint's, the batch counter that count times the new K, the
+    accumulators empty. A loss-scaling (mixed_float16) optimizer is refused in one line."""
+    from keras_transformer.training.schedule import CountingLossScaleOptimizer
+
+    rng = np.random.default_rng(2)
+
+    def trained(accumulate, directory):
+        model = build_transformer(CONFIG)
+        optimizer = make_optimizer(CONFIG, accumulate)
+        optimizer.build(model.trainable_variables)
+        for _ in range(3 * accumulate):  # three updates
+            optimizer.apply([rng.normal(size=v.shape).astype("float32") for v in model.trainable_variables],
+                            model.trainable_variables)
+        CheckpointStore(directory, model, optimizer, "hash").save(3)
+        return model, optimizer
+
+    for saved_with, resumed_with in ((2, 1), (1, 2), (2, 3)):
+        directory = tmp_path / f"{saved_with}-{resumed_with}"
+        saved_model, saved = trained(saved_with, directory)
+        model = build_transformer(CONFIG)
+        optimizer = make_optimizer(CONFIG, resumed_with)
+        optimizer.build(model.trainable_variables)
+        assert CheckpointStore(directory, model, optimizer, "hash").restore_latest() == 3
+        assert int(optimizer._iterations.numpy()) == 3 * resumed_with
+        for got, want in zip(model.get_weights(), saved_model.get_weights()):
+            np.testing.assert_array_equal(got, want)
+        for name in ("_momentums", "_velocities"):
+            assert any(np.abs(w.numpy()).max() > 0 for w in getattr(saved, name))
+            for got, want in zip(getattr(optimizer, name), getattr(saved, name)):
+                np.testing.assert_array_equal(got.numpy(), want.numpy())
+        for accumulator in getattr(optimizer, "_accumulated_gradients", []):
+            assert not np.abs(accumulator.numpy()).any()
+
+    def wrapped(accumulate):
+        model = build_transformer(CONFIG)
+        optimizer = CountingLossScaleOptimizer(make_optimizer(CONFIG, accumulate))
+        optimizer.build(model.trainable_variables)
+        return model, optimizer
+
+    CheckpointStore(tmp_path / "mixed", *wrapped(1), "hash").save(3)
+    with pytest.raises(CheckpointError, match=r"^checkpoint .*ckpt-3 was written without gradient accumulation; a "
+                                              r"mixed_float16 run resumes only with the --accumulate it had"):
+        CheckpointStore(tmp_path / "mixed", *wrapped(2), "hash").restore_latest()

@@ -285,8 +285,8 @@ def test_out_of_memory_is_one_line_naming_the_step_the_checkpoint_and_the_flags_
     """A GPU out of memory in `fit` (TensorFlow's ResourceExhaustedError, raised here where
     `fit` would raise it) is one line: the step, --batch-tokens, TensorFlow's first line, the
     newest checkpoint and the flags that keep each update's tokens in smaller batches. At the
-    first step there is no checkpoint, so the run directory takes another --accumulate: the
-    advised command then trains, and run.json records it. Later, the checkpoint is kept."""
+    first step there is no checkpoint: the advised command then trains, and run.json records it. Later, the checkpoint is kept and the
+    same flags resume from it (test_accumulated_runs_count_updates_and_resume_with_another_accumulation)."""
     import tensorflow as tf
 
     from keras_transformer.training import run as training
@@ -328,9 +328,8 @@ def test_out_of_memory_is_one_line_naming_the_step_the_checkpoint_and_the_flags_
     assert "\n" not in str(error.value)
     assert str(error.value).startswith("out of memory in training at step 2 with --batch-tokens 256 (OOM when")
     assert str(error.value).endswith(
-        "the newest checkpoint is ckpt-2: lower --batch-tokens (to 128, say) and rerun to resume from ckpt-2, or keep "
-        "each update's tokens with --batch-tokens 128 --accumulate 2 in a new --model-dir (a run's --accumulate is "
-        "fixed once it has checkpoints)")
+        "the newest checkpoint is ckpt-2: rerun with --batch-tokens 128 --accumulate 2 to resume from ckpt-2: each "
+        "update keeps its 256 tokens in batches half as big")
 
 
 def test_with_accumulation_a_stop_waits_for_the_last_batch_of_its_update():
@@ -346,12 +345,13 @@ def test_with_accumulation_a_stop_waits_for_the_last_batch_of_its_update():
         guard.on_train_batch_end(5, {"loss": 1.0})  # its last: two updates done
 
 
-def test_accumulated_runs_count_updates_and_resume_only_with_the_same_accumulation(toy_data, tmp_path):
+def test_accumulated_runs_count_updates_and_resume_with_another_accumulation(toy_data, tmp_path):
     """`--accumulate 2`: `--steps`, `--checkpoint-every`, the history and the checkpoints
     count updates, each of which read two batches (Keras's batch counter: twice the
-    updates); the learning rate is the schedule's at the update count. Resuming the run
-    with another value is refused in one line naming it (the checkpoints' optimizer state
-    is that setting's); with the same value it goes on."""
+    updates); the learning rate is the schedule's at the update count. The run then goes on
+    with `--accumulate 1` and `3` (fewer GPUs, or half the batch after running out of
+    memory): from its update count, the batch counter that count times the new K, run.json
+    recording the value in use."""
     from keras_transformer import TransformerSchedule
 
     narrow = {"d_model": 32, "d_ff": 64, "num_heads": 2}
@@ -364,13 +364,15 @@ def test_accumulated_runs_count_updates_and_resume_only_with_the_same_accumulati
         "ckpt-2.index", "ckpt-4.index"]
     schedule = TransformerSchedule(trained.config.d_model, trained.config.warmup_steps)
     assert float(optimizer.learning_rate) == pytest.approx(float(schedule(4)), rel=1e-6)
-    with pytest.raises(RunError, match="accumulates 2 batch.*not 1.*--accumulate 2"):
-        train_and_evaluate(run_config(toy_data, tmp_path / "run", steps=6, checkpoint_every=2, average=2,
-                                      model=narrow))
-    resumed = train_and_evaluate(run_config(toy_data, tmp_path / "run", steps=6, checkpoint_every=2, average=2,
-                                            accumulate=2, model=narrow))
-    assert (resumed.results["steps"], int(resumed.model.optimizer._iterations.numpy())) == (6, 12)
-    assert [int(row["step"]) for row in run_dir.read_history(tmp_path / "run")] == [2, 4, 6]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["accumulate"] == 2
+    for steps, accumulate in ((6, 1), (8, 3)):
+        resumed = train_and_evaluate(run_config(toy_data, tmp_path / "run", steps=steps, checkpoint_every=2, average=2,
+                                                accumulate=accumulate, model=narrow))
+        optimizer = resumed.model.optimizer
+        assert (resumed.results["steps"], int(optimizer._iterations.numpy())) == (steps, steps * accumulate)
+        assert float(optimizer.learning_rate) == pytest.approx(float(schedule(steps)), rel=1e-6)
+        assert json.loads((tmp_path / "run" / "run.json").read_text()).get("accumulate", 1) == accumulate
+    assert [int(row["step"]) for row in run_dir.read_history(tmp_path / "run")] == [2, 4, 6, 8]
 
 
 def test_signal_checkpoint_is_not_averaged():

@@ -121,14 +121,82 @@ class CheckpointStore:
         """
         for path in reversed(self.paths):
             check_checkpoint_tokenizer(path, self.tokenizer_sha256)
+            other_accumulation = self._accumulation_differs(path)
             try:
-                self.checkpoint.restore(path).assert_existing_objects_matched()
+                if other_accumulation:
+                    self._restore_other_accumulation(path)
+                else:
+                    self.checkpoint.restore(path).assert_existing_objects_matched()
             except Exception as error:  # noqa: BLE001 - TF raises OpError, IndexError, ValueError...
                 log.warning("checkpoint %s is unreadable (%s); trying the one before",
                             path, str(error).splitlines()[0])
                 continue
+            inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+            if other_accumulation or inner.gradient_accumulation_steps:
+                # A checkpoint's number is its update count (`save(step)` with `iterations`);
+                # the batch counter of this run's accumulation follows from it.
+                inner._iterations.assign(checkpoint_step(path) * (inner.gradient_accumulation_steps or 1))
             return int(self.optimizer.iterations.numpy())
         return 0
+
+    def _accumulation_differs(self, path: str) -> bool:
+        """Whether checkpoint `path` was written with gradient accumulation where this
+        optimizer has none, or the other way round: Keras keeps the accumulated gradients
+        among the optimizer's variables, which a checkpoint stores by position, so such a
+        checkpoint holds more or fewer of them (`--accumulate` changed on resume).
+        `CheckpointError` for a loss-scaling optimizer (`mixed_float16`), which cannot
+        take one."""
+        inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        prefix = "optimizer/inner_optimizer/" if inner is not self.optimizer else "optimizer/"
+        try:
+            names = [name for name, _ in tf.train.list_variables(path)]
+        except (tf.errors.OpError, ValueError):
+            return False  # unreadable: the restore says so
+        saved = sum(1 for name in names if re.match(re.escape(prefix) + r"(_iterations|_variables/\d+)/", name))
+        if saved in (0, len(inner.variables)):
+            return False
+        if inner is not self.optimizer:
+            raise CheckpointError(
+                f"checkpoint {path} was written {'without' if saved < len(inner.variables) else 'with'} gradient "
+                f"accumulation; a mixed_float16 run resumes only with the --accumulate it had (1, or above 1)")
+        return True
+
+    def _restore_other_accumulation(self, path: str) -> None:
+        """Restores a checkpoint written with another accumulation (`_accumulation_differs`):
+        into a stand-in optimizer of the checkpoint's form, whose Adam moments are then
+        copied. The accumulated gradients are not: a checkpoint is written at an update's
+        end, when they are zero."""
+        steps = self.optimizer.gradient_accumulation_steps
+        stand_in = type(self.optimizer).from_config(
+            {**self.optimizer.get_config(), "gradient_accumulation_steps": None if steps else 2})
+        stand_in.build(self.model.trainable_variables)
+        # A compiled model tracks its optimizer too: it holds the stand-in while the checkpoint
+        # is read, so that every object the restore can reach is one the checkpoint fills.
+        compiled_with = getattr(self.model, "optimizer", None)
+        if compiled_with is not None:
+            self.model.optimizer = stand_in
+        try:
+            tf.train.Checkpoint(model=self.model, optimizer=stand_in, tokenizer_sha256=self._stored_sha256).restore(
+                path).assert_existing_objects_matched()
+        finally:
+            if compiled_with is not None:
+                self.model.optimizer = compiled_with
+        def slots(optimizer):  # the counter and the per-variable state (Adam's moments), in build order
+            return [v for v in optimizer.variables if "gradient_accumulator" not in v.path]
+
+        ours, saved = slots(self.optimizer), slots(stand_in)
+        if [v.shape for v in ours] != [v.shape for v in saved]:
+            raise ValueError(f"its optimizer state does not fit this optimizer's ({len(saved)} against "
+                             f"{len(ours)} variables)")
+        for variable, value in zip(ours, saved):
+            variable.assign(value)
+        if steps:
+            self.optimizer._backend_reset_gradient_accumulators()
+
+
+def checkpoint_step(path: str) -> int:
+    """The step (update) number of checkpoint `path` (`.../ckpt-<step>`)."""
+    return int(os.path.basename(path).rsplit("-", 1)[1])
 
 
 def _remove_partial_file(path: str) -> bool:

@@ -466,13 +466,9 @@ def _out_of_memory(run, step, store, error) -> str:
     what is kept, and the flags that keep each update's tokens with smaller batches."""
     what = str(error.message if hasattr(error, "message") else error).strip().splitlines()[0][:160]
     newest = os.path.basename(store.paths[-1]) if store.paths else None
-    smaller = max(run.batch_tokens // 2, 1)
-    advice = (f"rerun with --batch-tokens {smaller} --accumulate {run.accumulate * 2}: each update keeps its "
-              f"{run.batch_tokens * run.accumulate} tokens in batches half as big"
-              if newest is None else
-              f"lower --batch-tokens (to {smaller}, say) and rerun to resume from {newest}, or keep each "
-              f"update's tokens with --batch-tokens {smaller} --accumulate {run.accumulate * 2} in a new "
-              f"--model-dir (a run's --accumulate is fixed once it has checkpoints)")
+    advice = (f"rerun with --batch-tokens {max(run.batch_tokens // 2, 1)} --accumulate {run.accumulate * 2}"
+              f"{'' if newest is None else f' to resume from {newest}'}: each update keeps its "
+              f"{run.batch_tokens * run.accumulate} tokens in batches half as big")
     return (f"out of memory in training at step {step} with --batch-tokens {run.batch_tokens} ({what}); "
             f"{'no checkpoint was written' if newest is None else f'the newest checkpoint is {newest}'}: {advice}")
 
