@@ -181,6 +181,7 @@ class CheckpointStore:
         finally:
             if compiled_with is not None:
                 self.model.optimizer = compiled_with
+
         def slots(optimizer):  # the counter and the per-variable state (Adam's moments), in build order
             return [v for v in optimizer.variables if "gradient_accumulator" not in v.path]
 
