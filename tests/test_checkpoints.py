@@ -245,3 +245,30 @@ def test_a_resume_with_another_accumulation_restores_the_moments_and_counts_on_f
     with pytest.raises(CheckpointError, match=r"^checkpoint .*ckpt-3 was written without gradient accumulation; a "
                                               r"mixed_float16 run resumes only with the --accumulate it had"):
         CheckpointStore(tmp_path / "mixed", *wrapped(2), "hash").restore_latest()
+
+
+def test_checkpoints_none_of_which_restores_are_refused_in_one_line_not_trained_over(tmp_path):
+    """Checkpoints that all fail to restore (all truncated, or an optimizer of another form:
+    `--mixed-precision` added on a GPU wraps it in loss scaling) made resuming return step 0:
+    the run trained again from scratch and, keeping its newest checkpoints, deleted them. Now
+    one line names them, the newest's reason and what to do; the files stay."""
+    from keras_transformer.training.schedule import CountingLossScaleOptimizer
+
+    model, optimizer = fresh()
+    store = CheckpointStore(tmp_path / "plain", model, optimizer, "hash")
+    store.save(4)
+    store.save(8)
+    wrapped_model = build_transformer(CONFIG)
+    wrapped = CountingLossScaleOptimizer(make_optimizer(CONFIG))
+    wrapped.build(wrapped_model.trainable_variables)
+    with pytest.raises(CheckpointError, match=r"^none of the 2 checkpoints in .*plain can be restored into this model "
+                                              r"and optimizer \(newest: ckpt-8: .*\); they are left as they are\. If a "
+                                              r"flag that shapes the optimizer changed .*--mixed-precision") as error:
+        CheckpointStore(tmp_path / "plain", wrapped_model, wrapped, "hash").restore_latest()
+    assert "\n" not in str(error.value)
+    assert sorted(p.name for p in (tmp_path / "plain").glob("*.index")) == ["ckpt-4.index", "ckpt-8.index"]
+    for path in store.paths:
+        with open(path + ".data-00000-of-00001", "wb") as f:
+            f.write(b"truncated")
+    with pytest.raises(CheckpointError, match=r"^none of the 2 checkpoints .* \(newest: ckpt-8: "):
+        CheckpointStore(tmp_path / "plain", *fresh(), "hash").restore_latest()

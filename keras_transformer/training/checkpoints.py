@@ -117,8 +117,11 @@ class CheckpointStore:
 
         A checkpoint that cannot be read (deleted or truncated files) is
         skipped with a warning in favour of the one before it. A checkpoint
-        written with a different tokenizer raises `CheckpointError`.
+        written with a different tokenizer raises `CheckpointError`, and so do
+        checkpoints none of which can be restored: the run would otherwise start
+        again from step 0 and, keeping its newest checkpoints, delete them.
         """
+        failures = []
         for path in reversed(self.paths):
             check_checkpoint_tokenizer(path, self.tokenizer_sha256)
             other_accumulation = self._accumulation_differs(path)
@@ -128,6 +131,7 @@ class CheckpointStore:
                 else:
                     self.checkpoint.restore(path).assert_existing_objects_matched()
             except Exception as error:  # noqa: BLE001 - TF raises OpError, IndexError, ValueError...
+                failures.append(f"{os.path.basename(path)}: {str(error).splitlines()[0][:200]}")
                 log.warning("checkpoint %s is unreadable (%s); trying the one before",
                             path, str(error).splitlines()[0])
                 continue
@@ -137,6 +141,12 @@ class CheckpointStore:
                 # the batch counter of this run's accumulation follows from it.
                 inner._iterations.assign(checkpoint_step(path) * (inner.gradient_accumulation_steps or 1))
             return int(self.optimizer.iterations.numpy())
+        if failures:
+            raise CheckpointError(
+                f"none of the {len(failures)} checkpoints in {self.directory} can be restored into this model and "
+                f"optimizer (newest: {failures[0]}); they are left as they are. If a flag that shapes the optimizer "
+                f"changed since the run started (--mixed-precision on a GPU adds loss scaling), rerun with the "
+                f"flags it had; if the files are damaged, move the checkpoints away or use a new --model-dir")
         return 0
 
     def _accumulation_differs(self, path: str) -> bool:
