@@ -203,7 +203,7 @@ def test_a_resume_with_another_accumulation_restores_the_moments_and_counts_on_f
     position, so a plain restore fails ("incompatible tensor"). The store restores such a
     checkpoint through an optimizer of its form: weights and Adam's moments as saved, the
     update count the checkpoint's, the batch counter that count times the new K, the
-    accumulators empty. A loss-scaling (mixed_float16) optimizer is refused in one line."""
+    accumulators empty; also inside mixed_float16's loss-scaling wrapper."""
     from keras_transformer.training.schedule import CountingLossScaleOptimizer
 
     rng = np.random.default_rng(2)
@@ -235,16 +235,21 @@ def test_a_resume_with_another_accumulation_restores_the_moments_and_counts_on_f
         for accumulator in getattr(optimizer, "_accumulated_gradients", []):
             assert not np.abs(accumulator.numpy()).any()
 
-    def wrapped(accumulate):
-        model = build_transformer(CONFIG)
-        optimizer = CountingLossScaleOptimizer(make_optimizer(CONFIG, accumulate))
-        optimizer.build(model.trainable_variables)
-        return model, optimizer
-
-    CheckpointStore(tmp_path / "mixed", *wrapped(1), "hash").save(3)
-    with pytest.raises(CheckpointError, match=r"^checkpoint .*ckpt-3 was written without gradient accumulation; a "
-                                              r"mixed_float16 run resumes only with the --accumulate it had"):
-        CheckpointStore(tmp_path / "mixed", *wrapped(2), "hash").restore_latest()
+    # mixed_float16: the loss-scaling wrapper around the optimizer, its scale and skip count kept.
+    model = build_transformer(CONFIG)
+    saved = CountingLossScaleOptimizer(make_optimizer(CONFIG), initial_scale=64.0)
+    saved.build(model.trainable_variables)
+    for gradient in (1.0, np.inf, 2.0):  # two updates and an overflow: the scale halved, one step skipped
+        saved.apply([np.full(v.shape, gradient, "float32") for v in model.trainable_variables], model.trainable_variables)
+    CheckpointStore(tmp_path / "mixed", model, saved, "hash").save(3)
+    other = build_transformer(CONFIG)
+    resumed = CountingLossScaleOptimizer(make_optimizer(CONFIG, 2), initial_scale=64.0)
+    resumed.build(other.trainable_variables)
+    assert CheckpointStore(tmp_path / "mixed", other, resumed, "hash").restore_latest() == 3
+    assert (int(resumed.inner_optimizer._iterations.numpy()), float(resumed.dynamic_scale.numpy()),
+            int(resumed.skipped_steps.numpy())) == (6, 32.0, 1)
+    for got, want in zip(resumed.inner_optimizer._momentums, saved.inner_optimizer._momentums):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
 def test_checkpoints_none_of_which_restores_are_refused_in_one_line_not_trained_over(tmp_path):

@@ -153,9 +153,8 @@ class CheckpointStore:
         """Whether checkpoint `path` was written with gradient accumulation where this
         optimizer has none, or the other way round: Keras keeps the accumulated gradients
         among the optimizer's variables, which a checkpoint stores by position, so such a
-        checkpoint holds more or fewer of them (`--accumulate` changed on resume).
-        `CheckpointError` for a loss-scaling optimizer (`mixed_float16`), which cannot
-        take one."""
+        checkpoint holds more or fewer of them (`--accumulate` changed on resume). A
+        loss-scaling optimizer (`mixed_float16`) is asked about the one it wraps."""
         inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
         prefix = "optimizer/inner_optimizer/" if inner is not self.optimizer else "optimizer/"
         try:
@@ -163,22 +162,23 @@ class CheckpointStore:
         except (tf.errors.OpError, ValueError):
             return False  # unreadable: the restore says so
         saved = sum(1 for name in names if re.match(re.escape(prefix) + r"(_iterations|_variables/\d+)/", name))
-        if saved in (0, len(inner.variables)):
-            return False
-        if inner is not self.optimizer:
-            raise CheckpointError(
-                f"checkpoint {path} was written {'without' if saved < len(inner.variables) else 'with'} gradient "
-                f"accumulation; a mixed_float16 run resumes only with the --accumulate it had (1, or above 1)")
-        return True
+        return saved not in (0, len(inner.variables))
 
     def _restore_other_accumulation(self, path: str) -> None:
         """Restores a checkpoint written with another accumulation (`_accumulation_differs`):
         into a stand-in optimizer of the checkpoint's form, whose Adam moments are then
         copied. The accumulated gradients are not: a checkpoint is written at an update's
         end, when they are zero."""
-        steps = self.optimizer.gradient_accumulation_steps
-        stand_in = type(self.optimizer).from_config(
-            {**self.optimizer.get_config(), "gradient_accumulation_steps": None if steps else 2})
+        inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        steps = inner.gradient_accumulation_steps
+        other = {"gradient_accumulation_steps": None if steps else 2}
+        config = self.optimizer.get_config()
+        if inner is self.optimizer:
+            config.update(other)
+        else:  # the loss-scaling wrapper's config holds the wrapped optimizer's, serialized
+            config["inner_optimizer"] = {**config["inner_optimizer"],
+                                         "config": {**config["inner_optimizer"]["config"], **other}}
+        stand_in = type(self.optimizer).from_config(config)
         stand_in.build(self.model.trainable_variables)
         # A compiled model tracks its optimizer too: it holds the stand-in while the checkpoint
         # is read, so that every object the restore can reach is one the checkpoint fills.
@@ -192,7 +192,7 @@ class CheckpointStore:
             if compiled_with is not None:
                 self.model.optimizer = compiled_with
 
-        def slots(optimizer):  # the counter and the per-variable state (Adam's moments), in build order
+        def slots(optimizer):  # counters, loss scale, the per-variable state (Adam's moments), in build order
             return [v for v in optimizer.variables if "gradient_accumulator" not in v.path]
 
         ours, saved = slots(self.optimizer), slots(stand_in)
@@ -202,7 +202,7 @@ class CheckpointStore:
         for variable, value in zip(ours, saved):
             variable.assign(value)
         if steps:
-            self.optimizer._backend_reset_gradient_accumulators()
+            inner._backend_reset_gradient_accumulators()
 
 
 def checkpoint_step(path: str) -> int:
