@@ -269,7 +269,7 @@ def _open_export(args, advanced):
 
     # A syntax-aware export takes CoNLL-U (`conllu`): stdin is then CoNLL-U,
     # sentences separated by blank lines, one translation printed per sentence.
-    source = "conllu" if "conllu" in default.structured_input_signature[1] else "text"
+    source = "conllu" if syntax_aware else "text"
     # The options translate_options takes (exports older than the patience input have none, and
     # only the exact search).
     option_names = set(options.structured_input_signature[1])

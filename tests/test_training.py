@@ -76,9 +76,10 @@ def poisoned_optimizer(from_step):
         def __call__(self, iteration):  # 0-based: update k runs with iteration k - 1
             return ops.where(iteration >= from_step - 1, float("nan"), self.base(iteration))
 
-    def make(config):
+    def make(config, accumulate=1):
         return keras.optimizers.Adam(Poisoned(TransformerSchedule(config.d_model, config.warmup_steps)),
-                                     beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+                                     beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+                                     gradient_accumulation_steps=accumulate if accumulate > 1 else None)
 
     return make
 

@@ -369,8 +369,7 @@ def _compile_model(run, config, strategy):
 
     with strategy.scope():
         model = build_transformer(config)
-        # (`make_optimizer(config)` where nothing accumulates: the call every run made before)
-        optimizer = make_optimizer(config, run.accumulate) if run.accumulate > 1 else make_optimizer(config)
+        optimizer = make_optimizer(config, run.accumulate)
         if keras.mixed_precision.global_policy().name == "mixed_float16":  # loss scaling, skips counted
             optimizer = CountingLossScaleOptimizer(optimizer, initial_scale=INITIAL_LOSS_SCALE)
         model.compile(optimizer=optimizer,
@@ -464,7 +463,7 @@ def _out_of_memory(run, step, store, error) -> str:
     """The one line for a device out of memory in training (`ResourceExhaustedError` from
     `fit`: a batch, or a validation or BLEU pass, too big for the GPU): where it stopped,
     what is kept, and the flags that keep each update's tokens with smaller batches."""
-    what = str(error.message if hasattr(error, "message") else error).strip().splitlines()[0][:160]
+    what = error.message.strip().splitlines()[0][:160]
     newest = os.path.basename(store.paths[-1]) if store.paths else None
     advice = (f"rerun with --batch-tokens {max(run.batch_tokens // 2, 1)} --accumulate {run.accumulate * 2}"
               f"{'' if newest is None else f' to resume from {newest}'}: each update keeps its "
