@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 from keras_transformer.constants import SOURCE_TAG_SETS
@@ -371,6 +372,14 @@ SCHEDULE_ONLY_FIELDS = ("train_steps", "checkpoints_to_average")
 MODEL_OVERRIDE_FIELDS = ("num_layers", "num_decoder_layers", "d_model", "d_ff", "num_heads", "dropout", "attention_dropout",
                          "label_smoothing", "norm_first", "layer_norm_epsilon", "decode_extra_length",
                          "beam_size", "length_penalty_alpha", "warmup_steps", "learning_rate_scale")
+# `TransformerConfig` fields a run started from another run's weights (`TrainingConfig.init_from`)
+# may set for itself: how it trains and decodes. The others are the initial run's: they shape
+# the weights (layers, widths, heads, vocabulary, tag embeddings) or what they compute
+# (`norm_first`, `layer_norm_epsilon`, the syntax attention). `max_length` shapes no weight
+# (the positions are sinusoids).
+FINE_TUNING_FIELDS = ("dropout", "attention_dropout", "label_smoothing", "decode_extra_length", "beam_size",
+                      "length_penalty_alpha", "warmup_steps", "learning_rate_scale", "max_length",
+                      *SCHEDULE_ONLY_FIELDS)
 
 
 def model_settings(settings: list[str]) -> dict:
@@ -408,6 +417,9 @@ class TrainingConfig:
         data: `embedded`, a directory of text files, or a TFDS name.
         source_lang, target_lang: language codes (None: en -> de).
         model_dir: where tokenizer, checkpoints, logs and results go.
+        init_from: a finished run's directory whose final weights, tokenizer and
+            model this run starts from (fine-tuning, e.g. on in-domain data); None:
+            from scratch. The optimizer and the schedule start at step 0.
         steps: total optimizer steps (preset's `train_steps`).
         batch_tokens: padded tokens per side in one global batch (`BATCH_TOKENS`).
         accumulate: batches whose gradients are averaged into one update (1: each
@@ -453,6 +465,11 @@ class TrainingConfig:
     target_lang: str | None = option(None, "target language code", default_text="de")
     model_dir: str = option("runs/default", "where the tokenizer, checkpoints, logs, curves and export go; "
                                             "an existing run there is resumed")
+    init_from: str | None = option(None, "fine-tuning: start from the final weights of the finished run in "
+                                         "this directory, with its tokenizer and its model (--set changes only "
+                                         "dropout, label smoothing, decoding and schedule fields); the optimizer "
+                                         "and the learning-rate schedule start afresh", default_text="none (from "
+                                         "scratch)")
     steps: int = option(0, "total optimizer steps (the preset's train_steps)")
     batch_tokens: int = option(0, "padded tokens per side in one global batch (paper: 25000)")
     accumulate: int = option(1, "batches whose gradients are averaged into each update (gradient "
@@ -510,6 +527,11 @@ class TrainingConfig:
             if name in given and (isinstance(given[name], bool) or not isinstance(given[name], int)
                                   or given[name] <= 0):
                 raise ConfigError(name, f"{name} must be a positive integer, got {given[name]!r}")
+        if "init_from" in given and (not isinstance(given["init_from"], (str, os.PathLike))
+                                     or not str(given["init_from"]).strip()):
+            raise ConfigError("init_from", f"init_from must be a run directory, got {given['init_from']!r}")
+        if "init_from" in given:
+            given["init_from"] = os.fspath(given["init_from"])
         seed = given.get("seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:  # NumPy's and Keras's range
             raise ConfigError("seed", f"seed must be an integer in [0, 2**32 - 1], got {seed!r}")  # (-1: a traceback)
@@ -560,15 +582,29 @@ class TrainingConfig:
                              f"{max_length} tokens; use batch_tokens >= max_length")
         return cls(**merged)
 
-    def model_config(self, vocab_size: int) -> TransformerConfig:
+    def model_config(self, vocab_size: int, start: TransformerConfig | None = None) -> TransformerConfig:
         """The `TransformerConfig` of this run for a tokenizer of `vocab_size` pieces. Its
         `train_steps` and `checkpoints_to_average` are this run's (`--steps`, `--average`),
-        so that the logged and saved config says what the run did, not its preset's figures."""
+        so that the logged and saved config says what the run did, not its preset's figures.
+
+        `start`: the config of the run whose weights this one starts from (`init_from`): the
+        model is then that one, with this run's values of `FINE_TUNING_FIELDS` only; a
+        `ConfigError` names any other field set to another value (the preset's are not used)."""
         overrides: dict[str, Any] = {"vocab_size": vocab_size, **self.model, **self.syntax,
                                      "train_steps": self.steps, "checkpoints_to_average": self.average}
         if self.max_length:
             overrides["max_length"] = self.max_length
-        return TransformerConfig.from_preset(self.preset, **overrides)
+        if start is None:
+            return TransformerConfig.from_preset(self.preset, **overrides)
+        config = TransformerConfig.from_dict({**start.to_dict(), **overrides})
+        changed = [f"{field.name}={getattr(config, field.name)!r} (it has {getattr(start, field.name)!r})"
+                   for field in dataclasses.fields(TransformerConfig)
+                   if field.name not in FINE_TUNING_FIELDS and getattr(config, field.name) != getattr(start, field.name)]
+        if changed:
+            raise ConfigError("init_from", f"init_from: the model is the initial run's, so {', '.join(changed)} "
+                                           f"cannot be set; a fine-tuning run may set "
+                                           f"{', '.join(n for n in FINE_TUNING_FIELDS if n not in SCHEDULE_ONLY_FIELDS)}")
+        return config
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -3,7 +3,8 @@ and writes the small files (`run.json`, `history.csv`, `results.json`).
 
     MODEL_DIR/
       tokenizer.model      shared SentencePiece vocabulary (data.tokenizer_path)
-      run.json             model config, tokenizer SHA-256, data and its fingerprint
+      run.json             model config, tokenizer SHA-256, data and its fingerprint, the
+                           run it started from (--init-from)
       checkpoints/         ckpt-<step>.* and the `checkpoint` state file
       logs/                TensorBoard
       history.csv          loss / validation loss / BLEU / minutes per checkpoint
@@ -142,7 +143,7 @@ def _compared(config: dict) -> dict:
 
 
 def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, allow_data_change=False,
-                   accumulate=1):
+                   accumulate=1, init_from=None):
     """Writes `run.json` for a new run; for an existing one, refuses a changed
     model config, tokenizer or data (resuming with them would silently mix runs).
 
@@ -158,6 +159,8 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
             `"previous_data"`.
         accumulate: batches per update (`TrainingConfig.accumulate`), recorded when
             above 1 (a run.json without it: 1); a resume may change it.
+        init_from: the directory of the run whose weights this one started from
+            (`TrainingConfig.init_from`), recorded for a new run (None: from scratch).
     """
     path = pathlib.Path(model_dir) / RUN_FILE
     data = dict(data_args)
@@ -166,6 +169,8 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
     record = {"config": config.to_dict(), "tokenizer_sha256": tokenizer.sha256, "data": data}
     if accumulate > 1:
         record["accumulate"] = accumulate
+    if init_from is not None:
+        record["init_from"] = os.fspath(init_from)
     if not path.exists():
         _write_json_atomically(path, record)
         return

@@ -1,6 +1,7 @@
 """TrainingConfig and TransformerConfig: presets, `--set`, each option defined once
 (the parser, the README table, errors naming the flag)."""
 
+import dataclasses
 import pathlib
 
 import pytest
@@ -59,6 +60,40 @@ def test_a_runs_config_records_its_own_steps_and_average():
     assert config == TransformerConfig.from_preset("multi30k", vocab_size=10_000, train_steps=10_750,
                                                    checkpoints_to_average=3)
     assert "train_steps=10750" in repr(config) and "checkpoints_to_average=3" in repr(config)
+
+
+def test_a_fine_tuning_runs_model_is_the_initial_runs_with_its_own_training_fields():
+    """`--init-from`: the model config is the initial run's (not the preset's), with the run's
+    steps, average, --max-length and the `FINE_TUNING_FIELDS` it sets; a field that the
+    initial weights fix, set to another value, is a ConfigError naming it and its value."""
+    import train
+
+    from keras_transformer.config import FINE_TUNING_FIELDS
+
+    start = TransformerConfig.from_preset("multi30k", vocab_size=8000, num_layers=3, source_tags=("upos",),
+                                          train_steps=40_000, checkpoints_to_average=10)
+    run = train.parse_args(["--init-from", "runs/a", "--steps", "500", "--average", "2", "--max-length", "80",
+                            "--set", "dropout=0.3", "--set", "learning_rate_scale=0.5",
+                            "--set", "warmup_steps=50", "--set", "num_layers=3"]).run
+    assert run.init_from == "runs/a" and run.preset == "tiny"
+    config = run.model_config(8000, start)
+    assert config == dataclasses.replace(start, train_steps=500, checkpoints_to_average=2, max_length=80,
+                                         dropout=0.3, learning_rate_scale=0.5, warmup_steps=50)
+    assert run.model_config(8000) != config  # without a start: tiny's model
+    assert set(FINE_TUNING_FIELDS) >= {"dropout", "learning_rate_scale", "train_steps", "max_length"}
+    assert not set(FINE_TUNING_FIELDS) & {"num_layers", "d_model", "d_ff", "num_heads", "vocab_size",
+                                          "norm_first", "source_tags", "syntax_attention"}
+    for settings, syntax, vocab, message in [
+            ({"num_layers": 4, "d_ff": 256}, {}, 8000, "num_layers=4 (it has 3), d_ff=256 (it has 512)"),
+            ({}, {"syntax_attention": "hard"}, 8000, "syntax_attention='hard' (it has 'none')"),
+            ({}, {}, 9000, "vocab_size=9000 (it has 8000)")]:
+        with pytest.raises(ConfigError) as error:
+            TrainingConfig.create("tiny", init_from="runs/a", model=settings, syntax=syntax).model_config(vocab, start)
+        assert error.value.field == "init_from"
+        assert str(error.value).startswith(f"init_from: the model is the initial run's, so {message} cannot be set; "
+                                           f"a fine-tuning run may set dropout, ")
+    with pytest.raises(ConfigError, match="^init_from must be a run directory, got ' '$"):
+        TrainingConfig.create("tiny", init_from=" ")
 
 
 def test_set_flag_changes_model_fields_and_names_bad_ones(capsys):

@@ -4,6 +4,7 @@ their averaging. Runs use a train-only toy corpus (no validation split, so no BL
 decoding) and a few steps of `tiny`. The pieces on their own: test_config.py,
 test_callbacks.py, test_stop_signals.py, test_schedule.py, test_losses.py."""
 
+import dataclasses
 import json
 import logging
 import time
@@ -279,6 +280,68 @@ def test_a_tokenizer_put_in_the_run_directory_before_the_first_run_is_the_runs(t
     assert json.loads((model_dir / "run.json").read_text())["tokenizer_sha256"] == hashlib.sha256(
         own.read_bytes()).hexdigest()
     assert f"tokenizer {model_dir / 'tokenizer.model'}: {size} pieces, the run's own" in caplog.text
+
+
+def test_a_run_started_from_another_runs_weights_fine_tunes_them_with_a_new_optimizer(toy_data, tmp_path, caplog):
+    """`--init-from` (docs/training.md, "Fine-tuning a trained model"): a run on other data
+    starts from the initial run's averaged weights, with its tokenizer (copied) and model,
+    and a new optimizer and schedule (step 0). At a rate of 1e-30 no weight moves (each Adam
+    step is under a float32 weight's spacing), so the tuned weights are the initial run's bit
+    for bit: a run that started from new weights or a checkpoint fails it. The run resumes
+    without the flag (run.json records it); other initial runs, and one that has not
+    finished, are refused in one line before anything is written."""
+    import shutil
+
+    from keras_transformer import TransformerSchedule
+
+    narrow = {"d_model": 32, "d_ff": 64, "num_heads": 2}
+    first_dir, tuned_dir = tmp_path / "first", tmp_path / "tuned"
+    first = train_and_evaluate(run_config(toy_data, first_dir, steps=4, checkpoint_every=2, average=2, model=narrow))
+    other = write_train_only(tmp_path / "other", pairs=120, seed=fixture_seed(1))
+    tuning = {"learning_rate_scale": 1e-30, "dropout": 0.0}
+    with caplog.at_level(logging.INFO, logger="keras_transformer"):
+        tuned = train_and_evaluate(run_config(other, tuned_dir, steps=2, checkpoint_every=1, average=1,
+                                              init_from=str(first_dir), model=tuning))
+    for initial, weights in zip(first.model.get_weights(), tuned.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(weights, initial)
+    optimizer = tuned.model.optimizer
+    assert int(optimizer.iterations.numpy()) == 2 and tuned.results["steps"] == 2
+    schedule = TransformerSchedule(first.config.d_model, first.config.warmup_steps, 1e-30)
+    assert float(optimizer.learning_rate) == pytest.approx(float(schedule(2)), rel=1e-6)
+    assert tuned.config == dataclasses.replace(first.config, train_steps=2, checkpoints_to_average=1, **tuning)
+    assert (tuned_dir / "tokenizer.model").read_bytes() == (first_dir / "tokenizer.model").read_bytes()
+    record = json.loads((tuned_dir / "run.json").read_text())
+    assert (record["init_from"], record["data"]["data"]) == (str(first_dir.resolve()), str(other))
+    assert f"weights: {first_dir.resolve() / 'final.weights.h5'} (the initial run's averaged weights)" in caplog.text
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="keras_transformer"):  # resumed without the flag
+        resumed = train_and_evaluate(run_config(other, tuned_dir, steps=3, checkpoint_every=1, average=1, model=tuning))
+    assert resumed.results["steps"] == 3
+    assert [int(row["step"]) for row in run_dir.read_history(tuned_dir)] == [1, 2, 3]
+    assert f"the run started from the weights of {first_dir.resolve()} (run.json)" in caplog.text
+    assert "the initial run's averaged weights" not in caplog.text
+
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    for name in ("run.json", "tokenizer.model"):
+        shutil.copy(first_dir / name, unfinished / name)
+    refusals = [
+        (tuned_dir, unfinished, {}, f"{tuned_dir} holds a run started from {first_dir.resolve()}, not from "
+                                    f"{unfinished.resolve()}: leave out --init-from to resume it, or use a new --model-dir"),
+        (tmp_path / "new", unfinished, {}, f"--init-from {unfinished}: {unfinished.resolve() / 'final.weights.h5'} not "
+                                           f"found: that run has not finished (train.py writes its averaged weights "
+                                           f"when training ends); run its command again to finish it"),
+        (tmp_path / "new", first_dir, {"num_heads": 4}, f"--init-from {first_dir}: the model is the initial run's, so "
+                                                        f"num_heads=4 (it has 2) cannot be set; a fine-tuning run may set "
+                                                        f"dropout, attention_dropout, label_smoothing, "),
+        (first_dir, first_dir, {}, f"--init-from {first_dir} is the --model-dir itself: to resume the run there, leave "
+                                   f"out --init-from")]
+    for model_dir, init_from, model, message in refusals:
+        with pytest.raises(RunError) as error:
+            train_and_evaluate(run_config(other, model_dir, steps=2, init_from=str(init_from), model=model))
+        assert str(error.value).startswith(message)
+    assert {path.name for path in (tmp_path / "new").iterdir()} <= {run_dir.LOCK_FILE}  # nothing of a run written
 
 
 def test_out_of_memory_is_one_line_naming_the_step_the_checkpoint_and_the_flags_that_fit(

@@ -30,7 +30,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer import console, run_dir
-from keras_transformer.config import TrainingConfig, TransformerConfig
+from keras_transformer.config import ConfigError, TrainingConfig, TransformerConfig
 from keras_transformer.training.callbacks import (CheckpointAndBleu, NonFiniteLossError, Progress, StepGuard,
                                                   TimeBudget)
 from keras_transformer.training.distribute import (any_worker, cluster_tasks, enable_multi_worker_fit, is_chief,
@@ -234,11 +234,13 @@ def _train_and_evaluate(run, started, strategy) -> TrainedRun:
 def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     """`_train_and_evaluate` in a run directory that no other `train.py` trains in."""
     keras.utils.set_random_seed(run.seed)
-    corpus, tokenizer, config = _prepare_data(run, model_dir, chief)
+    corpus, tokenizer, config, init_from = _prepare_data(run, model_dir, chief)
     strategy = strategy or make_strategy()
     data = _make_datasets(run, corpus, tokenizer, config, strategy.num_replicas_in_sync)
     model = _compile_model(run, config, strategy)
     store, start_step, worker_dir = _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run)
+    if init_from is not None and start_step == 0:  # (a resumed run goes on from its own checkpoints)
+        _initialize_from(model, init_from)
     onednn = console.onednn_state()
     log.info("%d replica(s); %d steps in rounds of %d%s; resuming at step %d; TensorFlow's oneDNN kernels %s",
              strategy.num_replicas_in_sync, run.steps, run.checkpoint_every,
@@ -286,22 +288,28 @@ class _Datasets:
 
 
 def _prepare_data(run, model_dir, chief):
-    """The corpus, the tokenizer (trained by the chief, waited for by the other workers) and
-    the model config; refuses a run directory made for another config, tokenizer or data,
+    """The corpus, the tokenizer (trained by the chief, or the initial run's copied by it; waited
+    for by the other workers), the model config and the initial run's directory (None: from
+    scratch); refuses a run directory made for another config, tokenizer or data,
     and a corpus whose every pair is too long to batch."""
     from keras_transformer.data import count_overlong, load_corpus
 
+    init_from, start = _initial_run(run, model_dir)
     corpus = load_corpus(run.data, run.source_lang, run.target_lang, seed=run.seed)
     log.info("data %s (%s -> %s): %s", corpus.name, corpus.source_lang, corpus.target_lang,
              dict(corpus.sizes))
+    if init_from is not None and chief:
+        _take_tokenizer(init_from, model_dir)
     tokenizer = (prepare_tokenizer(model_dir, corpus, run.vocab_size, run.seed) if chief
                  else wait_for_tokenizer(model_dir))
-    config = run.model_config(tokenizer.vocab_size)
+    config = _fine_tuning_config(run, tokenizer.vocab_size, start, init_from)
     data_args = {"data": corpus.name, "source_lang": corpus.source_lang, "target_lang": corpus.target_lang}
     if chief:
         run_dir.check_run_file(model_dir, config, tokenizer, data_args, fingerprint=corpus.fingerprint(),
-                               allow_data_change=run.allow_data_change, accumulate=run.accumulate)
-    log.info("config %s: %s", run.preset, config)
+                               allow_data_change=run.allow_data_change, accumulate=run.accumulate,
+                               init_from=init_from)
+    log.info("config %s: %s", run.preset if init_from is None else f"{run.preset}'s training settings, the model "
+             f"of {init_from}", config)
     overlong = count_overlong(corpus.splits["train"], tokenizer, config.max_length)
     log.info("training split: %s", overlong)
     if overlong.either >= overlong.pairs and not config.syntax_aware:  # syntax-aware sources are truncated
@@ -309,7 +317,83 @@ def _prepare_data(run, model_dir, chief):
         raise run_dir.RunError(f"{where}: all {overlong.pairs} training pairs are longer than max_length="
                                f"{config.max_length} tokens (source {overlong.source}, target "
                                f"{overlong.target}), so no batch could ever be made; raise --max-length")
-    return corpus, tokenizer, config
+    return corpus, tokenizer, config, init_from
+
+
+def _initial_run(run, model_dir):
+    """The finished run whose weights this one starts from (`--init-from`), as `(directory,
+    config)`, or `(None, None)` for a run from scratch. A new run reads it from the flag, after
+    checking that the directory holds a finished run (run.json, tokenizer.model, final weights)
+    before anything is written; a resumed run from its run.json (the flag may then be left out;
+    the initial run is no longer read), and refuses a flag naming another initial run."""
+    given = pathlib.Path(run.init_from).resolve() if run.init_from else None
+    if given is not None and given == model_dir.resolve():
+        raise run_dir.RunError(f"--init-from {run.init_from} is the --model-dir itself: to resume the run there, "
+                               f"leave out --init-from")
+    if (model_dir / run_dir.RUN_FILE).exists():  # a run resumed: it started from what its run.json says
+        recorded = run_dir.read_run_file(model_dir).get("init_from")
+        if given is not None and (recorded is None or pathlib.Path(recorded) != given):
+            began = "trained from scratch" if recorded is None else f"started from {recorded}"
+            raise run_dir.RunError(f"{model_dir} holds a run {began}, not from {given}: leave out --init-from to "
+                                   f"resume it, or use a new --model-dir")
+        if recorded is None:
+            return None, None
+        log.info("the run started from the weights of %s (run.json)", recorded)
+        return pathlib.Path(recorded), run_dir.load_config(model_dir)
+    if given is None:
+        return None, None
+    from keras_transformer.data import Tokenizer, tokenizer_path
+
+    try:
+        config = run_dir.load_config(given)
+    except run_dir.RunError as error:  # not a run directory
+        raise run_dir.RunError(f"--init-from {run.init_from}: {error}") from None
+    _fine_tuning_config(run, config.vocab_size, config, given)  # a --set it refuses: before anything is written
+    if not tokenizer_path(given).exists():
+        raise run_dir.RunError(f"--init-from {run.init_from}: {tokenizer_path(given)} not found; the initial run's "
+                               f"tokenizer is this run's")
+    run_dir.check_run_tokenizer(given, Tokenizer.load(tokenizer_path(given)))
+    if not (given / run_dir.FINAL_WEIGHTS).exists():
+        raise run_dir.RunError(f"--init-from {run.init_from}: {given / run_dir.FINAL_WEIGHTS} not found: that run has "
+                               f"not finished (train.py writes its averaged weights when training ends); run its "
+                               f"command again to finish it")
+    return given, config
+
+
+def _fine_tuning_config(run, vocab_size, start, init_from):
+    """`run.model_config(vocab_size, start)`, a `--set` of a field that the initial run's
+    weights fix refused in one line naming --init-from."""
+    try:
+        return run.model_config(vocab_size, start)
+    except ConfigError as error:
+        if init_from is None:
+            raise
+        raise run_dir.RunError(f"--init-from {run.init_from or init_from}: {str(error).removeprefix('init_from: ')}") from None
+
+
+def _take_tokenizer(init_from, model_dir) -> None:
+    """Copies the initial run's tokenizer into a fine-tuning run's directory (a copy already
+    there must be that one: its pieces are the ids the weights were trained on)."""
+    from keras_transformer.atomic_writes import write_bytes_atomically
+    from keras_transformer.data import tokenizer_path
+
+    source, target = tokenizer_path(init_from), tokenizer_path(model_dir)
+    data = source.read_bytes()
+    if not target.exists():
+        write_bytes_atomically(target, data)
+        log.info("tokenizer: %s's, copied to %s", source, target)
+    elif target.read_bytes() != data:
+        raise run_dir.RunError(f"{target} is not the tokenizer of {init_from}, whose weights --init-from starts "
+                               f"from (their ids are its pieces): remove it, or use a new --model-dir")
+
+
+def _initialize_from(model, init_from) -> None:
+    """Sets `model`'s weights to the initial run's final (averaged) weights; the optimizer
+    (Adam's moments, the step of the schedule) stays new."""
+    source = run_dir.final_model(init_from, run_dir.load_config(init_from))
+    model.set_weights(source.get_weights())
+    log.info("weights: %s (the initial run's averaged weights); optimizer and schedule from step 0",
+             init_from / run_dir.FINAL_WEIGHTS)
 
 
 def _validation_options() -> tf.data.Options:
