@@ -439,6 +439,50 @@ def test_accumulated_runs_count_updates_and_resume_with_another_accumulation(toy
     assert [int(row["step"]) for row in run_dir.read_history(tmp_path / "run")] == [2, 4, 6, 8]
 
 
+def test_a_resumed_part_reads_a_fresh_shuffle_of_the_training_data(toy_data, tmp_path, monkeypatch):
+    """docs/training.md, "Checkpoints and resume": each part of a run reads its own shuffle of
+    the training data, seeded by the run's seed and the step it resumes from (`data_seed`),
+    where every part had read the first part's batches again from the first (a run trained in
+    parts shorter than an epoch saw only those). A part's first batch is the first of
+    `make_batches` with that seed; a run from scratch keeps the run's seed (its numbers unchanged)."""
+    import tensorflow as tf
+
+    from keras_transformer.data import Tokenizer, load_corpus, make_batches
+    from keras_transformer.training import run as training
+    from keras_transformer.training.run import data_seed
+
+    real_fit = training._fit
+    firsts = []
+
+    def fit(model, train_ds, **kwargs):
+        firsts.append([np.asarray(part) for part in tf.nest.flatten(next(iter(train_ds)))])
+        return real_fit(model, train_ds, **kwargs)
+
+    monkeypatch.setattr(training, "_fit", fit)
+    narrow = {"d_model": 32, "d_ff": 64, "num_heads": 2}
+    model_dir = tmp_path / "run"
+    train_and_evaluate(run_config(toy_data, model_dir, steps=2, checkpoint_every=2, average=1, model=narrow))
+    trained = train_and_evaluate(run_config(toy_data, model_dir, steps=4, checkpoint_every=2, average=1, model=narrow))
+    assert trained.results["steps"] == 4 and len(firsts) == 2
+
+    corpus = load_corpus(str(toy_data), "en", "de", seed=0)
+    tokenizer = Tokenizer.load(model_dir / "tokenizer.model")
+
+    def first_batch(seed):
+        batches = make_batches(corpus.dataset("train"), tokenizer, batch_tokens=256, max_length=trained.config.max_length,
+                               shuffle=True, seed=seed, repeat=True, batch_multiple=1)
+        return [np.asarray(part) for part in tf.nest.flatten(next(iter(batches)))]
+
+    assert (data_seed(0, 0), data_seed(5, 0)) == (0, 5)
+    assert len({data_seed(0, 2), data_seed(0, 4), data_seed(1, 2), 0, 1, 2}) == 6
+    assert all(0 <= data_seed(seed, step) < 2 ** 32 for seed in (0, 2 ** 32 - 1) for step in (1, 10 ** 9))
+    for seen, expected in ((firsts[0], first_batch(0)), (firsts[1], first_batch(data_seed(0, 2)))):
+        assert len(seen) == len(expected)
+        for a, b in zip(seen, expected):
+            np.testing.assert_array_equal(a, b)
+    assert any(a.shape != b.shape or (a != b).any() for a, b in zip(firsts[0], firsts[1]))
+
+
 def test_signal_checkpoint_is_not_averaged():
     class Store:
         paths = ["d/ckpt-10", "d/ckpt-20", "d/ckpt-23", "d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]

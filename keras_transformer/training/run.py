@@ -27,6 +27,7 @@ import time
 import warnings
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer import console, run_dir
@@ -241,6 +242,8 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     store, start_step, worker_dir = _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run)
     if init_from is not None and start_step == 0:  # (a resumed run goes on from its own checkpoints)
         _initialize_from(model, init_from)
+    if start_step:  # a resumed part reads a fresh shuffle
+        data.train = data.training_batches(data_seed(run.seed, start_step))
     onednn = console.onednn_state()
     log.info("%d replica(s); %d steps in rounds of %d%s; resuming at step %d; TensorFlow's oneDNN kernels %s",
              strategy.num_replicas_in_sync, run.steps, run.checkpoint_every,
@@ -285,6 +288,7 @@ class _Datasets:
     valid: object  # cached validation batches, or None
     valid_split: str | None
     splits: tuple  # every split of the corpus
+    training_batches: object  # seed -> the training batches shuffled with it (`train`: the run's seed)
 
 
 def _prepare_data(run, model_dir, chief):
@@ -409,9 +413,20 @@ def _validation_options() -> tf.data.Options:
     return options
 
 
+def data_seed(seed: int, step: int) -> int:
+    """The shuffle seed of the training batches of a run (or a resumed part of one) that
+    starts at `step`: the run's `seed` from scratch; after a resume, one drawn from both,
+    so that each part reads a fresh shuffle of the data. (With the run's seed each part read
+    the first part's batches again from the first: a run trained in parts shorter than an
+    epoch, under `--max-minutes` or a scheduler's pre-emptions, saw only its first batches.)"""
+    if step == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+
+
 def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
-    """Token-budget batches for training (every batch a multiple of `replicas` sentences)
-    and validation."""
+    """Token-budget batches for training (every batch a multiple of `replicas` sentences;
+    shuffled with the run's seed, and with another through `training_batches`) and validation."""
     from keras_transformer.data import SubwordSampling, make_batches
     from keras_transformer.data.corpora import VALID_STEMS
     from keras_transformer.model import source_feature_names
@@ -424,12 +439,16 @@ def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
         log.info("subword regularization: each training pair's segmentation sampled every epoch "
                  "(alpha %g, among the %s best)", sampling.alpha,
                  "all" if sampling.nbest_size < 0 else sampling.nbest_size)
-    try:
-        train = make_batches(pairs("train"), tokenizer, batch_tokens=run.batch_tokens,
-                             max_length=config.max_length, shuffle=True, seed=run.seed, repeat=True,
-                             batch_multiple=replicas, **syntax, subword_sampling=sampling)
-    except ValueError as error:  # e.g. the budget cannot give every replica a longest pair
-        raise run_dir.RunError(f"--batch-tokens {run.batch_tokens} with {replicas} replica(s): {error}") from None
+
+    def training_batches(seed):
+        try:
+            return make_batches(pairs("train"), tokenizer, batch_tokens=run.batch_tokens,
+                                max_length=config.max_length, shuffle=True, seed=seed, repeat=True,
+                                batch_multiple=replicas, **syntax, subword_sampling=sampling)
+        except ValueError as error:  # e.g. the budget cannot give every replica a longest pair
+            raise run_dir.RunError(f"--batch-tokens {run.batch_tokens} with {replicas} replica(s): {error}") from None
+
+    train = training_batches(run.seed)
     valid_split = "valid" if "valid" in corpus.splits else None
     if valid_split is None:  # optional, but a misnamed file (`newstest2013.en`) had passed in silence
         looked_for = (f"{' or '.join(f'{stem}.{corpus.source_lang}' for stem in VALID_STEMS)} with its "
@@ -442,7 +461,7 @@ def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
         valid = make_batches(pairs(valid_split), tokenizer, batch_tokens=run.batch_tokens,
                              max_length=config.max_length, batch_multiple=replicas, **syntax).cache()
         valid = valid.with_options(_validation_options())
-    return _Datasets(pairs, train, valid, valid_split, tuple(corpus.splits))
+    return _Datasets(pairs, train, valid, valid_split, tuple(corpus.splits), training_batches)
 
 
 def _compile_model(run, config, strategy):
