@@ -3,23 +3,53 @@ loss/BLEU curves of its `history.csv`."""
 
 from __future__ import annotations
 
+import logging
 import pathlib
 
+import tensorflow as tf
+
 from keras_transformer import run_dir
+
+log = logging.getLogger(__name__)
 
 
 def compute_bleu(translator, pairs_ds, limit=None, beam_size=4, batch_size=64):
     """Detokenized sacreBLEU of `translator` on `(source, target)` string pairs.
 
-    Returns the `sacrebleu.BLEUScore`, its signature, and the hypotheses.
+    Returns the `sacrebleu.BLEUScore`, its signature, and the hypotheses. A batch that the
+    device has no memory for is translated in halves (said once); a single sentence that
+    does not fit raises `RunError` in one line.
     """
     ds = pairs_ds if limit is None else pairs_ds.take(limit)
-    hypotheses, references = [], []
+    hypotheses, references, halved = [], [], []
     for sources, targets in ds.batch(batch_size):
-        hypotheses.extend(translator.translate(sources, beam_size=beam_size))
+        hypotheses.extend(_translate_in_parts_that_fit(translator, sources, beam_size, halved))
         references.extend(t.decode("utf-8") for t in targets.numpy())
     score, signature = corpus_bleu(hypotheses, references)
     return score, signature, hypotheses
+
+
+def _translate_in_parts_that_fit(translator, sources, beam_size, halved) -> list[str]:
+    """`translator.translate(sources, beam_size=...)`, or, where the device runs out of memory
+    (`ResourceExhaustedError`: a GPU, a batch of long sentences at a wide beam), the same in
+    halves, each halved again as needed; `halved` collects the sizes that did not fit (a
+    warning at the first). Each sentence's search is its own, so the hypotheses are the
+    whole batch's (the tests' translator checks it)."""
+    try:
+        return list(translator.translate(sources, beam_size=beam_size))
+    except tf.errors.ResourceExhaustedError as error:
+        count = int(tf.shape(sources)[0])
+        what = error.message.strip().splitlines()[0][:160] if error.message else "out of memory"
+        if count == 1:
+            raise run_dir.RunError(f"out of memory translating a single sentence with beam {beam_size} for BLEU "
+                                   f"({what}): a smaller --beam-size fits") from None
+        if not halved:
+            log.warning("out of memory translating %d sentences with beam %d for BLEU (%s): translating them "
+                        "in smaller batches", count, beam_size, what)
+        halved.append(count)
+        half = count // 2
+        return (_translate_in_parts_that_fit(translator, sources[:half], beam_size, halved)
+                + _translate_in_parts_that_fit(translator, sources[half:], beam_size, halved))
 
 
 def corpus_bleu(hypotheses, references, lowercase=False):
