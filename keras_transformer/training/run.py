@@ -564,8 +564,9 @@ def _train(run, model, data, callbacks, start_step, store, progress, signals, bu
 
 def _out_of_memory(run, step, store, error) -> str:
     """The one line for a device out of memory in training (`ResourceExhaustedError` from
-    `fit`: a batch, or a validation or BLEU pass, too big for the GPU): where it stopped,
-    what is kept, and the flags that keep each update's tokens with smaller batches."""
+    `fit`: a training or validation batch too big for the GPU; the BLEU passes halve their own
+    batches, `evaluation.compute_bleu`): where it stopped, what is kept, and the flags that
+    keep each update's tokens with smaller batches."""
     what = error.message.strip().splitlines()[0][:160]
     newest = os.path.basename(store.paths[-1]) if store.paths else None
     advice = (f"rerun with --batch-tokens {max(run.batch_tokens // 2, 1)} --accumulate {run.accumulate * 2}"
