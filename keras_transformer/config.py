@@ -437,6 +437,8 @@ class TrainingConfig:
             final BLEU and the export are float32).
         seed: seed of weights, dropout, shuffling and the embedded corpus.
         allow_data_change: resume a run on data other than it was started on.
+        early_stopping: checkpoints without a lower validation loss after which
+            training stops (0: off); counted from `history.csv`, so across resumes.
         max_minutes: wall-clock budget of this process's training, in minutes
             (0: none). At the end of a round (after its checkpoint) the run
             stops if the next round would end past the budget; it is then
@@ -496,6 +498,9 @@ class TrainingConfig:
     allow_data_change: bool = option(False, "resume a run although its training data changed (run.json "
                                             "records a fingerprint: file sizes and hashes, or TFDS name "
                                             "and version)")
+    early_stopping: int = option(0, "stop training once the validation loss has not improved for this many "
+                                    "checkpoints (0: off), then average, evaluate and export as usual; --steps "
+                                    "stays the most it trains")
     max_minutes: float = option(0.0, "wall-clock budget for training, in minutes (0: none): at a checkpoint, "
                                      "stop if the next round would end past it, then average, evaluate and "
                                      "export as usual")
@@ -558,6 +563,9 @@ class TrainingConfig:
                              f"TransformerConfig fields: {list(MODEL_OVERRIDE_FIELDS)}")
         if given.get("model"):  # raises naming a bad value; its beam_size is the run's default
             model = TransformerConfig.from_preset(preset, **given["model"], **given.get("syntax", {}))
+        early = given.get("early_stopping", 0)
+        if isinstance(early, bool) or not isinstance(early, int) or early < 0:
+            raise ConfigError("early_stopping", f"early_stopping must be an integer >= 0 (0: off), got {early!r}")
         if given.get("bleu_every_sentences", 0) < 0:
             raise ConfigError("bleu_every_sentences", f"bleu_every_sentences must be >= 0, got {given['bleu_every_sentences']}")
         steps = given.get("steps", model.train_steps)

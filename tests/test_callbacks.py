@@ -6,7 +6,8 @@ import time
 import keras
 import pytest
 
-from keras_transformer.training.callbacks import CheckpointAndBleu, Progress, TimeBudget
+from keras_transformer.training.callbacks import (CheckpointAndBleu, Progress, TimeBudget,
+                                                  rounds_without_improvement)
 
 
 def _stand_in_model():
@@ -155,3 +156,21 @@ def test_the_checkpoint_line_counts_the_valid_sentences_it_scored(tmp_path, caps
         callback.on_epoch_end(0, {"loss": 1.0})
         assert capsys.readouterr().out == f"step 0, loss 1.0000, checkpoint ckpt-0, greedy BLEU on {scored} valid " \
                                           f"sentences 100.00\n"
+
+
+def test_rounds_without_improvement_count_from_the_lowest_validation_loss():
+    """`--early-stopping`'s count, from history.csv's rows as written (strings, 4 decimals):
+    rounds after the lowest validation loss, a tie no improvement, rows without one skipped,
+    rows past a resumed run's step left out, and of two rows of a step the later one."""
+    def rows(*pairs):
+        return [{"step": str(step), "val_loss": "" if loss is None else f"{loss:.4f}"} for step, loss in pairs]
+
+    assert rounds_without_improvement([]) == (0, None)
+    assert rounds_without_improvement(rows((1, None), (2, None))) == (0, None)
+    assert rounds_without_improvement(rows((1, 3.0), (2, 2.5), (3, 2.6), (4, 2.55))) == (2, 2)
+    assert rounds_without_improvement(rows((1, 3.0), (2, 2.5), (3, 2.5), (4, 2.50001))) == (2, 2)  # ties
+    assert rounds_without_improvement(rows((2, 2.5), (4, 2.4))) == (0, 4)
+    assert rounds_without_improvement(rows((1, 3.0), (2, None), (3, 2.9), (4, 3.1))) == (1, 3)
+    history = rows((1, 3.0), (2, 2.5), (3, 2.6), (4, 2.7))
+    assert rounds_without_improvement(history, up_to_step=3) == (1, 2)
+    assert rounds_without_improvement(history + rows((3, 2.4)), up_to_step=3) == (0, 3)  # step 3 again, resumed

@@ -483,6 +483,40 @@ def test_a_resumed_part_reads_a_fresh_shuffle_of_the_training_data(toy_data, tmp
     assert any(a.shape != b.shape or (a != b).any() for a, b in zip(firsts[0], firsts[1]))
 
 
+def test_early_stopping_stops_after_rounds_without_a_lower_validation_loss_and_across_resumes(toy_data, tmp_path,
+                                                                                                capsys):
+    """`--early-stopping 2`: at a rate of 1e-30 the weights move by some 1e-35 (the zero
+    biases) or not at all, so the validation loss of every round, to the 4 decimals history.csv
+    keeps, equals the first's (no improvement, by construction): training stops after
+    round 3, is averaged, evaluated and reports it. The same command again trains nothing
+    (history.csv says it stopped); a larger patience goes on to its own stop. A corpus
+    without validation data is refused in one line."""
+    from helpers import write_corpus
+
+    data = write_corpus(tmp_path / "data", pairs=160, valid=12)
+    model_dir = tmp_path / "run"
+    flags = dict(steps=10, checkpoint_every=1, average=2, early_stopping=2,
+                 model={"d_model": 32, "d_ff": 64, "num_heads": 2, "learning_rate_scale": 1e-30})
+    trained = train_and_evaluate(run_config(data, model_dir, **flags))
+    history = run_dir.read_history(model_dir)
+    assert [int(row["step"]) for row in history] == [1, 2, 3]
+    assert len({row["val_loss"] for row in history}) == 1
+    stop = {"step": 3, "best_step": 1, "patience": 2}
+    assert trained.results["steps"] == 3 and trained.results["stopped_early"] == stop
+    assert trained.results["averaged_checkpoints"] == 2 and "valid_bleu" in trained.results
+    assert ("early stopping: the validation loss has not improved for 2 checkpoints (best at step 1); stopping at "
+            "step 3") in capsys.readouterr().out
+    again = train_and_evaluate(run_config(data, model_dir, **flags))
+    assert again.results["steps"] == 3 and again.results["stopped_early"] == stop
+    assert len(run_dir.read_history(model_dir)) == 3
+    longer = train_and_evaluate(run_config(data, model_dir, **{**flags, "early_stopping": 4}))
+    assert [int(row["step"]) for row in run_dir.read_history(model_dir)] == [1, 2, 3, 4, 5]
+    assert longer.results["stopped_early"] == {"step": 5, "best_step": 1, "patience": 4}
+    with pytest.raises(RunError, match=f"^--early-stopping 2 watches the validation loss, and {toy_data} has no "
+                                       f"validation data$"):
+        train_and_evaluate(run_config(toy_data, tmp_path / "no-valid", steps=2, early_stopping=2))
+
+
 def test_signal_checkpoint_is_not_averaged():
     class Store:
         paths = ["d/ckpt-10", "d/ckpt-20", "d/ckpt-23", "d/ckpt-30", "d/ckpt-40", "d/ckpt-45"]

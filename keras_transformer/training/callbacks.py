@@ -1,6 +1,6 @@
 """The callbacks of a training run's `fit`: stop on a signal or a non-finite loss,
 the progress line, a checkpoint with a greedy BLEU and a history row at the end of
-every round, and the time budget."""
+every round, early stopping and the time budget."""
 
 from __future__ import annotations
 
@@ -254,3 +254,52 @@ class TimeBudget(keras.callbacks.Callback):
               f"{self.seconds / 60:g} min budget reaches about step {self.projected_step:,} (a recipe "
               f"measured on a faster machine made more: `--steps N --max-minutes 0` trains N steps "
               f"whatever the time)", flush=True)
+
+
+def rounds_without_improvement(rows, up_to_step=None) -> tuple[int, int | None]:
+    """`(rounds, best_step)` of `history.csv`'s rows (`run_dir.read_history`): the rounds
+    since the lowest validation loss (as written, to 4 decimals; a tie is no improvement),
+    and that round's step (None, with 0 rounds, without a validation loss). Rows past
+    `up_to_step` (a run resumed from an older checkpoint) are left out, and of two rows of
+    one step the later counts."""
+    losses = {}
+    for row in rows:
+        step = int(row["step"])
+        if (up_to_step is None or step <= up_to_step) and row.get("val_loss"):
+            losses[step] = float(row["val_loss"])
+    best_step, best = None, math.inf
+    for step in sorted(losses):
+        if losses[step] < best:
+            best_step, best = step, losses[step]
+    return (0, None) if best_step is None else (sum(1 for step in losses if step > best_step), best_step)
+
+
+class EarlyStopping(keras.callbacks.Callback):
+    """Stops `fit` at the end of a round (after the callbacks before it wrote the round's
+    checkpoint and history row) once the validation loss has not improved for `patience`
+    rounds. It counts from `history.csv`, so a resumed run goes on counting where the part
+    before it stopped (Keras's own `EarlyStopping` keeps its count in memory), and several
+    workers stop together, on the chief's count (the others write no history)."""
+
+    def __init__(self, patience, model_dir, strategy=None, chief=True):
+        super().__init__()
+        self.patience = patience
+        self.model_dir = pathlib.Path(model_dir)
+        self.strategy = strategy
+        self.chief = chief
+        self.stopped = False
+        self.best_step = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        rounds, self.best_step = (rounds_without_improvement(run_dir.read_history(self.model_dir))
+                                  if self.chief else (0, None))
+        over = rounds >= self.patience
+        if self.strategy is not None:  # several workers stop together or not at all
+            over = any_worker(self.strategy, over)
+        if over:
+            self.stopped = True
+            self.model.stop_training = True
+            if self.chief:
+                step = int(self.model.optimizer.iterations.numpy())
+                print(f"early stopping: the validation loss has not improved for {rounds} checkpoints (best at "
+                      f"step {self.best_step}); stopping at step {step}", flush=True)

@@ -32,8 +32,8 @@ import tensorflow as tf
 
 from keras_transformer import console, run_dir
 from keras_transformer.config import ConfigError, TrainingConfig, TransformerConfig
-from keras_transformer.training.callbacks import (CheckpointAndBleu, NonFiniteLossError, Progress, StepGuard,
-                                                  TimeBudget)
+from keras_transformer.training.callbacks import (CheckpointAndBleu, EarlyStopping, NonFiniteLossError, Progress,
+                                                  StepGuard, TimeBudget, rounds_without_improvement)
 from keras_transformer.training.distribute import (any_worker, cluster_tasks, enable_multi_worker_fit, is_chief,
                                                    is_multi_worker, make_strategy, wait_for_tokenizer)
 from keras_transformer.training.evaluation import compute_bleu, plot_curves
@@ -238,6 +238,9 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     corpus, tokenizer, config, init_from = _prepare_data(run, model_dir, chief)
     strategy = strategy or make_strategy()
     data = _make_datasets(run, corpus, tokenizer, config, strategy.num_replicas_in_sync)
+    if run.early_stopping and data.valid_split is None:
+        raise run_dir.RunError(f"--early-stopping {run.early_stopping} watches the validation loss, and "
+                               f"{corpus.name} has no validation data")
     model = _compile_model(run, config, strategy)
     store, start_step, worker_dir = _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run)
     if init_from is not None and start_step == 0:  # (a resumed run goes on from its own checkpoints)
@@ -261,15 +264,21 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     trained_before = run_dir.minutes_before(model_dir, start_step) if chief and start_step else 0.0
     progress = Progress(run.steps, budget_seconds=run.max_minutes * 60 or None, started=started)
     signals = StopSignals()
-    callbacks, budget = _callbacks(run, store, translator, data, model_dir, progress, signals, strategy, chief,
-                                   started, trained_before)
-    interrupted = _train(run, model, data, callbacks, start_step, store, progress, signals, budget, strategy)
+    callbacks, budget, early = _callbacks(run, store, translator, data, model_dir, progress, signals, strategy,
+                                          chief, started, trained_before)
+    stopped_early = _stopped_early(run, model_dir, start_step)
+    interrupted = None if stopped_early else _train(run, model, data, callbacks, start_step, store, progress,
+                                                    signals, budget, strategy, early)
     if interrupted is not None:
         return TrainedRun(model, config, tokenizer, {"steps": interrupted, "interrupted": signals.received},
                           model_dir, interrupted=True)
     if not chief:  # the chief averages, evaluates and exports
         return _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy)
     results = _average(run, model, config, store, model_dir, started, budget, trained_before)
+    if stopped_early or (early and early.stopped):
+        step = stopped_early or results["steps"]
+        best = rounds_without_improvement(run_dir.read_history(model_dir), up_to_step=step)[1]
+        results["stopped_early"] = {"step": step, "best_step": best, "patience": run.early_stopping}
     if run.mixed_precision:
         model, translator = _float32_model(config, tokenizer, model_dir)
     results.update(_evaluate(run, translator, data, model_dir))
@@ -505,9 +514,10 @@ def _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run):
 
 def _callbacks(run, store, translator, data, model_dir, progress, signals, strategy, chief, started,
                trained_before=0.0):
-    """`fit`'s callbacks, in order, and the time budget (None without one), which comes
-    last: after the round's checkpoint. `trained_before`: the minutes of the run's parts
-    before this process (`run_dir.minutes_before`)."""
+    """`(callbacks, budget, early)`: `fit`'s callbacks, in order, the time budget and the early
+    stopping (each None when off), which come after the round's checkpoint and history row.
+    `trained_before`: the minutes of the run's parts before this process
+    (`run_dir.minutes_before`)."""
     every = run.checkpoint_every
     if chief:
         callbacks = [
@@ -522,14 +532,29 @@ def _callbacks(run, store, translator, data, model_dir, progress, signals, strat
     else:
         callbacks = [StepGuard(signals, strategy, run.accumulate),
                      CheckpointAndBleu(store, None, None, 0, model_dir, chief=False)]
+    early = (EarlyStopping(run.early_stopping, model_dir, strategy if is_multi_worker(strategy) else None, chief)
+             if run.early_stopping else None)
     budget = (TimeBudget(run.max_minutes * 60, started, strategy if is_multi_worker(strategy) else None)
               if run.max_minutes else None)
-    if budget:
-        callbacks.append(budget)
-    return callbacks, budget
+    callbacks.extend(callback for callback in (early, budget) if callback)
+    return callbacks, budget, early
 
 
-def _train(run, model, data, callbacks, start_step, store, progress, signals, budget, strategy):
+def _stopped_early(run, model_dir, start_step) -> int:
+    """The step at which an earlier part of the run stopped early (`--early-stopping`: its
+    `history.csv` up to `start_step` shows as many rounds without a lower validation loss),
+    said in the log; 0 when training goes on."""
+    if not run.early_stopping or not start_step or start_step >= run.steps:
+        return 0
+    rounds, best = rounds_without_improvement(run_dir.read_history(model_dir), up_to_step=start_step)
+    if rounds < run.early_stopping:
+        return 0
+    log.info("the run stopped early at step %d (the validation loss has not improved for %d checkpoints since "
+             "step %d): nothing to train; it is averaged and evaluated as it is", start_step, rounds, best)
+    return start_step
+
+
+def _train(run, model, data, callbacks, start_step, store, progress, signals, budget, strategy, early=None):
     """`fit` in rounds until the step count or the time budget, with stop signals
     watched. Returns None, or the step at which a signal stopped it (a checkpoint of
     that step written); a non-finite loss raises `NonFiniteLossError` naming the
@@ -537,7 +562,8 @@ def _train(run, model, data, callbacks, start_step, store, progress, signals, bu
     with signals:
         try:
             _fit_rounds(model, data.train, data.valid, callbacks, start_step, run.steps, run.checkpoint_every,
-                        stopped=lambda: bool(budget and budget.exhausted), accumulate=run.accumulate)
+                        stopped=lambda: bool(budget and budget.exhausted) or bool(early and early.stopped),
+                        accumulate=run.accumulate)
             if any_worker(strategy, bool(signals.received)):  # arrived during the last round's checkpoint
                 raise Interrupted(signals.received or "a stop signal on another worker")
         except Interrupted:
