@@ -31,12 +31,13 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import console, run_dir
-from keras_transformer.config import ConfigError, TrainingConfig, TransformerConfig
+from keras_transformer.config import TrainingConfig, TransformerConfig
 from keras_transformer.training.callbacks import (CheckpointAndBleu, EarlyStopping, NonFiniteLossError, Progress,
                                                   StepGuard, TimeBudget, rounds_without_improvement)
 from keras_transformer.training.distribute import (any_worker, cluster_tasks, enable_multi_worker_fit, is_chief,
                                                    is_multi_worker, make_strategy, wait_for_tokenizer)
 from keras_transformer.training.evaluation import compute_bleu, plot_curves
+from keras_transformer.training.initial_run import fine_tuning_config, initial_run, initialize_from, take_tokenizer
 from keras_transformer.training.losses import TargetTokens
 from keras_transformer.training.stop_signals import Interrupted, StopSignals
 from keras_transformer.inference.translator import Translator
@@ -244,7 +245,7 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     model = _compile_model(run, config, strategy)
     store, start_step, worker_dir = _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run)
     if init_from is not None and start_step == 0:  # (a resumed run goes on from its own checkpoints)
-        _initialize_from(model, init_from)
+        initialize_from(model, init_from)
     if start_step:  # a resumed part reads a fresh shuffle
         data.train = data.training_batches(data_seed(run.seed, start_step))
     onednn = console.onednn_state()
@@ -307,15 +308,15 @@ def _prepare_data(run, model_dir, chief):
     and a corpus whose every pair is too long to batch."""
     from keras_transformer.data import count_overlong, load_corpus
 
-    init_from, start = _initial_run(run, model_dir)
+    init_from, start = initial_run(run, model_dir)
     corpus = load_corpus(run.data, run.source_lang, run.target_lang, seed=run.seed)
     log.info("data %s (%s -> %s): %s", corpus.name, corpus.source_lang, corpus.target_lang,
              dict(corpus.sizes))
     if init_from is not None and chief:
-        _take_tokenizer(init_from, model_dir)
+        take_tokenizer(init_from, model_dir)
     tokenizer = (prepare_tokenizer(model_dir, corpus, run.vocab_size, run.seed) if chief
                  else wait_for_tokenizer(model_dir))
-    config = _fine_tuning_config(run, tokenizer.vocab_size, start, init_from)
+    config = fine_tuning_config(run, tokenizer.vocab_size, start, init_from)
     data_args = {"data": corpus.name, "source_lang": corpus.source_lang, "target_lang": corpus.target_lang}
     if chief:
         run_dir.check_run_file(model_dir, config, tokenizer, data_args, fingerprint=corpus.fingerprint(),
@@ -331,82 +332,6 @@ def _prepare_data(run, model_dir, chief):
                                f"{config.max_length} tokens (source {overlong.source}, target "
                                f"{overlong.target}), so no batch could ever be made; raise --max-length")
     return corpus, tokenizer, config, init_from
-
-
-def _initial_run(run, model_dir):
-    """The finished run whose weights this one starts from (`--init-from`), as `(directory,
-    config)`, or `(None, None)` for a run from scratch. A new run reads it from the flag, after
-    checking that the directory holds a finished run (run.json, tokenizer.model, final weights)
-    before anything is written; a resumed run from its run.json (the flag may then be left out;
-    the initial run is no longer read), and refuses a flag naming another initial run."""
-    given = pathlib.Path(run.init_from).resolve() if run.init_from else None
-    if given is not None and given == model_dir.resolve():
-        raise run_dir.RunError(f"--init-from {run.init_from} is the --model-dir itself: to resume the run there, "
-                               f"leave out --init-from")
-    if (model_dir / run_dir.RUN_FILE).exists():  # a run resumed: it started from what its run.json says
-        recorded = run_dir.read_run_file(model_dir).get("init_from")
-        if given is not None and (recorded is None or pathlib.Path(recorded) != given):
-            began = "trained from scratch" if recorded is None else f"started from {recorded}"
-            raise run_dir.RunError(f"{model_dir} holds a run {began}, not from {given}: leave out --init-from to "
-                                   f"resume it, or use a new --model-dir")
-        if recorded is None:
-            return None, None
-        log.info("the run started from the weights of %s (run.json)", recorded)
-        return pathlib.Path(recorded), run_dir.load_config(model_dir)
-    if given is None:
-        return None, None
-    from keras_transformer.data import Tokenizer, tokenizer_path
-
-    try:
-        config = run_dir.load_config(given)
-    except run_dir.RunError as error:  # not a run directory
-        raise run_dir.RunError(f"--init-from {run.init_from}: {error}") from None
-    _fine_tuning_config(run, config.vocab_size, config, given)  # a --set it refuses: before anything is written
-    if not tokenizer_path(given).exists():
-        raise run_dir.RunError(f"--init-from {run.init_from}: {tokenizer_path(given)} not found; the initial run's "
-                               f"tokenizer is this run's")
-    run_dir.check_run_tokenizer(given, Tokenizer.load(tokenizer_path(given)))
-    if not (given / run_dir.FINAL_WEIGHTS).exists():
-        raise run_dir.RunError(f"--init-from {run.init_from}: {given / run_dir.FINAL_WEIGHTS} not found: that run has "
-                               f"not finished (train.py writes its averaged weights when training ends); run its "
-                               f"command again to finish it")
-    return given, config
-
-
-def _fine_tuning_config(run, vocab_size, start, init_from):
-    """`run.model_config(vocab_size, start)`, a `--set` of a field that the initial run's
-    weights fix refused in one line naming --init-from."""
-    try:
-        return run.model_config(vocab_size, start)
-    except ConfigError as error:
-        if init_from is None:
-            raise
-        raise run_dir.RunError(f"--init-from {run.init_from or init_from}: {str(error).removeprefix('init_from: ')}") from None
-
-
-def _take_tokenizer(init_from, model_dir) -> None:
-    """Copies the initial run's tokenizer into a fine-tuning run's directory (a copy already
-    there must be that one: its pieces are the ids the weights were trained on)."""
-    from keras_transformer.atomic_writes import write_bytes_atomically
-    from keras_transformer.data import tokenizer_path
-
-    source, target = tokenizer_path(init_from), tokenizer_path(model_dir)
-    data = source.read_bytes()
-    if not target.exists():
-        write_bytes_atomically(target, data)
-        log.info("tokenizer: %s's, copied to %s", source, target)
-    elif target.read_bytes() != data:
-        raise run_dir.RunError(f"{target} is not the tokenizer of {init_from}, whose weights --init-from starts "
-                               f"from (their ids are its pieces): remove it, or use a new --model-dir")
-
-
-def _initialize_from(model, init_from) -> None:
-    """Sets `model`'s weights to the initial run's final (averaged) weights; the optimizer
-    (Adam's moments, the step of the schedule) stays new."""
-    source = run_dir.final_model(init_from, run_dir.load_config(init_from))
-    model.set_weights(source.get_weights())
-    log.info("weights: %s (the initial run's averaged weights); optimizer and schedule from step 0",
-             init_from / run_dir.FINAL_WEIGHTS)
 
 
 def _validation_options() -> tf.data.Options:
