@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 import pathlib
 import re
@@ -41,6 +42,8 @@ RESULTS_FILE = "results.json"
 LOCK_FILE = ".train.lock"
 EXPORT_DIR = "export"
 HYPOTHESIS_FILE = "{split}.hyp.txt"
+
+log = logging.getLogger(__name__)
 
 
 class RunError(RuntimeError):
@@ -188,7 +191,15 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
     old_data = dict(old.get("data") or {})
     old_fingerprint = old_data.pop("fingerprint", None)
     change = ""
-    if old_data != data_args:
+    # The fingerprint is what the data holds, not where it lives: the same files at another path
+    # (a directory moved, or copied to a job's local disk) are the run's data.
+    moved = (old_data != data_args and fingerprint is not None and old_fingerprint == fingerprint
+             and (old_data.get("source_lang"), old_data.get("target_lang")) == (data_args["source_lang"],
+                                                                               data_args["target_lang"]))
+    if moved:
+        log.info("the run's data is at %s now (was %s): the same files by their sizes and SHA-256",
+                 data_args["data"], old_data.get("data"))
+    elif old_data != data_args:
         change = f"the existing run was trained on {old_data}, not {data_args}"
     elif fingerprint is not None and old_fingerprint is not None and old_fingerprint != fingerprint:
         from keras_transformer.data import describe_fingerprint_change
@@ -198,9 +209,9 @@ def check_run_file(model_dir, config, tokenizer, data_args, fingerprint=None, al
     if change and not allow_data_change:
         raise RunError(f"{path}: {change}; pass --allow-data-change to resume on it anyway, "
                        f"or use a new --model-dir")
-    if change or accumulate_changed or (fingerprint is not None and old_fingerprint is None):
-        # Record the data now in use (an older run.json without a fingerprint
-        # gets one; an allowed change keeps the history), and the accumulation now in use.
+    if change or moved or accumulate_changed or (fingerprint is not None and old_fingerprint is None):
+        # Record the data now in use (an older run.json without a fingerprint gets one; an
+        # allowed change keeps the history; moved data its new path), and the accumulation now in use.
         if change:
             record["previous_data"] = old.get("previous_data", []) + [old.get("data")]
         record["config"] = old["config"]

@@ -150,6 +150,34 @@ def test_resume_on_changed_data_needs_allow_data_change(tmp_path, caplog):
             "is") in caplog.messages
 
 
+def test_the_same_data_at_another_path_resumes_without_allow_data_change(tmp_path, caplog, monkeypatch):
+    """corpora.fingerprint is what the data holds, not where it lives: a run resumes on its
+    files moved, or copied to a job's local disk, given by another path (an absolute one for a
+    relative one too); run.json then records the new path. Other files at the new path are
+    still a change."""
+    import shutil
+
+    data = write_train_only(tmp_path / "data")
+    model_dir = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
+    train_and_evaluate(run_config("data", model_dir, steps=2))  # a relative path
+    moved = tmp_path / "scratch" / "copy"
+    shutil.copytree(data, moved)
+    with caplog.at_level(logging.INFO, logger="keras_transformer"):
+        resumed = train_and_evaluate(run_config(moved, model_dir, steps=4))
+    assert resumed.results["steps"] == 4
+    assert f"the run's data is at {moved} now (was data): the same files by their sizes and SHA-256" in caplog.messages
+    record = json.loads((model_dir / run_dir.RUN_FILE).read_text())
+    assert record["data"]["data"] == str(moved) and "previous_data" not in record
+    with (moved / "train.de").open("a", encoding="utf-8") as f:
+        f.write("der Hund\n")
+    with (moved / "train.en").open("a", encoding="utf-8") as f:
+        f.write("the dog\n")
+    shutil.move(moved, tmp_path / "elsewhere")
+    with pytest.raises(RunError, match=r"the existing run was trained on .*; pass --allow-data-change"):
+        train_and_evaluate(run_config(tmp_path / "elsewhere", model_dir, steps=6))
+
+
 def test_a_second_train_py_on_a_run_directory_in_use_is_refused(toy_data, tmp_path, monkeypatch):
     """Two train.py processes on one --model-dir (a job restarted while the first still runs)
     both wrote checkpoints, history and results into the same run. The chief now holds an
