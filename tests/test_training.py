@@ -343,8 +343,10 @@ def test_a_run_started_from_another_runs_weights_fine_tunes_them_with_a_new_opti
     assert f"weights: {first_dir.resolve() / 'final.weights.h5'} (the initial run's averaged weights)" in caplog.text
 
     caplog.clear()
+    first_dir.rename(tmp_path / "gone")  # a resumed run no longer reads the initial one
     with caplog.at_level(logging.INFO, logger="keras_transformer"):  # resumed without the flag
         resumed = train_and_evaluate(run_config(other, tuned_dir, steps=3, checkpoint_every=1, average=1, model=tuning))
+    (tmp_path / "gone").rename(first_dir)
     assert resumed.results["steps"] == 3
     assert [int(row["step"]) for row in run_dir.read_history(tuned_dir)] == [1, 2, 3]
     assert f"the run started from the weights of {first_dir.resolve()} (run.json)" in caplog.text

@@ -68,16 +68,16 @@ def fine_tuning_config(run, vocab_size, start, init_from):
 
 def take_tokenizer(init_from, model_dir) -> None:
     """Copies the initial run's tokenizer into a fine-tuning run's directory (a copy already
-    there must be that one: its pieces are the ids the weights were trained on)."""
+    there must be that one: its pieces are the ids the weights were trained on). A resumed
+    run has its copy, and the initial run may be gone by then (run.json checks the copy)."""
     from keras_transformer.atomic_writes import write_bytes_atomically
     from keras_transformer.data import tokenizer_path
 
     source, target = tokenizer_path(init_from), tokenizer_path(model_dir)
-    data = source.read_bytes()
     if not target.exists():
-        write_bytes_atomically(target, data)
+        write_bytes_atomically(target, source.read_bytes())
         log.info("tokenizer: %s's, copied to %s", source, target)
-    elif target.read_bytes() != data:
+    elif source.exists() and target.read_bytes() != source.read_bytes():
         raise run_dir.RunError(f"{target} is not the tokenizer of {init_from}, whose weights --init-from starts "
                                f"from (their ids are its pieces): remove it, or use a new --model-dir")
 
