@@ -6,7 +6,7 @@ import time
 import keras
 import pytest
 
-from keras_transformer.training.callbacks import (CheckpointAndBleu, Progress, TimeBudget,
+from keras_transformer.training.callbacks import (CheckpointAndBleu, EarlyStopping, Progress, TimeBudget,
                                                   rounds_without_improvement)
 
 
@@ -174,3 +174,27 @@ def test_rounds_without_improvement_count_from_the_lowest_validation_loss():
     history = rows((1, 3.0), (2, 2.5), (3, 2.6), (4, 2.7))
     assert rounds_without_improvement(history, up_to_step=3) == (1, 2)
     assert rounds_without_improvement(history + rows((3, 2.4)), up_to_step=3) == (0, 3)  # step 3 again, resumed
+
+
+def test_early_stopping_counts_the_history_up_to_the_rounds_step(tmp_path, capsys):
+    """The callback stops `fit` (`stop_training`) when history.csv, read up to the step the
+    round ends at, has `patience` rounds without a lower validation loss: rows past that step
+    (left by a part that ran on from a checkpoint which then could not be read) do not count."""
+    from keras_transformer import run_dir
+
+    class Model:
+        stop_training = False
+        optimizer = type("Optimizer", (), {"iterations": keras.Variable(6)})()
+
+    for step, loss in ((2, 3.0), (4, 2.9), (6, 2.95), (8, 2.99), (10, 3.1)):  # 8 and 10: an earlier part's
+        run_dir.append_history(tmp_path, {"step": step, "val_loss": f"{loss:.4f}"})
+    early = EarlyStopping(2, tmp_path)
+    early.set_model(Model())
+    early.on_epoch_end(0)
+    assert (early.stopped, early.model.stop_training, early.best_step) == (False, False, 4)  # 1 round since step 4
+    run_dir.append_history(tmp_path, {"step": 8, "val_loss": "2.9100"})  # this part's round to step 8
+    early.model.optimizer.iterations.assign(8)
+    early.on_epoch_end(1)
+    assert (early.stopped, early.model.stop_training, early.best_step) == (True, True, 4)
+    assert capsys.readouterr().out == ("early stopping: the validation loss has not improved for 2 checkpoints "
+                                       "(best at step 4); stopping at step 8\n")

@@ -291,7 +291,8 @@ class EarlyStopping(keras.callbacks.Callback):
         self.best_step = None
 
     def on_epoch_end(self, epoch, logs=None):
-        rounds, self.best_step = (rounds_without_improvement(run_dir.read_history(self.model_dir))
+        step = int(self.model.optimizer.iterations.numpy())  # (rows past it: a part resumed from an older checkpoint)
+        rounds, self.best_step = (rounds_without_improvement(run_dir.read_history(self.model_dir), up_to_step=step)
                                   if self.chief else (0, None))
         over = rounds >= self.patience
         if self.strategy is not None:  # several workers stop together or not at all
@@ -300,6 +301,5 @@ class EarlyStopping(keras.callbacks.Callback):
             self.stopped = True
             self.model.stop_training = True
             if self.chief:
-                step = int(self.model.optimizer.iterations.numpy())
                 print(f"early stopping: the validation loss has not improved for {rounds} checkpoints (best at "
                       f"step {self.best_step}); stopping at step {step}", flush=True)
