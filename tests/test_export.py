@@ -17,6 +17,7 @@ import hypothesis.strategies
 import numpy as np
 import pytest
 import tensorflow as tf
+import helpers
 from helpers import (CACHE_HIT, LITERT_DELEGATE, ONEDNN_FALLBACK, assert_served_alignments, assert_served_scores,
                      closed_pipe, function_nodes, in_background, tf_serving_batching, warmup_requests)
 
@@ -1963,7 +1964,17 @@ LITERT_SENTENCES = GOLDEN + ["", "the dog sees the man today"] * 40  # 85 lines:
 # ... and single sentences, one call each (`Searcher.search_litert`'s other search: the static
 # buffer in cache stages; test_output_without_eos_stops_at_source_length_plus_extra crosses a stage)
 LITERT_SINGLE = ["the big cat buys a small book", "cat cat cat cat cat cat cat cat cat cat cat cat"]
-INT8_SENTENCES = GOLDEN + ["the dog sees the man today", "a small red book"]
+# ... and to the int8 model and the float one: the candidates of test_dynamic_int8_..., which
+# compares the sentences whose float translation wins by a margin (`INT8_MARGIN`).
+INT8_SENTENCES = helpers.GOLDEN + ["the dog sees the man today", "a small red book"]
+# int8 weights moved a translation's length-normalised log-prob by up to 0.143 nats on the
+# toy (the test's comment): a float translation that beats the float beam's second best by
+# twice that keeps winning under int8. At this margin 17-20 of the 22 candidates qualified
+# for toys trained from seeds 0-3, and 19 with oneDNN off (seed 3); 2 did not at seed 3
+# with oneDNN off, and int8 chose other translations for both (docs/lab-notebook, "Fine-tuning,
+# early stopping and a resumed run's data order").
+INT8_MARGIN = 0.3
+INT8_FLOOR = 12
 BAD_LINES = [b"\xff\xfe", b"", b"   ", b"the man " * 20_000, b"the dog\xc3"]
 
 
@@ -2033,11 +2044,11 @@ def test_litert_translates_like_the_saved_model(exported, loaded, tflite_model, 
 def test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one(exported, tflite_model, int8_model,
                                                                                 litert_float, tmp_path):
     """--quantize dynamic_int8: still builtins + TF Text only (convert audits), int8 weights
-    (the file shrinks), and the same translations as the float model on the golden set."""
+    (the file shrinks), and the same translations as the float model, with scores close, on
+    every candidate sentence whose float translation wins by INT8_MARGIN (at least INT8_FLOOR)."""
     from export.tflite import convert
 
     quantized = int8_model  # convert(exported["path"], ..., "dynamic_int8"), before the LiteRT subprocess
-    sentences = INT8_SENTENCES
     float_side = litert_float.result()  # the float model's answers, and the int8 model's (the same process)
     int8_side = {key: float_side[f"int8 model's {key}"] for key in ("int8 count", "int8 sentences")}
     # The toy model is small (graph and tokenizer dominate the file, and LiteRT leaves
@@ -2045,9 +2056,21 @@ def test_dynamic_int8_litert_model_is_smaller_and_translates_like_the_float_one(
     assert float_side["int8 count"] == 0
     assert int8_side["int8 count"] >= 4  # the 32 x 64 and 64 x 32 FFN kernels at least
     assert quantized.stat().st_size < tflite_model.stat().st_size
+    # The sentences whose float translation wins by INT8_MARGIN (the in-process search's two
+    # best, the float LiteRT model's search: test_litert_translates_like_the_saved_model):
+    # a toy trained on another CPU or seed decides others by a hair, which int8 may tip.
+    translations, scores = tf.function(lambda t: exported["translator"].translate_graph(t, SearchOptions(
+        beam_size=4, alpha=0.6, extra_length=exported["config"].decode_extra_length, num_results=2)))(
+        tf.constant(INT8_SENTENCES))
+    margins = (scores[:, 0] - scores[:, 1]).numpy()
+    clear = [i for i, margin in enumerate(margins) if margin >= INT8_MARGIN]
+    assert len(clear) >= INT8_FLOOR, margins
     want, got = float_side["int8 sentences"], int8_side["int8 sentences"]
-    same = sum(a == b for a, b in zip(got["translation"], want["translation"]))
-    assert same >= len(sentences) - 1, (got["translation"], want["translation"])
+    best = [t.decode() for t in translations.numpy()[:, 0]]
+    assert [want["translation"][i] for i in clear] == [best[i] for i in clear]
+    assert [got["translation"][i] for i in clear] == [want["translation"][i] for i in clear]
+    got = {"score": [got["score"][i] for i in clear]}
+    want = {"score": [want["score"][i] for i in clear]}
     # int8 weights move a sentence's length-normalised log-prob by a few percent here: up to
     # 4.4% (0.059) on the outputs of 4+ words, and 0.077 (13.8%) on the 2-word "Buch Buch",
     # whose score is the mean over only 3 tokens, with the toy model as trained since the
