@@ -1970,9 +1970,9 @@ INT8_SENTENCES = helpers.GOLDEN + ["the dog sees the man today", "a small red bo
 # int8 weights moved a translation's length-normalised log-prob by up to 0.143 nats on the
 # toy (the test's comment): a float translation that beats the float beam's second best by
 # twice that keeps winning under int8. At this margin 17-20 of the 22 candidates qualified
-# for toys trained from seeds 0-3, and 19 with oneDNN off (seed 3); 2 did not at seed 3
-# with oneDNN off, and int8 chose other translations for both (docs/lab-notebook, "Fine-tuning,
-# early stopping and a resumed run's data order").
+# for toys trained from seeds 0-3, and 19 with oneDNN off (seed 3); of the 7 sentences the
+# test compared before, 2 won by under 0.1 there, and int8 chose other translations for both
+# (docs/lab-notebook, "Fine-tuning, early stopping and a resumed run's data order").
 INT8_MARGIN = 0.3
 INT8_FLOOR = 12
 BAD_LINES = [b"\xff\xfe", b"", b"   ", b"the man " * 20_000, b"the dog\xc3"]
