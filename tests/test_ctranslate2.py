@@ -19,7 +19,7 @@ from helpers import (GOLDEN, PREFIXES, REPEATING, full_disk_writes, reference, s
 from export.ctranslate2 import (MODEL_FILE, TOKENIZER_FILE, ConversionError, convert, main,
                                 translation_options)
 from keras_transformer import TransformerConfig, build_transformer
-from keras_transformer.constants import EOS_ID, PAD_ID, UNK_ID
+from keras_transformer.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from keras_transformer.decoding import SearchOptions, length_penalty
 from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
 from keras_transformer.inference.translator import Translator
@@ -31,8 +31,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 MIN_BEAM_AGREEMENT = 0.85
 # int8 weights on a d_model=32 model: greedy translations equal to float32
 # ones on 17-19 of 20 sentences (five seeds), log-probs off by 0.001-0.006
-# (median) and 0.014-0.03 (mean).
-MIN_INT8_AGREEMENT = 0.75
+# (median) and 0.014-0.03 (mean), at most 0.187 (seed 0). The ones that differed were decided
+# at some step by under 0.03 nats between the two best pieces, or were no translation: a
+# repetition that ran to the length limit, where int8 moved a step's margin by over 1.4
+# nats (seed 3, oneDNN off). A float greedy translation that ends with EOS and wins every
+# step by INT8_GAP, twice that largest error, stays int8's: 15-19 of 20 such sentences for
+# toys of seeds 0-3 and 3 with oneDNN off, all kept (lab notebook, "Fine-tuning, early
+# stopping and a resumed run's data order"); at least INT8_FLOOR of GOLDEN must be such.
+INT8_GAP = 0.4
+INT8_FLOOR = 12
 SCORE_ATOL = 1e-4
 # A constraint's parity test compares searches it changes: at least this many unconstrained
 # greedy translations of GOLDEN + REPEATING break it (REPEATING's repeat a bigram by
@@ -538,10 +545,30 @@ def test_int8_model_stays_close(toy, tmp_path):
     want = [r.log_probs for r in toy["ct2"].score_batch(toy["sources"], targets)]
     errors = np.concatenate([np.abs(np.subtract(g, w)) for g, w in zip(got, want)])
     assert np.median(errors) < 0.01 and np.mean(errors) < 0.05
-    same = np.mean([g == w for g, w in zip(theirs(toy, 1, int8)[0], theirs(toy, 1)[0])])
+    got, want = theirs(toy, 1, int8)[0], theirs(toy, 1)[0]
+    same = np.mean([g == w for g, w in zip(got, want)])
     print(f"\nint8: greedy translations equal to float32 on {same:.0%}; log-prob error "
           f"median {np.median(errors):.4f}, max {errors.max():.3f}")
-    assert same >= MIN_INT8_AGREEMENT
+    # The sentences whose float greedy translation ends with EOS and wins every step by
+    # INT8_GAP (our model, teacher-forced on it: the same ids, test_greedy_ids_equal_ours):
+    # int8 keeps each of them.
+    gaps = greedy_gaps(toy["model"], toy["source_ids"], want)
+    clear = [i for i, gap in enumerate(gaps) if gap >= INT8_GAP and want[i][-1] == EOS_ID]
+    assert len(clear) >= INT8_FLOOR, gaps
+    assert [got[i] for i in clear] == [want[i] for i in clear]
+
+
+def greedy_gaps(model, source_ids, outputs):
+    """For each greedy output (ids, EOS included where it ended), the smallest margin in nats,
+    over its steps, between the piece chosen and the next best, under teacher forcing."""
+    width = max(len(output) for output in outputs)
+    target_in = np.full((len(outputs), width), PAD_ID, np.int32)
+    for row, output in enumerate(outputs):
+        target_in[row, :len(output)] = [BOS_ID] + output[:-1]
+    log_probs = keras.ops.convert_to_numpy(keras.ops.log_softmax(model([source_ids, target_in]), axis=-1))
+    best_two = np.sort(log_probs, axis=-1)[..., -2:]  # [batch, width, 2]
+    gaps = best_two[..., 1] - best_two[..., 0]
+    return [float(gaps[row, :len(output)].min()) for row, output in enumerate(outputs)]
 
 
 def test_output_is_replaced_only_when_forced_and_never_half_written(toy, tmp_path):
