@@ -123,8 +123,12 @@ class CheckpointStore:
         """
         failures = []
         for path in reversed(self.paths):
-            check_checkpoint_tokenizer(path, self.tokenizer_sha256)
-            other_accumulation = self._accumulation_differs(path)
+            try:  # the index, read once for the two checks below
+                reader = tf.train.load_checkpoint(path)
+            except tf.errors.OpError:
+                reader = None  # unreadable: the restore says so
+            check_checkpoint_tokenizer(path, self.tokenizer_sha256, reader)
+            other_accumulation = reader is not None and self._accumulation_differs(reader)
             try:
                 if other_accumulation:
                     self._restore_other_accumulation(path)
@@ -149,18 +153,15 @@ class CheckpointStore:
                 f"flags it had; if the files are damaged, move the checkpoints away or use a new --model-dir")
         return 0
 
-    def _accumulation_differs(self, path: str) -> bool:
-        """Whether checkpoint `path` was written with gradient accumulation where this
+    def _accumulation_differs(self, reader) -> bool:
+        """Whether the checkpoint `reader` reads (`tf.train.load_checkpoint`) was written with gradient accumulation where this
         optimizer has none, or the other way round: Keras keeps the accumulated gradients
         among the optimizer's variables, which a checkpoint stores by position, so such a
         checkpoint holds more or fewer of them (`--accumulate` changed on resume). A
         loss-scaling optimizer (`mixed_float16`) is asked about the one it wraps."""
         inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
         prefix = "optimizer/inner_optimizer/" if inner is not self.optimizer else "optimizer/"
-        try:
-            names = [name for name, _ in tf.train.list_variables(path)]
-        except (tf.errors.OpError, ValueError):
-            return False  # unreadable: the restore says so
+        names = reader.get_variable_to_shape_map()
         saved = sum(1 for name in names if re.match(re.escape(prefix) + r"(_iterations|_variables/\d+)/", name))
         return saved not in (0, len(inner.variables))
 
@@ -221,10 +222,11 @@ def _remove_partial_file(path: str) -> bool:
     return True
 
 
-def check_checkpoint_tokenizer(path: str, tokenizer_sha256: str) -> None:
-    """Raises `CheckpointError` unless checkpoint `path` was trained with this tokenizer."""
+def check_checkpoint_tokenizer(path: str, tokenizer_sha256: str, reader=None) -> None:
+    """Raises `CheckpointError` unless checkpoint `path` was trained with this tokenizer.
+    `reader`: its `tf.train.load_checkpoint`, where the caller has it open already."""
     try:
-        stored = tf.train.load_checkpoint(path).get_tensor(
+        stored = (reader or tf.train.load_checkpoint(path)).get_tensor(
             "tokenizer_sha256/.ATTRIBUTES/VARIABLE_VALUE")
     except tf.errors.OpError:
         return  # unreadable: the caller's restore reports it

@@ -193,8 +193,9 @@ def _fit_rounds(model, train_ds, valid_ds, callbacks, start_step, steps, every, 
 def averaged_checkpoints(store, every, steps, count):
     """The last `count` checkpoints on round boundaries (multiples of `every`,
     or the final step): a checkpoint written at a signal is not averaged."""
-    on_rounds = [path for path in store.paths
-                 if (lambda s: s % every == 0 or s == steps)(int(path.rsplit("-", 1)[1]))]
+    from keras_transformer.training.checkpoints import checkpoint_step
+
+    on_rounds = [path for path in store.paths if (step := checkpoint_step(path)) % every == 0 or step == steps]
     return on_rounds[-count:]
 
 
@@ -276,10 +277,10 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     if not chief:  # the chief averages, evaluates and exports
         return _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy)
     results = _average(run, model, config, store, model_dir, started, budget, trained_before)
-    if stopped_early or (early and early.stopped):
-        step = stopped_early or results["steps"]
-        best = rounds_without_improvement(run_dir.read_history(model_dir), up_to_step=step)[1]
-        results["stopped_early"] = {"step": step, "best_step": best, "patience": run.early_stopping}
+    if early and early.stopped:
+        stopped_early = {"step": results["steps"], "best_step": early.best_step, "patience": run.early_stopping}
+    if stopped_early:
+        results["stopped_early"] = stopped_early
     if run.mixed_precision:
         model, translator = _float32_model(config, tokenizer, model_dir)
     results.update(_evaluate(run, translator, data, model_dir))
@@ -465,18 +466,18 @@ def _callbacks(run, store, translator, data, model_dir, progress, signals, strat
     return callbacks, budget, early
 
 
-def _stopped_early(run, model_dir, start_step) -> int:
-    """The step at which an earlier part of the run stopped early (`--early-stopping`: its
-    `history.csv` up to `start_step` shows as many rounds without a lower validation loss),
-    said in the log; 0 when training goes on."""
+def _stopped_early(run, model_dir, start_step) -> dict | None:
+    """Where an earlier part of the run stopped early (`--early-stopping`: its `history.csv` up
+    to `start_step` shows as many rounds without a lower validation loss), said in the log, as
+    results.json's `stopped_early`; None when training goes on."""
     if not run.early_stopping or not start_step or start_step >= run.steps:
-        return 0
+        return None
     rounds, best = rounds_without_improvement(run_dir.read_history(model_dir), up_to_step=start_step)
     if rounds < run.early_stopping:
-        return 0
+        return None
     log.info("the run stopped early at step %d (the validation loss has not improved for %d checkpoints since "
              "step %d): nothing to train; it is averaged and evaluated as it is", start_step, rounds, best)
-    return start_step
+    return {"step": start_step, "best_step": best, "patience": run.early_stopping}
 
 
 def _train(run, model, data, callbacks, start_step, store, progress, signals, budget, strategy, early=None):
