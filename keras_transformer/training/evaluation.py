@@ -39,7 +39,7 @@ def _translate_in_parts_that_fit(translator, sources, beam_size, halved) -> list
         return list(translator.translate(sources, beam_size=beam_size))
     except tf.errors.ResourceExhaustedError as error:
         count = int(tf.shape(sources)[0])
-        what = error.message.strip().splitlines()[0][:160] if error.message else "out of memory"
+        what = out_of_memory_reason(error)
         if count == 1:
             raise run_dir.RunError(f"out of memory translating a single sentence with beam {beam_size} for BLEU "
                                    f"({what}): a smaller --beam-size fits") from None
@@ -50,6 +50,13 @@ def _translate_in_parts_that_fit(translator, sources, beam_size, halved) -> list
         half = count // 2
         return (_translate_in_parts_that_fit(translator, sources[:half], beam_size, halved)
                 + _translate_in_parts_that_fit(translator, sources[half:], beam_size, halved))
+
+
+def out_of_memory_reason(error: tf.errors.ResourceExhaustedError) -> str:
+    """TensorFlow's first line of `error` (at most 160 characters), for the one-line messages
+    of a device out of memory: in the BLEU passes and in training (`training.run`)."""
+    message = error.message.strip() if error.message else ""
+    return message.splitlines()[0][:160] if message else "out of memory"
 
 
 def corpus_bleu(hypotheses, references, lowercase=False):

@@ -36,7 +36,7 @@ from keras_transformer.training.callbacks import (CheckpointAndBleu, EarlyStoppi
                                                   StepGuard, TimeBudget, rounds_without_improvement)
 from keras_transformer.training.distribute import (any_worker, cluster_tasks, enable_multi_worker_fit, is_chief,
                                                    is_multi_worker, make_strategy, wait_for_tokenizer)
-from keras_transformer.training.evaluation import compute_bleu, plot_curves
+from keras_transformer.training.evaluation import compute_bleu, out_of_memory_reason, plot_curves
 from keras_transformer.training.initial_run import fine_tuning_config, initial_run, initialize_from, take_tokenizer
 from keras_transformer.training.losses import TargetTokens
 from keras_transformer.training.stop_signals import Interrupted, StopSignals
@@ -519,7 +519,7 @@ def _out_of_memory(run, step, store, error) -> str:
     `fit`: a training or validation batch too big for the GPU; the BLEU passes halve their own
     batches, `evaluation.compute_bleu`): where it stopped, what is kept, and the flags that
     keep each update's tokens with smaller batches."""
-    what = error.message.strip().splitlines()[0][:160]
+    what = out_of_memory_reason(error)
     newest = os.path.basename(store.paths[-1]) if store.paths else None
     advice = (f"rerun with --batch-tokens {max(run.batch_tokens // 2, 1)} --accumulate {run.accumulate * 2}"
               f"{'' if newest is None else f' to resume from {newest}'}: each update keeps its "
