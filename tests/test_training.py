@@ -539,6 +539,9 @@ def test_early_stopping_stops_after_rounds_without_a_lower_validation_loss_and_a
     again = train_and_evaluate(run_config(data, model_dir, **flags))
     assert again.results["steps"] == 3 and again.results["stopped_early"] == stop
     assert len(run_dir.read_history(model_dir)) == 3
+    # It trained nothing, so it adds no minutes: the training's, as history.csv records them
+    # (each rerun once added its own start-up, averaging and evaluation).
+    assert again.results["train_minutes"] == round(float(history[-1]["minutes"]), 2)
     longer = train_and_evaluate(run_config(data, model_dir, **{**flags, "early_stopping": 4}))
     assert [int(row["step"]) for row in run_dir.read_history(model_dir)] == [1, 2, 3, 4, 5]
     assert longer.results["stopped_early"] == {"step": 5, "best_step": 1, "patience": 4}

@@ -276,7 +276,7 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
                           model_dir, interrupted=True)
     if not chief:  # the chief averages, evaluates and exports
         return _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy)
-    results = _average(run, model, config, store, model_dir, started, budget, trained_before)
+    results = _average(run, model, config, store, model_dir, started, budget, trained_before, start_step)
     if early and early.stopped:
         stopped_early = {"step": results["steps"], "best_step": early.best_step, "patience": run.early_stopping}
     if stopped_early:
@@ -539,18 +539,21 @@ def _leave_worker(model, config, tokenizer, model_dir, worker_dir, strategy) -> 
     return TrainedRun(model, config, tokenizer, {"steps": step}, model_dir, chief=False)
 
 
-def _average(run, model, config, store, model_dir, started, budget, trained_before=0.0) -> dict:
+def _average(run, model, config, store, model_dir, started, budget, trained_before=0.0, start_step=0) -> dict:
     """Averages the last `run.average` round checkpoints into `model`, saves them as the
     final weights; returns the run's figures so far (`train_minutes`: this process's and
-    `trained_before`, the parts' before it)."""
+    `trained_before`, the parts' before it; only `trained_before` when this process trained
+    no step, a rerun of a finished or early-stopped run, which once added its own start-up,
+    averaging and evaluation each time)."""
     from keras_transformer.training.checkpoints import average_checkpoints
 
     averaged = averaged_checkpoints(store, run.checkpoint_every, run.steps, run.average)
     log.info("averaging %d checkpoint(s): %s", len(averaged), ", ".join(os.path.basename(p) for p in averaged))
     average_checkpoints(model, averaged)
     run_dir.save_final_weights(model, config, model_dir)
-    results = {"steps": int(model.optimizer.iterations.numpy()), "averaged_checkpoints": len(averaged),
-               "train_minutes": round(trained_before + (time.time() - started) / 60, 2)}
+    steps = int(model.optimizer.iterations.numpy())
+    minutes = trained_before + ((time.time() - started) / 60 if steps != start_step else 0.0)
+    results = {"steps": steps, "averaged_checkpoints": len(averaged), "train_minutes": round(minutes, 2)}
     if hasattr(model.optimizer, "skipped_steps"):  # mixed_float16: steps skipped by loss scaling
         results["skipped_steps"] = int(model.optimizer.skipped_steps.numpy())
     if budget and budget.exhausted:
