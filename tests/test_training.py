@@ -474,7 +474,8 @@ def test_a_resumed_part_reads_a_fresh_shuffle_of_the_training_data(toy_data, tmp
     the training data, seeded by the run's seed and the step it resumes from (`data_seed`),
     where every part had read the first part's batches again from the first (a run trained in
     parts shorter than an epoch saw only those). A part's first batch is the first of
-    `make_batches` with that seed; a run from scratch keeps the run's seed (its numbers unchanged)."""
+    `make_batches` with that seed; a run from scratch keeps the run's seed (its numbers unchanged).
+    Its dropout masks are fresh as well (`reseed_dropout`)."""
     import tensorflow as tf
 
     from keras_transformer.data import Tokenizer, load_corpus, make_batches
@@ -484,8 +485,11 @@ def test_a_resumed_part_reads_a_fresh_shuffle_of_the_training_data(toy_data, tmp
     real_fit = training._fit
     firsts = []
 
+    seeds = []  # each part's dropout seed generators' states as it starts training
+
     def fit(model, train_ds, **kwargs):
         firsts.append([np.asarray(part) for part in tf.nest.flatten(next(iter(train_ds)))])
+        seeds.append([v.numpy() for v in model.variables if v.path.endswith("seed_generator_state")])
         return real_fit(model, train_ds, **kwargs)
 
     monkeypatch.setattr(training, "_fit", fit)
@@ -511,6 +515,14 @@ def test_a_resumed_part_reads_a_fresh_shuffle_of_the_training_data(toy_data, tmp
         for a, b in zip(seen, expected):
             np.testing.assert_array_equal(a, b)
     assert any(a.shape != b.shape or (a != b).any() for a, b in zip(firsts[0], firsts[1]))
+    # Fresh dropout masks too: the checkpoints do not hold Keras's seed generators' states,
+    # so the resumed part's model started from the seeds it was built with, the first part's,
+    # and drew its masks again. Now every generator starts the part from a seed of its own.
+    assert len(seeds[0]) == len(seeds[1]) >= 5  # (embedding and residual dropouts)
+    assert all(state[1] == 0 for part in seeds for state in part)
+    firsts_seeds = {int(state[0]) for state in seeds[0]}
+    resumed_seeds = {int(state[0]) for state in seeds[1]}
+    assert len(resumed_seeds) == len(seeds[1]) and not firsts_seeds & resumed_seeds
 
 
 def test_early_stopping_stops_after_rounds_without_a_lower_validation_loss_and_across_resumes(toy_data, tmp_path,

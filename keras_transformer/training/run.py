@@ -247,8 +247,9 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     store, start_step, worker_dir = _checkpoint_store(model, tokenizer, model_dir, strategy, chief, run)
     if init_from is not None and start_step == 0:  # (a resumed run goes on from its own checkpoints)
         initialize_from(model, init_from)
-    if start_step:  # a resumed part reads a fresh shuffle
+    if start_step:  # a resumed part reads a fresh shuffle, with fresh dropout masks
         data.train = data.training_batches(data_seed(run.seed, start_step))
+        reseed_dropout(model, data_seed(run.seed, start_step))
     onednn = console.onednn_state()
     log.info("%d replica(s); %d steps in rounds of %d%s; resuming at step %d; TensorFlow's oneDNN kernels %s",
              strategy.num_replicas_in_sync, run.steps, run.checkpoint_every,
@@ -357,6 +358,17 @@ def data_seed(seed: int, step: int) -> int:
     if step == 0:
         return seed
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+
+
+def reseed_dropout(model, seed: int) -> None:
+    """Sets the state of each of `model`'s Keras seed generators (its dropout masks') to one
+    drawn from `seed`, for a resumed part. Keras keeps that state in variables that the
+    checkpoints do not hold, so without it each part drew the first part's masks again, from
+    the seeds the model was built with."""
+    states = [v for v in model.variables if v.path.endswith("seed_generator_state")]
+    draws = np.random.SeedSequence([seed, len(states)]).generate_state(len(states))
+    for state, draw in zip(states, draws):
+        state.assign(np.array([draw, 0], dtype=state.dtype))
 
 
 def _make_datasets(run, corpus, tokenizer, config, replicas) -> _Datasets:
