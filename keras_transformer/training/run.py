@@ -248,8 +248,9 @@ def _train_in(run, started, strategy, chief, model_dir) -> TrainedRun:
     if init_from is not None and start_step == 0:  # (a resumed run goes on from its own checkpoints)
         initialize_from(model, init_from)
     if start_step:  # a resumed part reads a fresh shuffle, with fresh dropout masks
-        data.train = data.training_batches(data_seed(run.seed, start_step))
-        reseed_dropout(model, data_seed(run.seed, start_step))
+        part_seed = data_seed(run.seed, start_step)
+        data.train = data.training_batches(part_seed)
+        reseed_dropout(model, part_seed)
     onednn = console.onednn_state()
     log.info("%d replica(s); %d steps in rounds of %d%s; resuming at step %d; TensorFlow's oneDNN kernels %s",
              strategy.num_replicas_in_sync, run.steps, run.checkpoint_every,
