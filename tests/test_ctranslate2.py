@@ -25,10 +25,16 @@ from keras_transformer.run_dir import FINAL_WEIGHTS, check_run_file
 from keras_transformer.inference.translator import Translator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# Beam-search translations that must agree with `translation_options`
-# (patience 2; the module docstring of export.ctranslate2 says why a few may
-# not). Measured with toy models of five seeds: 19-20 of 20.
-MIN_BEAM_AGREEMENT = 0.85
+# A beam search and CTranslate2's differ by construction where CTranslate2 stops earlier
+# (patience 2) or ranks by its own length penalty (the module docstring of export.ctranslate2),
+# so on a toy they agree on a share of sentences that its weights decide: measured on toys of
+# seeds 0-9 (oneDNN on) and 0-3, 5 (off), 17-20 of GOLDEN's 20 (plain and with a prefix),
+# 24-28 of GOLDEN + REPEATING's 28 (suppress_sequences) and 26-28 (repetition_penalty 2): seed 2
+# and seed 5 with oneDNN off were at the 0.85 this floor was until 2026-12-07. The checks that
+# hold by construction are `assert_beam_agreement`'s (equal sums where the ids agree, ours
+# never worse under our penalty where they differ); this floor only keeps them from being
+# about no sentence, with a margin of 7 sentences of 20 below the lowest measured.
+MIN_BEAM_AGREEMENT = 0.5
 # int8 weights on a d_model=32 model: greedy translations equal to float32
 # ones on 17-19 of 20 sentences (five seeds), log-probs off by 0.001-0.006
 # (median) and 0.014-0.03 (mean), at most 0.187 (seed 0). The ones that differed were decided
@@ -217,6 +223,33 @@ def _log_prob_sums(toy, ids, scores, their_scores):
     return scores * penalties, their_scores * lengths ** exponents, lengths
 
 
+def assert_beam_agreement(toy, mine, scores, theirs_ids, their_scores, atol=SCORE_ATOL):
+    """What holds by construction between our beam search and CTranslate2's on the toy's
+    sentences (module docstring of export.ctranslate2): where the ids agree, the same sum of
+    token log-probs, EOS included (each engine's score times its own length penalty: GNMT's
+    ((5 + L) / 6) ** alpha for ours, L ** length_penalty for CTranslate2's); where they differ,
+    CTranslate2 stopped earlier or ranked by its own penalty, so under ours its translation
+    never beats ours (ours is exact). And they agree on at least MIN_BEAM_AGREEMENT of the
+    sentences, so that the first check is about some. Returns the agreement mask."""
+    config = toy["config"]
+    same = np.array([a == b for a, b in zip(mine, theirs_ids)])
+    print(f"\nbeam: CTranslate2 == ours on {same.sum()}/{len(same)} sentences")
+    assert same.mean() >= MIN_BEAM_AGREEMENT
+    exponents = np.array([translation_options(config, len(s))["length_penalty"] for s in toy["sources"]])
+    our_lengths, their_lengths = (np.array([len(row) for row in ids], np.float32) for ids in (mine, theirs_ids))
+    our_sums = scores * keras.ops.convert_to_numpy(length_penalty(our_lengths, config.length_penalty_alpha))
+    their_sums = their_scores * their_lengths ** exponents
+    np.testing.assert_allclose(their_sums[same], our_sums[same], atol=atol)
+    theirs_under_ours = their_sums / keras.ops.convert_to_numpy(length_penalty(their_lengths,
+                                                                              config.length_penalty_alpha))
+    for i in np.flatnonzero(~same):
+        print(f"  {i}: ours {mine[i]} ({scores[i]:.4f}), CTranslate2 {theirs_ids[i]} "
+              f"({theirs_under_ours[i]:.4f} under our penalty)")
+    worse = [int(i) for i in np.flatnonzero(~same) if theirs_under_ours[i] > scores[i] + SCORE_ATOL]
+    assert not worse, f"CTranslate2's translation beats ours under our penalty on sentences {worse}"
+    return same
+
+
 def _penalized(toy, beam_size, penalty):
     """Our search (the plain graph's) and CTranslate2's with `repetition_penalty` on the toy's
     sentences: `(our ids, our scores, their ids, their scores)`, the scores as each engine
@@ -258,16 +291,12 @@ def test_repetition_penalty_gives_ctranslate2s_greedy_ids(toy, penalty):
 
 def test_repetition_penalty_with_beam_4_and_a_prefix_agrees_with_ctranslate2(toy):
     """Issue #91: with `repetition_penalty` beam 4 agrees with CTranslate2 as the plain beam
-    search does (`MIN_BEAM_AGREEMENT`, the same scores where the ids agree); a forced prefix's
+    search does (`assert_beam_agreement`); a forced prefix's
     pieces count as generated (CTranslate2's history holds them): greedy ids identical."""
     sentences = on(toy, GOLDEN + REPEATING)
     config = toy["config"]
     mine, scores, theirs_ids, theirs_scores = _penalized(sentences, config.beam_size, 2.0)
-    same = np.array([a == b for a, b in zip(mine, theirs_ids)])
-    print(f"\nbeam {config.beam_size}, repetition_penalty=2: CTranslate2 == ours on {same.sum()}/{len(same)}")
-    assert same.mean() >= MIN_BEAM_AGREEMENT
-    our_sums, their_sums, _ = _log_prob_sums(sentences, theirs_ids, scores, theirs_scores)
-    np.testing.assert_allclose(our_sums[same], their_sums[same], atol=SCORE_ATOL * 10)
+    assert_beam_agreement(sentences, mine, scores, theirs_ids, theirs_scores, atol=SCORE_ATOL * 10)
     prefixed, theirs_prefixed = _prefixed(toy, 1, PREFIXES, repetition_penalty=3.0)
     assert prefixed == theirs_prefixed
 
@@ -324,17 +353,15 @@ def test_suppress_sequences_give_ctranslate2s_greedy_ids(toy, kind):
 
 def test_suppress_sequences_with_beam_4_agree_with_ctranslate2_and_name_an_unknown_piece(toy):
     """Issue #91: with `suppress_sequences` (and a penalty) beam 4 agrees with CTranslate2 as the
-    plain beam search does (`MIN_BEAM_AGREEMENT`); `Translator.translate` takes the sequences
+    plain beam search does (`assert_beam_agreement`); `Translator.translate` takes the sequences
     as pieces, as CTranslate2 does, and names a piece not in the target vocabulary."""
     sentences = on(toy, GOLDEN + REPEATING)
     pieces, config = toy["pieces"], toy["config"]
     plain = ours(sentences, 1)[0]
     chosen = sorted({tuple(row[:2]) for row in plain[len(GOLDEN):] if len(row) >= 3})
     sequences = [[pieces.id_to_piece(int(i)) for i in sequence] for sequence in chosen]
-    mine, _, theirs_ids, _ = _suppressed(sentences, config.beam_size, sequences)
-    same = np.array([a == b for a, b in zip(mine, theirs_ids)])
-    print(f"\nbeam {config.beam_size}, suppress_sequences: CTranslate2 == ours on {same.sum()}/{len(same)}")
-    assert same.mean() >= MIN_BEAM_AGREEMENT
+    mine, scores, theirs_ids, theirs_scores = _suppressed(sentences, config.beam_size, sequences)
+    assert_beam_agreement(sentences, mine, scores, theirs_ids, theirs_scores)
     translator = toy["translator"]
     texts = (GOLDEN + REPEATING)[len(GOLDEN):]
     got = translator.translate(texts, beam_size=1, suppress_sequences=sequences)
@@ -347,9 +374,11 @@ def test_suppress_sequences_with_beam_4_agree_with_ctranslate2_and_name_an_unkno
         toy["ct2"].translate_batch([sentences["sources"][0]], suppress_sequences=[["zz"]])
 
 
-def _prefixed(toy, beam_size, prefixes, **constraints):
+def _prefixed(toy, beam_size, prefixes, with_scores=False, **constraints):
     """Our search and CTranslate2's with `target_prefix` (and `constraints`) on the toy's sentences
-    (one a call, each with its prefix's pieces): `(our ids, their ids)`, EOS included, prefix included."""
+    (one a call, each with its prefix's pieces): `(our ids, their ids)`, EOS included, prefix
+    included; `with_scores`: `(our ids, our scores, their ids, their scores)` as `_penalized`,
+    each engine's score (its own length penalty; the prefix's pieces counted in both)."""
     translator, config, pieces = toy["translator"], toy["config"], toy["pieces"]
     prefix_ids, prefix_lengths = translator.encode_text(tf.constant(prefixes))
     options = SearchOptions(beam_size=beam_size, alpha=config.length_penalty_alpha, num_results=1,
@@ -357,14 +386,17 @@ def _prefixed(toy, beam_size, prefixes, **constraints):
     search = tf.function(lambda ids, lengths, p, n: translator.searcher.search(ids, lengths, options,
                                                                                target_prefix=(p, n)),
                          autograph=False)
-    ids, _ = search(tf.constant(toy["source_ids"]), tf.constant(toy["lengths"]), prefix_ids, prefix_lengths)
+    ids, scores = search(tf.constant(toy["source_ids"]), tf.constant(toy["lengths"]), prefix_ids, prefix_lengths)
     mine = [until_eos(row) for row in ids.numpy()[:, 0]]
-    theirs_ids = []
+    theirs_ids, their_scores = [], []
     for source, prefix in zip(toy["sources"], prefixes):
         ct2 = translation_options(config, len(source), beam_size=beam_size, **constraints)
         result = toy["ct2"].translate_batch([source], target_prefix=[pieces.encode(prefix, out_type=str)], **ct2,
-                                            return_end_token=True)[0]
+                                            return_end_token=True, return_scores=True)[0]
         theirs_ids.append([pieces.piece_to_id(p) for p in result.hypotheses[0]])
+        their_scores.append(result.scores[0])
+    if with_scores:
+        return mine, scores.numpy()[:, 0], theirs_ids, np.array(their_scores)
     return mine, theirs_ids
 
 
@@ -372,7 +404,7 @@ def test_target_prefix_gives_ctranslate2s_ids(toy):
     """Issue #86: a target prefix forces each translation's start as CTranslate2's
     `target_prefix` does: greedy ids identical on every GOLDEN sentence, the prefix included
     and counted in the length limit; beam 4 agrees as the unprefixed beam search does
-    (`MIN_BEAM_AGREEMENT`); and every translation starts with its prefix's pieces, which at
+    (`assert_beam_agreement`); and every translation starts with its prefix's pieces, which at
     least MIN_CHANGED unprefixed translations do not ("heute", a word of no GOLDEN sentence's
     start, is a third of the prefixes), so that the comparison is not of unprefixed searches."""
     pieces = toy["pieces"]
@@ -386,8 +418,7 @@ def test_target_prefix_gives_ctranslate2s_ids(toy):
     print(f"\n{len(changed)} of {len(plain)} unprefixed greedy translations do not start with their prefix")
     assert len(changed) >= MIN_CHANGED, changed
     assert mine != plain
-    beam, theirs_beam = _prefixed(toy, 4, PREFIXES)
-    assert np.mean([a == b for a, b in zip(beam, theirs_beam)]) >= MIN_BEAM_AGREEMENT
+    assert_beam_agreement(toy, *_prefixed(toy, 4, PREFIXES, with_scores=True))
 
 
 def test_translate_takes_a_prefix_per_sentence_and_returns_it_with_the_translation(toy):
@@ -512,27 +543,10 @@ def test_greedy_ids_equal_ours(toy):
 def test_beam_search_agrees_on_most_sentences(toy):
     config = toy["config"]
     want, want_scores = ours(toy, beam_size=config.beam_size)
-    got, scores, exponents = theirs(toy, beam_size=config.beam_size)
-    same = [g == w for g, w in zip(got, want)]
-    rate = float(np.mean(same))
-    default_patience = float(np.mean([g == w for g, w in zip(theirs(toy, config.beam_size, patience=1)[0], want)]))
-    print(f"\nbeam {config.beam_size}: CTranslate2 == ours on {sum(same)}/{len(same)} sentences ({rate:.0%}; "
-          f"{default_patience:.0%} with CTranslate2's default patience 1)")
-    assert rate >= MIN_BEAM_AGREEMENT
-    # Both scores are the sum of the token log-probs, EOS included, over a
-    # penalty whose length counts EOS: GNMT's ((5 + L) / 6) ** alpha for
-    # ours, L ** length_penalty for CTranslate2.
-    lengths = np.array([len(ids) for ids in got], np.float32)
-    their_sums = scores * lengths ** exponents
-    our_penalty = keras.ops.convert_to_numpy(length_penalty(lengths, config.length_penalty_alpha))
-    for i in np.flatnonzero(same):
-        np.testing.assert_allclose(their_sums[i], want_scores[i] * our_penalty[i], atol=SCORE_ATOL)
-    # Where they differ, CTranslate2 stopped earlier or ranked with its own
-    # penalty: under ours its translation never beats ours.
-    for i in np.flatnonzero(~np.array(same)):
-        print(f"  {GOLDEN[i]!r}: ours {want[i]} ({want_scores[i]:.4f}), CTranslate2 {got[i]} "
-              f"({their_sums[i] / our_penalty[i]:.4f} under our penalty)")
-        assert their_sums[i] / our_penalty[i] <= want_scores[i] + SCORE_ATOL
+    got, scores, _ = theirs(toy, beam_size=config.beam_size)
+    default_patience = np.mean([g == w for g, w in zip(theirs(toy, config.beam_size, patience=1)[0], want)])
+    print(f"\nbeam {config.beam_size}, {default_patience:.0%} the same with CTranslate2's default patience 1")
+    assert_beam_agreement(toy, want, want_scores, got, scores)
 
 
 def test_int8_model_stays_close(toy, tmp_path):
