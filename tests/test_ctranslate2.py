@@ -230,7 +230,8 @@ def assert_beam_agreement(toy, mine, scores, theirs_ids, their_scores, atol=SCOR
     ((5 + L) / 6) ** alpha for ours, L ** length_penalty for CTranslate2's); where they differ,
     CTranslate2 stopped earlier or ranked by its own penalty, so under ours its translation
     never beats ours (ours is exact). And they agree on at least MIN_BEAM_AGREEMENT of the
-    sentences, so that the first check is about some. Returns the agreement mask."""
+    sentences, so that the first check is about some. `atol`: of a sum, both checks' tolerance
+    for the two engines' float sums. Returns the agreement mask."""
     config = toy["config"]
     same = np.array([a == b for a, b in zip(mine, theirs_ids)])
     print(f"\nbeam: CTranslate2 == ours on {same.sum()}/{len(same)} sentences")
@@ -245,7 +246,7 @@ def assert_beam_agreement(toy, mine, scores, theirs_ids, their_scores, atol=SCOR
     for i in np.flatnonzero(~same):
         print(f"  {i}: ours {mine[i]} ({scores[i]:.4f}), CTranslate2 {theirs_ids[i]} "
               f"({theirs_under_ours[i]:.4f} under our penalty)")
-    worse = [int(i) for i in np.flatnonzero(~same) if theirs_under_ours[i] > scores[i] + SCORE_ATOL]
+    worse = [int(i) for i in np.flatnonzero(~same) if theirs_under_ours[i] > scores[i] + atol]
     assert not worse, f"CTranslate2's translation beats ours under our penalty on sentences {worse}"
     return same
 
@@ -291,8 +292,8 @@ def test_repetition_penalty_gives_ctranslate2s_greedy_ids(toy, penalty):
 
 def test_repetition_penalty_with_beam_4_and_a_prefix_agrees_with_ctranslate2(toy):
     """Issue #91: with `repetition_penalty` beam 4 agrees with CTranslate2 as the plain beam
-    search does (`assert_beam_agreement`); a forced prefix's
-    pieces count as generated (CTranslate2's history holds them): greedy ids identical."""
+    search does (`assert_beam_agreement`); a forced prefix's pieces count as generated
+    (CTranslate2's history holds them): greedy ids identical."""
     sentences = on(toy, GOLDEN + REPEATING)
     config = toy["config"]
     mine, scores, theirs_ids, theirs_scores = _penalized(sentences, config.beam_size, 2.0)
