@@ -624,11 +624,17 @@ def _is_tfds_name(data: str) -> bool:
 
 
 def _unknown_data_message(data: str) -> str:
-    """One line for a ``--data`` value that is neither a directory nor a TFDS name."""
-    close = difflib.get_close_matches(_tfds_base_name(data), _local_tfds_builders(), n=1)
+    """One line for a ``--data`` value that is neither a directory nor a TFDS name: a TFDS name
+    it is a near miss of (``multi3k``, ``wmt14_translat``), or, for a relative path, the
+    directory it was looked for at (a command run from another directory). The cutoff keeps
+    far names out: at difflib's default 0.6 ``data`` got "did you mean dart?" and ``nonexist``
+    "mnist"."""
+    close = difflib.get_close_matches(_tfds_base_name(data), _local_tfds_builders(), n=1, cutoff=0.85)
     hint = f"; did you mean {close[0]}?" if close else ""
+    path = pathlib.Path(data).expanduser()
+    where = "" if close or path.is_absolute() else f"; looked for the directory at {path.absolute()}"
     return (f"--data={data}: no such directory and not a TFDS dataset name "
-            f"(expected 'embedded', a directory with train.SRC/train.TGT, or tfds:NAME){hint}")
+            f"(expected 'embedded', a directory with train.SRC/train.TGT, or tfds:NAME){hint}{where}")
 
 
 @contextlib.contextmanager

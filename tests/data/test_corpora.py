@@ -394,6 +394,29 @@ def test_unknown_name_fails_fast_without_the_community_catalogue(no_community_ca
     assert one_line(error).endswith("did you mean wmt14_translate?")
 
 
+def test_a_missing_relative_directory_names_where_it_was_looked_for_and_no_far_dataset(tmp_path, monkeypatch):
+    """`--data data` run from another directory: the line says where the directory was looked
+    for, and suggests no TFDS name (at difflib's default cutoff it said "did you mean dart?",
+    a dataset of 0.75 similarity); a near miss still gets its name, an absolute path no place.
+    (The registry here is a fixed list of TFDS names, so that another TFDS's list changes
+    nothing.)"""
+    from keras_transformer.data import corpora
+
+    monkeypatch.setattr(corpora, "_local_tfds_builders", lambda: ["dart", "mnist", "opus", "multi30k"])
+    monkeypatch.chdir(tmp_path)
+    for data, far in (("data", "dart"), ("nonexist", "mnist"), ("corpus", "opus")):
+        with pytest.raises(CorpusError) as error:
+            load_corpus(data)
+        line = one_line(error)
+        assert line.endswith(f"; looked for the directory at {tmp_path / data}") and far not in line, line
+    with pytest.raises(CorpusError) as error:
+        load_corpus("multi3k")
+    assert one_line(error).endswith("did you mean multi30k?")
+    with pytest.raises(CorpusError) as error:
+        load_corpus(str(tmp_path / "gone"))
+    assert "looked for" not in one_line(error) and "did you mean" not in one_line(error)
+
+
 @pytest.mark.parametrize("data, languages", [
     ("wmt14_translate/de-en", ("en", "de")),
     ("tfds:ted_hrlr_translate/pt_to_en", ("pt", "en")),
