@@ -87,20 +87,26 @@ def run_alone(monkeypatch, capsys):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-def start_train_py_workers(ports, tmp_path):
-    """`train.py` run twice with TF_CONFIG (two workers on localhost) on a train-only toy corpus."""
+def start_train_py_workers(ports, tmp_path, early_stopping=False):
+    """`train.py` run twice with TF_CONFIG (two workers on localhost) on a train-only toy
+    corpus, under a time budget; with `early_stopping`, on a corpus with a validation split, a
+    checkpoint every step, `--early-stopping 2` and a learning rate of 1e-30 (no validation
+    loss ever lower than the first: the early-stopping test of test_training.py)."""
     from helpers import write_corpus
 
     data = write_corpus(tmp_path / "data", pairs=120, valid=4)
-    for lang in ("en", "de"):
-        (data / f"valid.{lang}").unlink()
+    if not early_stopping:
+        for lang in ("en", "de"):
+            (data / f"valid.{lang}").unlink()
     model_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     cluster = [f"localhost:{port}" for port in ports]
     command = [sys.executable, "train.py", "--data", str(data), "--model-dir", str(model_dir), "--steps", "9",
-               "--checkpoint-every", "3", "--vocab-size", "60", "--batch-tokens", "256",
-               "--bleu-every-sentences", "0", "--max-minutes", "0.0001", "--no-export"]
+               "--vocab-size", "60", "--batch-tokens", "256", "--bleu-every-sentences", "0", "--no-export"]
+    command += (["--checkpoint-every", "1", "--average", "1", "--beam-size", "1", "--early-stopping", "2",
+                 "--set", "learning_rate_scale=1e-30"] if early_stopping else
+                ["--checkpoint-every", "3", "--max-minutes", "0.0001"])
     workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
                                                                     "task": {"type": "worker", "index": i}})))
@@ -113,11 +119,14 @@ def process_waves(tmp_path_factory, request):
     """Both tests' processes, started together (four processes that mostly pay TensorFlow's
     start-up, on two cores), only for the tests selected in this session: `{test name:
     what its start function returned}`. Each test awaits its own processes and checks them."""
-    ports = free_ports(4)  # in one call: four distinct ports, two per cluster
+    ports = free_ports(6)  # in one call: six distinct ports, two per cluster
     starts = {"test_two_workers_train_like_one_process_on_the_same_global_batch":
                   lambda: start_workers(ports[:2]),
               "test_train_py_as_two_workers_writes_the_run_once":
-                  lambda: start_train_py_workers(ports[2:], tmp_path_factory.mktemp("train_py_workers"))}
+                  lambda: start_train_py_workers(ports[2:4], tmp_path_factory.mktemp("train_py_workers")),
+              "test_early_stopping_stops_two_workers_together":
+                  lambda: start_train_py_workers(ports[4:], tmp_path_factory.mktemp("early_workers"),
+                                                 early_stopping=True)}
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     waves = {name: start() for name, start in starts.items() if name in selected}
     yield waves
@@ -149,6 +158,26 @@ def test_two_workers_train_like_one_process_on_the_same_global_batch(process_wav
     # the whole batches (FusedAdam's cond in the cross-replica context under this strategy too).
     assert first["loss"]["adam_accumulated"] == second["loss"]["adam_accumulated"]
     assert first["loss"]["adam_accumulated"] == pytest.approx(alone["loss"]["adam"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_early_stopping_stops_two_workers_together(process_waves):
+    """`train.py --early-stopping 2` on two workers: the chief counts from the history it alone
+    writes and both stop at the same round, step 3 (rounds 2 and 3 without a lower validation
+    loss than round 1's, by construction: a learning rate of 1e-30); the chief averages,
+    evaluates and records it."""
+    workers, model_dir = process_waves["test_early_stopping_stops_two_workers_together"]
+    outputs = [process.communicate(timeout=400) for process in workers]
+    for process, (out, err) in zip(workers, outputs):
+        assert process.returncode == 0, out[-2000:] + err[-3000:]
+    chief_out, worker_out = outputs[0][0], outputs[1][0]
+    assert ("early stopping: the validation loss has not improved for 2 checkpoints (best at step 1); "
+            "stopping at step 3") in chief_out
+    assert "worker 1: trained to step 3; the chief averages, evaluates and exports" in worker_out
+    results = json.loads((model_dir / "results.json").read_text())
+    assert results["steps"] == 3 and results["stopped_early"] == {"step": 3, "best_step": 1, "patience": 2}
+    history = (model_dir / "history.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in history[1:]] == ["1", "2", "3"]
 
 
 @pytest.mark.slow
