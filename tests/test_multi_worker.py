@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -114,19 +115,52 @@ def start_train_py_workers(ports, tmp_path, early_stopping=False):
     return workers, model_dir
 
 
+def start_fine_tuning_workers(ports, tmp_path):
+    """A two-step `train.py` run in one process (waited for), then `train.py --init-from` it on
+    another train-only corpus as two workers, at a learning rate of 1e-30: `(workers, (initial
+    run directory, tuned run directory))`."""
+    from helpers import write_corpus
+
+    first = tmp_path / "first"
+    common = ["--vocab-size", "60", "--batch-tokens", "256", "--bleu-every-sentences", "0", "--no-export",
+              "--average", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    initial = subprocess.run([sys.executable, "train.py", "--data", str(write_corpus(tmp_path / "data", pairs=120)),
+                              "--model-dir", str(first), "--steps", "2", "--checkpoint-every", "2", *common],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert initial.returncode == 0, initial.stdout[-2000:] + initial.stderr[-3000:]
+    other = write_corpus(tmp_path / "other", pairs=120, valid=4, seed=1)
+    for lang in ("en", "de"):
+        (other / f"valid.{lang}").unlink()
+    tuned = tmp_path / "tuned"
+    command = [sys.executable, "train.py", "--data", str(other), "--model-dir", str(tuned), "--init-from", str(first),
+               "--steps", "2", "--checkpoint-every", "1", "--set", "learning_rate_scale=1e-30", "--set", "dropout=0",
+               *common]
+    cluster = [f"localhost:{port}" for port in ports]
+    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
+                                                                    "task": {"type": "worker", "index": i}})))
+               for i in range(2)]
+    return workers, (first, tuned)
+
+
 @pytest.fixture(scope="module")
 def process_waves(tmp_path_factory, request):
     """Both tests' processes, started together (four processes that mostly pay TensorFlow's
     start-up, on two cores), only for the tests selected in this session: `{test name:
     what its start function returned}`. Each test awaits its own processes and checks them."""
-    ports = free_ports(6)  # in one call: six distinct ports, two per cluster
+    ports = free_ports(8)  # in one call: eight distinct ports, two per cluster
     starts = {"test_two_workers_train_like_one_process_on_the_same_global_batch":
                   lambda: start_workers(ports[:2]),
               "test_train_py_as_two_workers_writes_the_run_once":
                   lambda: start_train_py_workers(ports[2:4], tmp_path_factory.mktemp("train_py_workers")),
               "test_early_stopping_stops_two_workers_together":
-                  lambda: start_train_py_workers(ports[4:], tmp_path_factory.mktemp("early_workers"),
-                                                 early_stopping=True)}
+                  lambda: start_train_py_workers(ports[4:6], tmp_path_factory.mktemp("early_workers"),
+                                                 early_stopping=True),
+              # (last: it waits for its initial run before it starts its workers)
+              "test_fine_tuning_on_two_workers_starts_from_the_initial_runs_weights":
+                  lambda: start_fine_tuning_workers(ports[6:], tmp_path_factory.mktemp("fine_tuning_workers"))}
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     waves = {name: start() for name, start in starts.items() if name in selected}
     yield waves
@@ -178,6 +212,39 @@ def test_early_stopping_stops_two_workers_together(process_waves):
     assert results["steps"] == 3 and results["stopped_early"] == {"step": 3, "best_step": 1, "patience": 2}
     history = (model_dir / "history.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in history[1:]] == ["1", "2", "3"]
+
+
+@pytest.mark.slow
+def test_fine_tuning_on_two_workers_starts_from_the_initial_runs_weights(process_waves):
+    """`train.py --init-from` as two workers: both start from the initial run's averaged
+    weights, so at a learning rate of 1e-30 (every Adam step under a float32 weight's spacing)
+    the tuned run's final weights are the initial run's bit for bit (the single-process test
+    of test_training.py, under MultiWorkerMirroredStrategy); the chief writes the run."""
+    import h5py
+
+    workers, (first, tuned) = process_waves["test_fine_tuning_on_two_workers_starts_from_the_initial_runs_weights"]
+    outputs = [process.communicate(timeout=400) for process in workers]
+    for process, (out, err) in zip(workers, outputs):
+        assert process.returncode == 0, out[-2000:] + err[-3000:]
+    assert "worker 1: trained to step 2; the chief averages, evaluates and exports" in outputs[1][0]
+    assert json.loads((tuned / "results.json").read_text())["steps"] == 2
+    assert json.loads((tuned / "run.json").read_text())["init_from"] == str(first.resolve())
+
+    def arrays(path):
+        found = {}
+
+        def keep(name, item):
+            if isinstance(item, h5py.Dataset):
+                found[name] = item[()]
+
+        with h5py.File(path, "r") as f:
+            f.visititems(keep)
+        return found
+
+    initial, weights = arrays(first / "final.weights.h5"), arrays(tuned / "final.weights.h5")
+    assert len(initial) > 10 and initial.keys() == weights.keys()
+    for name in initial:
+        np.testing.assert_array_equal(weights[name], initial[name], err_msg=name)
 
 
 @pytest.mark.slow
