@@ -60,21 +60,37 @@ def free_ports(count):
     return ports
 
 
-def run_worker(env):
-    return subprocess.Popen([sys.executable, "-c", WORKER], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def worker_env():
+    """This process's environment for a worker process: without TF_CONFIG, TensorFlow's C++
+    log lines off."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    return env
+
+
+def start_cluster(command, ports):
+    """`command` started twice, as the two workers of a localhost cluster on `ports` (TF_CONFIG)."""
+    cluster = [f"localhost:{port}" for port in ports]
+    return [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(worker_env(), TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
+                                                                          "task": {"type": "worker", "index": i}})))
+            for i in range(2)]
 
 
 def start_workers(ports):
     """Two WORKER processes on a localhost cluster (the run alone, without TF_CONFIG, is
     `run_alone`'s in the test's process)."""
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    cluster = [f"localhost:{port}" for port in ports]
-    workers = [run_worker(dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
-                                                           "task": {"type": "worker", "index": i}})))
-               for i in range(2)]
-    return workers, None
+    return start_cluster([sys.executable, "-c", WORKER], ports), None
+
+
+def write_train_only(directory, seed=0):
+    """A toy corpus of 120 training pairs and no validation split."""
+    from helpers import write_corpus
+
+    data = write_corpus(directory, pairs=120, valid=4, seed=seed)
+    for lang in ("en", "de"):
+        (data / f"valid.{lang}").unlink()
+    return data
 
 
 def run_alone(monkeypatch, capsys):
@@ -95,24 +111,15 @@ def start_train_py_workers(ports, tmp_path, early_stopping=False):
     loss ever lower than the first: the early-stopping test of test_training.py)."""
     from helpers import write_corpus
 
-    data = write_corpus(tmp_path / "data", pairs=120, valid=4)
-    if not early_stopping:
-        for lang in ("en", "de"):
-            (data / f"valid.{lang}").unlink()
+    data = (write_corpus(tmp_path / "data", pairs=120, valid=4) if early_stopping
+            else write_train_only(tmp_path / "data"))
     model_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    cluster = [f"localhost:{port}" for port in ports]
     command = [sys.executable, "train.py", "--data", str(data), "--model-dir", str(model_dir), "--steps", "9",
                "--vocab-size", "60", "--batch-tokens", "256", "--bleu-every-sentences", "0", "--no-export"]
     command += (["--checkpoint-every", "1", "--average", "1", "--beam-size", "1", "--early-stopping", "2",
                  "--set", "learning_rate_scale=1e-30"] if early_stopping else
                 ["--checkpoint-every", "3", "--max-minutes", "0.0001"])
-    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
-                                                                    "task": {"type": "worker", "index": i}})))
-               for i in range(2)]
-    return workers, model_dir
+    return start_cluster(command, ports), model_dir
 
 
 def start_fine_tuning_workers(ports, tmp_path):
@@ -121,35 +128,25 @@ def start_fine_tuning_workers(ports, tmp_path):
     run directory, tuned run directory))`."""
     from helpers import write_corpus
 
-    first = tmp_path / "first"
+    first, tuned = tmp_path / "first", tmp_path / "tuned"
     common = ["--vocab-size", "60", "--batch-tokens", "256", "--bleu-every-sentences", "0", "--no-export",
               "--average", "1"]
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     initial = subprocess.run([sys.executable, "train.py", "--data", str(write_corpus(tmp_path / "data", pairs=120)),
                               "--model-dir", str(first), "--steps", "2", "--checkpoint-every", "2", *common],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                             cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=300)
     assert initial.returncode == 0, initial.stdout[-2000:] + initial.stderr[-3000:]
-    other = write_corpus(tmp_path / "other", pairs=120, valid=4, seed=1)
-    for lang in ("en", "de"):
-        (other / f"valid.{lang}").unlink()
-    tuned = tmp_path / "tuned"
-    command = [sys.executable, "train.py", "--data", str(other), "--model-dir", str(tuned), "--init-from", str(first),
-               "--steps", "2", "--checkpoint-every", "1", "--set", "learning_rate_scale=1e-30", "--set", "dropout=0",
-               *common]
-    cluster = [f"localhost:{port}" for port in ports]
-    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": cluster},
-                                                                    "task": {"type": "worker", "index": i}})))
-               for i in range(2)]
-    return workers, (first, tuned)
+    command = [sys.executable, "train.py", "--data", str(write_train_only(tmp_path / "other", seed=1)),
+               "--model-dir", str(tuned), "--init-from", str(first), "--steps", "2", "--checkpoint-every", "1",
+               "--set", "learning_rate_scale=1e-30", "--set", "dropout=0", *common]
+    return start_cluster(command, ports), (first, tuned)
 
 
 @pytest.fixture(scope="module")
 def process_waves(tmp_path_factory, request):
-    """Both tests' processes, started together (four processes that mostly pay TensorFlow's
-    start-up, on two cores), only for the tests selected in this session: `{test name:
-    what its start function returned}`. Each test awaits its own processes and checks them."""
+    """The tests' processes, started together (two workers a test and an initial run, nine
+    processes that mostly pay TensorFlow's start-up, on two cores), only for the tests selected
+    in this session: `{test name: what its start function returned}`. Each test awaits its own
+    processes and checks them."""
     ports = free_ports(8)  # in one call: eight distinct ports, two per cluster
     starts = {"test_two_workers_train_like_one_process_on_the_same_global_batch":
                   lambda: start_workers(ports[:2]),
