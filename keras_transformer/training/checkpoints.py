@@ -154,11 +154,12 @@ class CheckpointStore:
         return 0
 
     def _accumulation_differs(self, reader) -> bool:
-        """Whether the checkpoint `reader` reads (`tf.train.load_checkpoint`) was written with gradient accumulation where this
-        optimizer has none, or the other way round: Keras keeps the accumulated gradients
-        among the optimizer's variables, which a checkpoint stores by position, so such a
-        checkpoint holds more or fewer of them (`--accumulate` changed on resume). A
-        loss-scaling optimizer (`mixed_float16`) is asked about the one it wraps."""
+        """Whether the checkpoint that `reader` reads (its `tf.train.load_checkpoint`) was
+        written with gradient accumulation where this optimizer has none, or the other way
+        round: Keras keeps the accumulated gradients among the optimizer's variables, which a
+        checkpoint stores by position, so such a checkpoint holds more or fewer of them
+        (`--accumulate` changed on resume). A loss-scaling optimizer (`mixed_float16`) is asked
+        about the one it wraps."""
         inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
         prefix = "optimizer/inner_optimizer/" if inner is not self.optimizer else "optimizer/"
         names = reader.get_variable_to_shape_map()
